@@ -1,0 +1,247 @@
+"""PPO with discrete actions, as two fragments: `rollout` (actor) and `learn` (learner).
+
+Defaults are PureJaxRL's CartPole-v1 configuration. The algorithm is written
+only against fragc's public API and runs unchanged under every policy: batch
+randomness comes from per-environment keys in the runner, and the learner's
+gradient is averaged over replicas with `fragc.pmean`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+
+import fragc
+from fragc.algos.envs import Runner, VecEnv
+from fragc.ir.errors import FragcError
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    env: str = "CartPole-v1"
+    """gymnax environment id (discrete action space)."""
+    num_envs: int = 4
+    """Environments stepped in parallel."""
+    num_steps: int = 128
+    """Steps per environment in one rollout."""
+    total_steps: int = 500_000
+    """Environment steps over the whole run; sets the learning-rate schedule and the CLI's run length."""
+    lr: float = 2.5e-4
+    """Adam learning rate (at the start, when annealed)."""
+    anneal_lr: bool = True
+    """Anneal the learning rate linearly to zero over `total_steps`."""
+    update_epochs: int = 4
+    """Passes over each rollout."""
+    num_minibatches: int = 4
+    """Minibatches per epoch."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda."""
+    clip_eps: float = 0.2
+    """PPO ratio clip."""
+    ent_coef: float = 0.01
+    """Entropy bonus weight."""
+    vf_coef: float = 0.5
+    """Value loss weight."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    hidden: int = 64
+    """Width of the two hidden layers of the actor and of the critic."""
+
+    def __post_init__(self) -> None:
+        for field in ("num_envs", "num_steps", "total_steps", "update_epochs", "num_minibatches", "hidden"):
+            if getattr(self, field) <= 0:
+                raise FragcError(f"ppo: {field} must be positive, got {getattr(self, field)}")
+        if (self.num_envs * self.num_steps) % self.num_minibatches:
+            raise FragcError(
+                f"ppo: num_envs * num_steps ({self.num_envs * self.num_steps}) must divide by "
+                f"num_minibatches ({self.num_minibatches})"
+            )
+
+    @property
+    def steps_per_iteration(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def iterations(self) -> int:
+        return max(1, self.total_steps // self.steps_per_iteration)
+
+
+# ---------------------------------------------------------------- network
+
+
+class ActorCritic(nn.Module):
+    """Separate tanh MLPs for the policy logits and the value, orthogonal init."""
+
+    num_actions: int
+    hidden: int = 64
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        def dense(n: int, scale: float) -> nn.Dense:
+            return nn.Dense(n, kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.zeros)
+
+        a = nn.tanh(dense(self.hidden, np.sqrt(2))(obs))
+        a = nn.tanh(dense(self.hidden, np.sqrt(2))(a))
+        logits = dense(self.num_actions, 0.01)(a)
+        c = nn.tanh(dense(self.hidden, np.sqrt(2))(obs))
+        c = nn.tanh(dense(self.hidden, np.sqrt(2))(c))
+        value = dense(1, 1.0)(c)
+        return logits, jnp.squeeze(value, -1)
+
+
+# ---------------------------------------------------------------- state
+
+
+@struct.dataclass
+class Learner:
+    params: Any
+    opt_state: Any
+    key: jax.Array  # replicated: minibatch shuffling
+
+
+@struct.dataclass
+class State:
+    learner: Learner
+    runner: Runner
+
+
+@struct.dataclass
+class Transition:
+    obs: jax.Array
+    action: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
+    next_value: jax.Array  # V(s_{t+1}) of the state reached, before any reset
+    reward: jax.Array
+    terminated: jax.Array
+    done: jax.Array  # terminated or truncated
+
+
+def gae(traj: Transition, gamma: float, lam: float) -> tuple[jax.Array, jax.Array]:
+    """Advantages and value targets over [T, N] arrays.
+
+    A terminated step does not bootstrap; a truncated one bootstraps from the
+    value of the state it reached; either way the trace stops at the episode end.
+    """
+    not_terminated = 1.0 - traj.terminated.astype(jnp.float32)
+    not_done = 1.0 - traj.done.astype(jnp.float32)
+    deltas = traj.reward + gamma * traj.next_value * not_terminated - traj.value
+
+    def backward(carry: jax.Array, x: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        delta, keep = x
+        carry = delta + gamma * lam * keep * carry
+        return carry, carry
+
+    _, advantages = jax.lax.scan(backward, jnp.zeros_like(deltas[0]), (deltas, not_done), reverse=True)
+    return advantages, advantages + traj.value
+
+
+# ---------------------------------------------------------------- algorithm
+
+
+class PPO:
+    """Proximal policy optimisation (Schulman et al. 2017), PureJaxRL style."""
+
+    def __init__(self, config: Config = Config()):
+        self.config = config
+        self.env = VecEnv(config.env)
+        if not self.env.is_discrete():
+            raise FragcError(
+                f"ppo supports discrete action spaces; {config.env} has {type(self.env.action_space).__name__}"
+            )
+        self.network = ActorCritic(self.env.action_space.n, config.hidden)
+        self.optimizer = optax.chain(
+            optax.clip_by_global_norm(config.max_grad_norm),
+            optax.adam(self._learning_rate(), eps=1e-5),
+        )
+        self.steps_per_iteration = config.steps_per_iteration
+
+    def _learning_rate(self) -> Any:
+        c = self.config
+        if not c.anneal_lr:
+            return c.lr
+        updates = c.iterations * c.update_epochs * c.num_minibatches
+        return optax.linear_schedule(c.lr, 0.0, updates)
+
+    def init(self, key: jax.Array) -> State:
+        k_params, k_env, k_learn = jax.random.split(key, 3)
+        params = self.network.init(k_params, jnp.zeros((1, self.env.obs_size)))
+        learner = Learner(params, self.optimizer.init(params), k_learn)
+        return State(learner, self.env.reset(k_env, self.config.num_envs))
+
+    def iteration(self, state: State) -> tuple[State, dict]:
+        traj, runner, episode_metrics = self.rollout(state.learner.params, state.runner)
+        learner, loss_metrics = self.learn(state.learner, traj)
+        return State(learner, runner), {**episode_metrics, **loss_metrics}
+
+    # COLLECT TRAJECTORIES
+    @fragc.fragment(role="actor", in_axes=(None, 0), out_axes=(1, 0, None))
+    def rollout(self, params: Any, runner: Runner) -> tuple[Transition, Runner, dict]:
+        def step(runner: Runner, _: None) -> tuple[Runner, Transition]:
+            keys = jax.vmap(jax.random.split)(runner.key)
+            logits, value = self.network.apply(params, runner.obs)
+            action = jax.vmap(jax.random.categorical)(keys[:, 0], logits)
+            log_prob = jnp.take_along_axis(jax.nn.log_softmax(logits), action[:, None], -1)[:, 0]
+            obs = runner.obs
+            runner, out = self.env.step(runner.replace(key=keys[:, 1]), action)
+            _, next_value = self.network.apply(params, out.final_obs)
+            return runner, Transition(obs, action, log_prob, value, next_value, out.reward,
+                                      out.terminated, out.episode_done)
+
+        runner, traj = jax.lax.scan(step, runner, None, self.config.num_steps)
+        completed = fragc.psum(jnp.sum(runner.has_return))
+        metrics = {
+            "episode_return": fragc.psum(jnp.sum(runner.last_return * runner.has_return)) / jnp.maximum(completed, 1),
+            "episodes": fragc.psum(jnp.sum(traj.done)),
+        }
+        return traj, runner, metrics
+
+    # UPDATE NETWORK
+    @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None))
+    def learn(self, learner: Learner, traj: Transition) -> tuple[Learner, dict]:
+        c = self.config
+        advantages, targets = gae(traj, c.gamma, c.gae_lambda)
+        batch = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), (traj, advantages, targets))
+        size = advantages.size
+
+        def minibatch_step(learner: Learner, mb: Any) -> tuple[Learner, dict]:
+            grads, metrics = jax.grad(self._loss, has_aux=True)(learner.params, *mb)
+            grads = fragc.pmean(grads)
+            updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
+            params = optax.apply_updates(learner.params, updates)
+            return learner.replace(params=params, opt_state=opt_state), metrics
+
+        def epoch(learner: Learner, _: None) -> tuple[Learner, dict]:
+            key, perm_key = jax.random.split(learner.key)
+            perm = jax.random.permutation(perm_key, size)
+            shuffled = jax.tree.map(lambda x: x[perm].reshape((c.num_minibatches, -1) + x.shape[1:]), batch)
+            return jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled)
+
+        learner, metrics = jax.lax.scan(epoch, learner, None, c.update_epochs)
+        return learner, jax.tree.map(lambda x: fragc.pmean(jnp.mean(x)), metrics)
+
+    def _loss(self, params: Any, traj: Transition, advantages: jax.Array, targets: jax.Array) -> tuple[jax.Array, dict]:
+        c = self.config
+        logits, value = self.network.apply(params, traj.obs)
+        log_probs = jax.nn.log_softmax(logits)
+        log_prob = jnp.take_along_axis(log_probs, traj.action[:, None], -1)[:, 0]
+        entropy = -jnp.mean(jnp.sum(jnp.exp(log_probs) * log_probs, -1))
+
+        value_clipped = traj.value + jnp.clip(value - traj.value, -c.clip_eps, c.clip_eps)
+        value_loss = 0.5 * jnp.mean(jnp.maximum((value - targets) ** 2, (value_clipped - targets) ** 2))
+
+        ratio = jnp.exp(log_prob - traj.log_prob)
+        adv = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        actor_loss = -jnp.mean(jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - c.clip_eps, 1 + c.clip_eps) * adv))
+
+        loss = actor_loss + c.vf_coef * value_loss - c.ent_coef * entropy
+        return loss, {"loss": loss, "actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy}

@@ -1,0 +1,16 @@
+"""fragc.ir: the fragmented dataflow graph, its frontend, printer, verifier and interpreter."""
+
+from .dot import to_dot
+from .errors import FragcError, FragmentError, VerifyError
+from .frontend import Fragment, fragment, pmean, psum, trace
+from .interpreter import interpret
+from .module import REPLICA, Delay, FragmentDef, Glue, Graph, Mesh, Module, Placement, Run, Transfer, Use, Value
+from .printer import format_module
+from .types import LeafType, TreeType
+from .verifier import verify
+
+__all__ = [
+    "REPLICA", "Delay", "FragcError", "Fragment", "FragmentDef", "FragmentError", "Glue", "Graph", "LeafType",
+    "Mesh", "Module", "Placement", "Run", "Transfer", "TreeType", "Use", "Value", "VerifyError", "format_module",
+    "fragment", "interpret", "pmean", "psum", "to_dot", "trace", "verify",
+]

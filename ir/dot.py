@@ -1,0 +1,45 @@
+"""Graphviz DOT export of the iteration graph (`fragc ir --dot`)."""
+
+from __future__ import annotations
+
+from .module import Glue, Module, Run, Transfer
+
+_SHAPES = {"run": "box", "glue": "ellipse", "transfer": "cds", "delay": "diamond"}
+
+
+def to_dot(module: Module) -> str:
+    graph = module.graph
+    lines = [f'digraph "{module.name}" {{', "  rankdir=TB;", '  node [fontname="monospace"];']
+    producer = {v: f"n{i}" for i, node in enumerate(graph.nodes) for v in node.outputs}
+    for v in graph.inputs:
+        producer[v] = f"in_{v.name}"
+        lines.append(f'  in_{v.name} [shape=plaintext, label="%{v.name}"];')
+    groups: dict[str | None, list[str]] = {}
+    for i, node in enumerate(graph.nodes):
+        label, group = _label(module, node)
+        groups.setdefault(group, []).append(f'  n{i} [shape={_SHAPES[node.kind]}, label="{label}"];')
+    for group, node_lines in groups.items():
+        if group is None:
+            lines += node_lines
+        else:
+            lines += [f"  subgraph cluster_{group} {{", f'    label="@{group}";', *node_lines, "  }"]
+    for i, node in enumerate(graph.nodes):
+        for value in dict.fromkeys(u.value for u in node.inputs):
+            lines.append(f'  {producer[value]} -> n{i} [label="%{value.name}"];')
+    lines.append('  out [shape=plaintext, label="return"];')
+    for value in dict.fromkeys(u.value for u in graph.outputs):
+        lines.append(f'  {producer[value]} -> out [label="%{value.name}"];')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _label(module: Module, node: object) -> tuple[str, str | None]:
+    if isinstance(node, Run):
+        fdef = module.fragments[node.fragment]
+        group = fdef.placement.group if fdef.placement else None
+        return f"@{fdef.name}\\nrole={fdef.role}", group
+    if isinstance(node, Glue):
+        return f"glue ({len(node.body.jaxpr.eqns)} eqns)", None
+    if isinstance(node, Transfer):
+        return f"transfer @{node.src} -> @{node.dst}", None
+    return node.kind, None

@@ -1,0 +1,342 @@
+"""The tracing frontend: `@fragment`, `pmean`/`psum`, and `trace(algo)`.
+
+Called outside `trace`, a fragment is an ordinary JAX function with one
+replica (the reference semantics with R = 1), so `jax.jit(algo.iteration)`
+works as is. Inside `trace`, each call binds the `fragment_call` primitive, so
+`jax.make_jaxpr(algo.iteration)` yields fragment calls and glue equations at
+the top level, which `build_graph` turns into a `Module`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import warnings
+from typing import Any, Callable
+
+import jax
+from jax import lax
+from jax.extend import core as jex
+
+from .errors import FragcError, FragmentError
+from .graph_builder import build_graph
+from .module import REPLICA, FragmentDef, Module
+from .replicas import run_replicated
+from .types import LeafType, TreeType
+
+_TRACING: contextvars.ContextVar["_TraceContext | None"] = contextvars.ContextVar("fragc_trace", default=None)
+
+fragment_call_p = jex.Primitive("fragment_call")
+fragment_call_p.multiple_results = True
+
+
+def _fragment_call_abstract_eval(*avals: Any, fragment: str) -> list[Any]:
+    ctx = _TRACING.get()
+    if ctx is None:
+        raise FragcError(f"fragment '{fragment}' was bound outside fragc.trace")
+    return list(ctx.defs_by_name[fragment].body.out_avals)
+
+
+fragment_call_p.def_abstract_eval(_fragment_call_abstract_eval)
+
+
+# ---------------------------------------------------------------- collectives
+
+
+def pmean(x: Any) -> Any:
+    """Mean of `x` over the replicas of the enclosing fragment."""
+    return _collective(lax.pmean, x, "pmean")
+
+
+def psum(x: Any) -> Any:
+    """Sum of `x` over the replicas of the enclosing fragment."""
+    return _collective(lax.psum, x, "psum")
+
+
+def _collective(op: Callable[..., Any], x: Any, name: str) -> Any:
+    try:
+        return op(x, REPLICA)
+    except NameError as err:
+        raise FragcError(f"fragc.{name} must be called inside a @fragc.fragment function") from err
+
+
+# ---------------------------------------------------------------- the decorator
+
+
+def fragment(*, role: str, in_axes: Any = 0, out_axes: Any = 0) -> Callable[[Callable[..., Any]], "Fragment"]:
+    """Declare a fragment of an algorithm's iteration.
+
+    role: which part of the algorithm this is (`actor`, `learner`, `buffer`, ...);
+      policies place fragments by role.
+    in_axes, out_axes: as in `jax.vmap`: per argument (result) the index of its
+      environment (batch) axis, `None` for replicated values, or a pytree prefix.
+    """
+    if not isinstance(role, str) or not role:
+        raise FragmentError(f"fragment role must be a non-empty string, got {role!r}")
+    return lambda fn: Fragment(fn, role, in_axes, out_axes)
+
+
+class Fragment:
+    """A function with a role and axis declarations; see `fragment`."""
+
+    def __init__(self, fn: Callable[..., Any], role: str, in_axes: Any, out_axes: Any):
+        functools.update_wrapper(self, fn)
+        self.fn, self.role, self.in_axes, self.out_axes = fn, role, in_axes, out_axes
+        self.name = getattr(fn, "__name__", "fragment")
+
+    def __get__(self, obj: Any, objtype: Any = None) -> "Fragment":
+        if obj is None:
+            return self
+        return Fragment(self.fn.__get__(obj, objtype), self.role, self.in_axes, self.out_axes)
+
+    def __repr__(self) -> str:
+        return f"<fragment {self.name} role={self.role}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            raise FragmentError(f"fragment '{self.name}': pass arguments positionally (got {sorted(kwargs)})")
+        ctx = _TRACING.get()
+        fdef = define(self, args) if ctx is None else ctx.define(self, args)
+        leaves = jax.tree.leaves(args)
+        if ctx is not None:
+            outs = fragment_call_p.bind(*leaves, fragment=fdef.name)
+        else:
+            body = fdef.body
+            outs = run_replicated(
+                lambda *xs: jex.jaxpr_as_fun(body)(*xs), leaves, fdef.in_axes, fdef.out_axes, 1, fdef.name
+            )
+        return jax.tree.unflatten(fdef.out_tree, outs)
+
+    def arg_names(self, count: int) -> tuple[str, ...]:
+        try:
+            params = list(inspect.signature(self.fn).parameters.values())
+        except (TypeError, ValueError):
+            params = []
+        names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return tuple(names[i] if i < len(names) else f"arg{i}" for i in range(count))
+
+
+# ---------------------------------------------------------------- defining a fragment
+
+
+def define(frag: Fragment, args: tuple, name: str | None = None) -> FragmentDef:
+    """Check a call's arguments against the declarations and trace the body."""
+    names = frag.arg_names(len(args))
+    in_axes = _flat_axes(frag, frag.in_axes, args, names, "in_axes", "argument")
+    leaves, in_tree = jax.tree.flatten(args)
+    in_leaf_types = [LeafType.of(x, a) for x, a in zip(leaves, in_axes)]
+    _check_axes(frag, in_leaf_types, args, names)
+    body, out_tree, flat_fn = _trace_body(frag, in_tree, in_leaf_types)
+    outs = jax.tree.unflatten(out_tree, list(body.out_avals))
+    out_names = _result_names(outs)
+    out_axes = _flat_axes(frag, frag.out_axes, _as_results(frag, outs), out_names, "out_axes", "result")
+    out_types = _split_types(out_tree, [LeafType.of(a, ax) for a, ax in zip(body.out_avals, out_axes)])
+    fdef = FragmentDef(
+        name=name or frag.name,
+        role=frag.role,
+        fn=flat_fn,
+        arg_names=names,
+        in_tree=in_tree,
+        out_tree=out_tree,
+        in_axes=tuple(in_axes),
+        out_axes=tuple(out_axes),
+        in_types=_split_types(in_tree, in_leaf_types),
+        out_types=out_types,
+        body=body,
+        source=_source(frag.fn),
+    )
+    _warn_replicated_key_split(fdef)
+    return fdef
+
+
+def _as_results(frag: Fragment, outs: Any) -> tuple:
+    """Results as a tuple, the way `out_axes` addresses them."""
+    if isinstance(outs, tuple) and isinstance(frag.out_axes, tuple):
+        return outs
+    return (outs,)
+
+
+def _result_names(outs: Any) -> tuple[str, ...]:
+    n = len(outs) if isinstance(outs, tuple) else 1
+    return tuple(f"result {i}" for i in range(n))
+
+
+def _flat_axes(frag: Fragment, axes: Any, values: tuple, names: tuple[str, ...], what: str, kind: str) -> list[int | None]:
+    """Broadcast an axes declaration over values; one entry per leaf."""
+    if not isinstance(axes, tuple):
+        axes = (axes,) * len(values) if what == "in_axes" else (axes,)
+    if what == "out_axes" and len(values) == 1 and len(axes) != 1:
+        values = values[0] if isinstance(values[0], tuple) else values
+        names = tuple(f"result {i}" for i in range(len(values)))
+    if len(axes) != len(values):
+        raise FragmentError(
+            f"fragment '{frag.name}': {what} has {len(axes)} entries but the fragment has "
+            f"{len(values)} {kind}s ({', '.join(names)})"
+        )
+    flat: list[int | None] = []
+    for axis, value, name in zip(axes, values, names):
+        try:
+            per_leaf = jax.tree.map(
+                lambda a, sub: [a] * len(jax.tree.leaves(sub)), axis, value, is_leaf=lambda x: x is None
+            )
+        except (ValueError, TypeError) as err:
+            raise FragmentError(
+                f"fragment '{frag.name}', {kind} '{name}': {what} entry {axis!r} does not match the "
+                f"{kind}'s pytree structure {jax.tree.structure(value)}"
+            ) from err
+        for a, leaf in zip(jax.tree.leaves(per_leaf, is_leaf=lambda x: x is None), jax.tree.leaves(value)):
+            flat.append(_normalise_axis(frag, a, leaf, name, what, kind))
+    return flat
+
+
+def _normalise_axis(frag: Fragment, axis: Any, leaf: Any, name: str, what: str, kind: str) -> int | None:
+    if axis is None:
+        return None
+    ndim = len(leaf.shape)
+    if not isinstance(axis, int) or not -ndim <= axis < ndim:
+        raise FragmentError(
+            f"fragment '{frag.name}', {kind} '{name}': {what} entry {axis!r} is not a valid axis "
+            f"of a leaf of shape {tuple(leaf.shape)}"
+        )
+    return axis % ndim
+
+
+def _check_axes(frag: Fragment, leaf_types: list[LeafType], args: tuple, names: tuple[str, ...]) -> None:
+    """Every declared input axis must have the same length (the batch size)."""
+    owners = [name for name, arg in zip(names, args) for _ in jax.tree.leaves(arg)]
+    declared = [(t.shape[t.axis], owner) for t, owner in zip(leaf_types, owners) if t.axis is not None]
+    for length, owner in declared[1:]:
+        if length != declared[0][0]:
+            raise FragmentError(
+                f"fragment '{frag.name}': declared axes have different lengths: argument "
+                f"'{declared[0][1]}' has {declared[0][0]}, argument '{owner}' has {length}"
+            )
+
+
+def _trace_body(frag: Fragment, in_tree: Any, leaf_types: list[LeafType]) -> tuple[jex.ClosedJaxpr, Any, Callable]:
+    out_tree_cell: list[Any] = []
+
+    def flat_fn(*leaves: Any) -> list[Any]:
+        out = frag.fn(*jax.tree.unflatten(in_tree, leaves))
+        out_leaves, out_tree = jax.tree.flatten(out)
+        out_tree_cell[:] = [out_tree]
+        return out_leaves
+
+    structs = [t.struct() for t in leaf_types]
+    body = jax.make_jaxpr(flat_fn, axis_env=[(REPLICA, 1)])(*structs)
+    if any(isinstance(c, jax.core.Tracer) for c in body.consts):
+        raise FragmentError(
+            f"fragment '{frag.name}' closes over a value traced outside it; pass that value as an argument"
+        )
+    return body, out_tree_cell[0], flat_fn
+
+
+def _split_types(tree: Any, leaf_types: list[LeafType]) -> tuple[TreeType, ...]:
+    """Per-argument (or per-result) types of a tuple treedef."""
+    parts, offset = [], 0
+    for child in tree.children():
+        n = child.num_leaves
+        parts.append(TreeType(child, tuple(leaf_types[offset : offset + n])))
+        offset += n
+    if not tree.children() and tree.num_leaves == 1:
+        parts.append(TreeType(tree, tuple(leaf_types)))
+    return tuple(parts)
+
+
+def _source(fn: Callable[..., Any]) -> str:
+    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    try:
+        file = inspect.getsourcefile(fn) or "?"
+        line = inspect.getsourcelines(fn)[1]
+    except (OSError, TypeError):
+        return "?"
+    parts = file.replace("\\", "/").split("/")
+    return f"{'/'.join(parts[-2:])}:{line}"
+
+
+def _warn_replicated_key_split(fdef: FragmentDef) -> None:
+    """Warn when a replicated key is split into one key per environment.
+
+    With R replicas every replica would split the same key and draw the same
+    streams; per-environment keys belong in the batched state instead.
+    """
+    n = fdef.batch_length()
+    if n is None:
+        return
+    jaxpr = fdef.body.jaxpr
+    batched = {v for v, t in zip(jaxpr.invars, fdef.in_leaf_types) if t.axis is not None}
+    for eqn in jaxpr.eqns:
+        inputs = [v for v in eqn.invars if isinstance(v, jex.Var)]
+        if any(v in batched for v in inputs):
+            batched.update(eqn.outvars)
+        elif eqn.primitive.name == "random_split" and eqn.outvars[0].aval.shape[:1] == (n,):
+            warnings.warn(
+                f"fragment '{fdef.name}' splits a replicated key into {n} keys, one per environment: "
+                "with several replicas every replica would draw the same random streams. Carry "
+                "per-environment keys in the batched state instead (see docs/architecture.md).",
+                stacklevel=4,
+            )
+
+
+# ---------------------------------------------------------------- trace
+
+
+class _TraceContext:
+    """Fragment definitions collected while tracing one iteration."""
+
+    def __init__(self) -> None:
+        self.defs: dict[Any, FragmentDef] = {}
+        self.defs_by_name: dict[str, FragmentDef] = {}
+
+    def define(self, frag: Fragment, args: tuple) -> FragmentDef:
+        leaves, in_tree = jax.tree.flatten(args)
+        key = (frag.fn, in_tree, tuple(LeafType.of(x) for x in leaves))
+        if key not in self.defs:
+            name, i = frag.name, 1
+            while name in self.defs_by_name:
+                name, i = f"{frag.name}_{i}", i + 1
+            fdef = define(frag, args, name)
+            self.defs[key] = self.defs_by_name[name] = fdef
+        return self.defs[key]
+
+
+def trace(algo: Any, name: str | None = None) -> Module:
+    """Trace `algo.iteration` into a module of fragments and glue."""
+    for attr in ("init", "iteration"):
+        if not callable(getattr(algo, attr, None)):
+            raise FragcError(f"{type(algo).__name__} is not an algorithm: it has no method '{attr}(...)'")
+    state = jax.eval_shape(algo.init, jax.random.key(0))
+    state_leaves, state_tree = jax.tree.flatten(state)
+    out_tree_cell: list[Any] = []
+
+    def flat_iteration(*leaves: Any) -> list[Any]:
+        result = algo.iteration(jax.tree.unflatten(state_tree, leaves))
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise FragcError(f"{type(algo).__name__}.iteration must return (state, metrics)")
+        out, out_tree = jax.tree.flatten(result)
+        out_tree_cell[:] = [out_tree]
+        return out
+
+    ctx = _TraceContext()
+    token = _TRACING.set(ctx)
+    try:
+        closed = jax.make_jaxpr(flat_iteration)(*state_leaves)
+    finally:
+        _TRACING.reset(token)
+    _check_state_round_trip(algo, state_tree, out_tree_cell[0], state_leaves, closed)
+    graph = build_graph(closed, fragment_call_p, TreeType.of(state), out_tree_cell[0], ctx.defs_by_name)
+    return Module(name=name or type(algo).__name__.lower(), fragments=dict(ctx.defs_by_name), graph=graph)
+
+
+def _check_state_round_trip(algo: Any, state_tree: Any, out_tree: Any, state_leaves: list, closed: Any) -> None:
+    """The state that `iteration` returns must have the type of the one it takes."""
+    new_state_tree = out_tree.children()[0]
+    new_avals = closed.out_avals[: new_state_tree.num_leaves]
+    old = [(tuple(x.shape), x.dtype) for x in state_leaves]
+    new = [(tuple(a.shape), a.dtype) for a in new_avals]
+    if new_state_tree != state_tree or old != new:
+        raise FragcError(
+            f"{type(algo).__name__}.iteration returns a state whose structure, shapes or dtypes "
+            "differ from the state it takes; the training loop carries it unchanged"
+        )

@@ -1,0 +1,242 @@
+"""The fragmented dataflow graph: fragment definitions, nodes, values, module.
+
+Nodes and values are immutable (`replace()` derives new ones); a `Module` is
+rebuilt by passes, never edited in place. Node kinds form a closed set:
+
+- `Run`: one call of a fragment;
+- `Glue`: small JAX equations between fragments (a `ClosedJaxpr`);
+- `Transfer`: a value moves between device groups;
+- `Delay`: the value of an input from the previous iteration (pipelining).
+
+Edges are leaf-level (`Use(value, index)`), values are pytrees, so printed IR
+can name `%state.train.params` while passes reason about single arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import jax
+from jax.extend import core as jex
+
+from .types import LeafType, TreeType
+
+REPLICA = "replica"
+"""The axis name of fragment replicas; `fragc.pmean`/`psum` reduce over it."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Value:
+    """An SSA value of the graph: a named pytree of arrays."""
+
+    name: str
+    type: TreeType
+
+    def replace(self, **changes: Any) -> "Value":
+        return dataclasses.replace(self, **changes)
+
+    def uses(self) -> tuple["Use", ...]:
+        return tuple(Use(self, i) for i in range(len(self.type.leaves)))
+
+
+class Use(NamedTuple):
+    """One leaf of a value, as consumed by a node or returned by the graph."""
+
+    value: Value
+    index: int
+
+    @property
+    def type(self) -> LeafType:
+        return self.value.type.leaves[self.index]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Placement:
+    """Where and how a fragment runs (set by the `place` pass)."""
+
+    group: str
+    replicas: int
+    lowering: str  # "shard_map" (replica-parallel) or "jit" (GSPMD shardings)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FragmentDef:
+    """A device-free fragment: role, axis declarations, body.
+
+    `in_axes`/`out_axes` are flat, one entry per leaf of the arguments and
+    results. `body` is the jaxpr traced at global shapes with one replica;
+    `body_for(R)` retraces `fn` at per-replica shapes for `R` replicas.
+    """
+
+    name: str
+    role: str
+    fn: Callable[..., Any]  # flat leaves -> flat leaves
+    arg_names: tuple[str, ...]
+    in_tree: Any  # treedef of the argument tuple
+    out_tree: Any  # treedef of the result tuple
+    in_axes: tuple[int | None, ...]
+    out_axes: tuple[int | None, ...]
+    in_types: tuple[TreeType, ...]  # one per argument, global
+    out_types: tuple[TreeType, ...]  # one per result, global
+    body: jex.ClosedJaxpr
+    source: str
+    placement: Placement | None = None
+    _bodies: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    def replace(self, **changes: Any) -> "FragmentDef":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def in_leaf_types(self) -> tuple[LeafType, ...]:
+        return tuple(leaf for t in self.in_types for leaf in t.leaves)
+
+    @property
+    def out_leaf_types(self) -> tuple[LeafType, ...]:
+        return tuple(leaf for t in self.out_types for leaf in t.leaves)
+
+    def batch_length(self) -> int | None:
+        """The common length of every declared input axis (`None` if none is declared)."""
+        for leaf in self.in_leaf_types:
+            if leaf.axis is not None:
+                return leaf.shape[leaf.axis]
+        return None
+
+    def body_for(self, replicas: int) -> jex.ClosedJaxpr:
+        """The body at per-replica shapes, with `REPLICA` of size `replicas`."""
+        if replicas == 1:
+            return self.body
+        if replicas not in self._bodies:
+            structs = [local_struct(leaf, replicas) for leaf in self.in_leaf_types]
+            self._bodies[replicas] = jax.make_jaxpr(self.fn, axis_env=[(REPLICA, replicas)])(*structs)
+        return self._bodies[replicas]
+
+
+def local_struct(leaf: LeafType, replicas: int) -> jax.ShapeDtypeStruct:
+    """The shape one replica sees of a (global) leaf."""
+    shape = list(leaf.shape)
+    if leaf.axis is not None:
+        shape[leaf.axis] //= replicas
+    return jax.ShapeDtypeStruct(tuple(shape), leaf.dtype)
+
+
+# ---------------------------------------------------------------- nodes
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Run:
+    """Call fragment `fragment` on `inputs` (flat leaves of its arguments)."""
+
+    fragment: str
+    inputs: tuple[Use, ...]
+    outputs: tuple[Value, ...]  # one value per fragment result
+
+    kind = "run"
+
+    def replace(self, **changes: Any) -> "Run":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Glue:
+    """Equations between fragments; one output value holding a tuple of leaves."""
+
+    body: jex.ClosedJaxpr
+    inputs: tuple[Use, ...]
+    outputs: tuple[Value, ...]  # exactly one
+
+    kind = "glue"
+
+    def replace(self, **changes: Any) -> "Glue":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Transfer:
+    """Move leaves from device group `src` to `dst`; `nbytes` per iteration."""
+
+    inputs: tuple[Use, ...]
+    outputs: tuple[Value, ...]  # exactly one
+    src: str
+    dst: str
+
+    kind = "transfer"
+
+    @property
+    def nbytes(self) -> int:
+        return self.outputs[0].type.nbytes
+
+    def replace(self, **changes: Any) -> "Transfer":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Delay:
+    """The previous iteration's value of `inputs`; `initial` in the first iteration.
+
+    The delayed value is loop-carried: the module's state grows by it.
+    """
+
+    inputs: tuple[Use, ...]
+    initial: tuple[Use, ...]
+    outputs: tuple[Value, ...]  # exactly one
+
+    kind = "delay"
+
+    def replace(self, **changes: Any) -> "Delay":
+        return dataclasses.replace(self, **changes)
+
+
+Node = Run | Glue | Transfer | Delay
+NODE_KINDS = (Run, Glue, Transfer, Delay)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Graph:
+    """`iteration(state) -> (state, metrics)` as a list of nodes in order."""
+
+    inputs: tuple[Value, ...]
+    nodes: tuple[Node, ...]
+    outputs: tuple[Use, ...]  # flat leaves of (state, metrics)
+    out_tree: Any
+
+    def replace(self, **changes: Any) -> "Graph":
+        return dataclasses.replace(self, **changes)
+
+    def producers(self) -> dict[Value, Node]:
+        return {v: node for node in self.nodes for v in node.outputs}
+
+    def consumers(self) -> dict[Value, list[Node]]:
+        users: dict[Value, list[Node]] = {}
+        for node in self.nodes:
+            for use in node.inputs:
+                users.setdefault(use.value, []).append(node)
+        return users
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Mesh:
+    """A named device group: a slice of the devices, as indices into `jax.devices()`."""
+
+    name: str
+    devices: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Module:
+    """Fragment definitions plus the iteration graph; `str()` prints it."""
+
+    name: str
+    fragments: dict[str, FragmentDef]
+    graph: Graph
+    stage: str = "001_trace"
+    meshes: tuple[Mesh, ...] = ()
+    attrs: dict = dataclasses.field(default_factory=dict)
+
+    def replace(self, **changes: Any) -> "Module":
+        return dataclasses.replace(self, **changes)
+
+    def __str__(self) -> str:
+        from .printer import format_module
+
+        return format_module(self)

@@ -1,0 +1,179 @@
+"""The printed form of a module; the grammar is in docs/ir.md.
+
+Types of more than one leaf get an alias (`!Runner`) printed once at the top;
+fragment signatures show global types; node operands are printed as the
+shortest `%value.path` that names exactly their leaves.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .module import Delay, FragmentDef, Glue, Module, Run, Transfer, Use, Value
+from .types import TreeType
+
+
+class _Aliases:
+    """Names for multi-leaf types, in order of first appearance."""
+
+    def __init__(self) -> None:
+        self.names: dict[TreeType, str] = {}
+
+    def ref(self, t: TreeType, hint: str) -> str:
+        if len(t.leaves) == 1 and t.treedef.num_nodes == 1:
+            return str(t.leaves[0])
+        if t not in self.names:
+            base = t.class_name or hint[:1].upper() + hint[1:]
+            name, i = base, 1
+            while name in self.names.values():
+                name, i = f"{base}{i}", i + 1
+            self.names[t] = name
+        return "!" + self.names[t]
+
+    def lines(self) -> list[str]:
+        out = []
+        for t, name in self.names.items():
+            fields = [f"    {p}: {leaf}," for p, leaf in zip(t.paths, t.leaves)]
+            out += [f"type !{name} = {{", *fields, "}"]
+        return out
+
+
+def format_module(module: Module, bodies: bool = False) -> str:
+    aliases = _Aliases()
+    graph_lines = _graph_lines(module, aliases)
+    frag_lines = []
+    for fdef in module.fragments.values():
+        frag_lines += _fragment_lines(fdef, aliases, bodies)
+    header = [f"// fragc.ir · {module.name} · after {module.stage}"]
+    header += [f"mesh @{m.name} = devices[{_ranges(m.devices)}]" for m in module.meshes]
+    return "\n".join(header + aliases.lines() + frag_lines + graph_lines) + "\n"
+
+
+def _ranges(ids: Sequence[int]) -> str:
+    if list(ids) == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}..{ids[-1]}" if len(ids) > 1 else str(ids[0])
+    return ",".join(map(str, ids))
+
+
+def _fragment_lines(fdef: FragmentDef, aliases: _Aliases, bodies: bool) -> list[str]:
+    args = ", ".join(f"%{n}: {aliases.ref(t, n)}" for n, t in zip(fdef.arg_names, fdef.in_types))
+    results = ", ".join(aliases.ref(t, f"{fdef.name}Out{i}") for i, t in enumerate(fdef.out_types))
+    where = ""
+    if fdef.placement is not None:
+        p = fdef.placement
+        where = f" on @{p.group} {p.lowering} replicas={p.replicas}"
+    lines = [
+        f"fragment @{fdef.name} role={fdef.role}{where} eqns={len(fdef.body.jaxpr.eqns)}   // {fdef.source}",
+        f"    ({args}) -> ({results})",
+    ]
+    if bodies:
+        lines += ["    " + line for line in str(fdef.body).splitlines()]
+    return lines
+
+
+def _graph_lines(module: Module, aliases: _Aliases) -> list[str]:
+    graph = module.graph
+    params = ", ".join(f"%{v.name}: {aliases.ref(v.type, v.name)}" for v in graph.inputs)
+    lines = ["", f"func @iteration({params}) {{"]
+    for node in graph.nodes:
+        lines.append("  " + _node_line(node, module, aliases))
+    state_tree, metrics_tree = graph.out_tree.children()
+    n_state = state_tree.num_leaves
+    state_out = _tree_operand(graph.outputs[:n_state], state_tree)
+    metrics_out = _tree_operand(graph.outputs[n_state:], metrics_tree)
+    lines.append(f"  return state={state_out}, metrics={metrics_out}")
+    lines.append("}")
+    return lines
+
+
+def _tree_operand(uses: Sequence[Use], tree: object) -> str:
+    """Operands of a returned pytree, field by field where one name does not cover them."""
+    text = operand(uses)
+    children = tree.children()
+    if not text.startswith("[") or not children:
+        return text
+    keys = [parts[0] for parts in TreeType(tree, tuple(u.type for u in uses)).path_parts]
+    fields, offset = [], 0
+    for child in children:
+        n = child.num_leaves
+        fields.append(f"{keys[offset] if n else '?'}: {_tree_operand(uses[offset:offset + n], child)}")
+        offset += n
+    return "{" + ", ".join(fields) + "}"
+
+
+def _node_line(node: object, module: Module, aliases: _Aliases) -> str:
+    outs = ", ".join(f"%{v.name}" for v in node.outputs)
+    if isinstance(node, Run):
+        fdef = module.fragments[node.fragment]
+        return f"{outs} = run @{node.fragment}({', '.join(_arg_operands(node.inputs, fdef))})"
+    if isinstance(node, Glue):
+        kinds = sorted({e.primitive.name for e in node.body.jaxpr.eqns})
+        what = " ".join(kinds) if kinds else "const"
+        ins = ", ".join(operand([u]) for u in node.inputs)
+        types = ", ".join(str(t) for t in node.outputs[0].type.leaves)
+        return f"{outs}: ({types}) = glue({ins})   // {what}"
+    if isinstance(node, Transfer):
+        return (f"{outs} = transfer {operand(node.inputs)} @{node.src} -> @{node.dst}"
+                f"   // {_human_bytes(node.nbytes)}")
+    if isinstance(node, Delay):
+        return f"{outs} = delay {operand(node.inputs)} init {operand(node.initial)}"
+    raise TypeError(f"unknown node kind {type(node).__name__}")
+
+
+def _arg_operands(inputs: Sequence[Use], fdef: FragmentDef) -> list[str]:
+    out, offset = [], 0
+    for t in fdef.in_types:
+        n = len(t.leaves)
+        out.append(operand(inputs[offset : offset + n], t))
+        offset += n
+    return out
+
+
+def operand(uses: Sequence[Use], expected: TreeType | None = None) -> str:
+    """The shortest text naming exactly these leaves: `%v`, `%v.a.b`, or `[...]`."""
+    uses = list(uses)
+    if not uses:
+        return "()"
+    value = uses[0].value
+    indices = [u.index for u in uses]
+    if all(u.value is value for u in uses) and indices == list(range(len(value.type.leaves))):
+        if expected is None or expected.treedef == value.type.treedef or len(uses) == 1:
+            return f"%{value.name}"
+    if all(u.value is value for u in uses) and indices == list(range(indices[0], indices[0] + len(uses))):
+        named = _subtree_name(value, indices, expected)
+        if named is not None:
+            return named
+    if len(uses) == 1:
+        return _leaf_name(uses[0])
+    return "[" + ", ".join(_leaf_name(u) for u in uses) + "]"
+
+
+def _leaf_name(use: Use) -> str:
+    path = _parts(use.value)[use.index]
+    return f"%{use.value.name}" + "".join(f".{p}" for p in path) if path else f"%{use.value.name}#{use.index}"
+
+
+def _subtree_name(value: Value, indices: list[int], expected: TreeType | None) -> str | None:
+    parts = _parts(value)
+    chosen = [parts[i] for i in indices]
+    prefix = chosen[0]
+    for p in chosen[1:]:
+        prefix = prefix[: next((k for k, (a, b) in enumerate(zip(prefix, p)) if a != b), min(len(prefix), len(p)))]
+    under = [i for i, p in enumerate(parts) if p[: len(prefix)] == prefix]
+    if under != indices:
+        return None
+    if expected is not None and len(indices) == len(parts) and expected.treedef != value.type.treedef:
+        return None
+    return f"%{value.name}" + "".join(f".{p}" for p in prefix)
+
+
+def _parts(value: Value) -> tuple[tuple[str, ...], ...]:
+    return value.type.path_parts
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"

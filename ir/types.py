@@ -1,0 +1,128 @@
+"""Types of FDG values: one array leaf, or a pytree of them.
+
+A leaf type is an aval (shape and dtype) plus what fragc knows about where it
+lives: its environment (batch) axis, and once placed, its device group. Types
+are immutable; passes derive new ones with `replace()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+_SHORT_DTYPES = {
+    "float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16",
+    "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8",
+    "uint64": "u64", "uint32": "u32", "uint16": "u16", "uint8": "u8",
+    "bool": "bool",
+}
+
+
+def short_dtype(dtype: Any) -> str:
+    """`float32` -> `f32`; typed PRNG keys print as `key<fry>`."""
+    name = str(dtype)
+    return _SHORT_DTYPES.get(name, name)
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafType:
+    """One array: shape, dtype, batch axis (`None`: replicated) and placement."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+    axis: int | None = None
+    group: str | None = None
+
+    @staticmethod
+    def of(x: Any, axis: int | None = None) -> "LeafType":
+        """The type of anything with `.shape` and `.dtype`: arrays, tracers, avals."""
+        return LeafType(tuple(int(d) for d in x.shape), x.dtype, axis)
+
+    def replace(self, **changes: Any) -> "LeafType":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * _itemsize(self.dtype)
+
+    def struct(self) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(self.shape, self.dtype)
+
+    def __str__(self) -> str:
+        dims = [f"{d}@env" if i == self.axis else str(d) for i, d in enumerate(self.shape)]
+        return f"{short_dtype(self.dtype)}[{','.join(dims)}]"
+
+
+def _is_key(dtype: Any) -> bool:
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _itemsize(dtype: Any) -> int:
+    if _is_key(dtype):
+        return 8  # threefry keys are two uint32 words
+    return np.dtype(dtype).itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeType:
+    """A pytree of leaf types: the type of one FDG value."""
+
+    treedef: Any
+    leaves: tuple[LeafType, ...]
+
+    @staticmethod
+    def of(tree: Any, axes: Any = None) -> "TreeType":
+        """The type of a pytree of arrays or avals; `axes` is a flat per-leaf tuple."""
+        leaves, treedef = jax.tree.flatten(tree)
+        axes = axes if axes is not None else (None,) * len(leaves)
+        return TreeType(treedef, tuple(LeafType.of(x, a) for x, a in zip(leaves, axes)))
+
+    def replace(self, **changes: Any) -> "TreeType":
+        return dataclasses.replace(self, **changes)
+
+    def with_leaves(self, leaves: tuple[LeafType, ...]) -> "TreeType":
+        return dataclasses.replace(self, leaves=tuple(leaves))
+
+    @property
+    def path_parts(self) -> tuple[tuple[str, ...], ...]:
+        """The key path of every leaf as strings, e.g. `("train", "params", "actor")`."""
+        dummy = jax.tree.unflatten(self.treedef, list(range(len(self.leaves))))
+        with_paths = jax.tree_util.tree_flatten_with_path(dummy)[0]
+        return tuple(tuple(_key_str(k) for k in path) for path, _ in with_paths)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every leaf's path joined with dots, e.g. `train.params.actor`."""
+        return tuple(".".join(parts) for parts in self.path_parts)
+
+    @property
+    def class_name(self) -> str | None:
+        """The Python class at the root, for naming; `None` for tuples, lists, dicts, leaves."""
+        node_type = self.treedef.node_data()[0] if self.treedef.num_nodes > 1 else None
+        if node_type is None or node_type in (tuple, list, dict):
+            return None
+        return node_type.__name__
+
+    @property
+    def nbytes(self) -> int:
+        return sum(leaf.nbytes for leaf in self.leaves)
+
+    def structs(self) -> Any:
+        return jax.tree.unflatten(self.treedef, [leaf.struct() for leaf in self.leaves])
+
+    def __str__(self) -> str:
+        if self.treedef.num_leaves == 1 and self.treedef.num_nodes == 1:
+            return str(self.leaves[0])
+        inner = ", ".join(f"{p}: {leaf}" for p, leaf in zip(self.paths, self.leaves))
+        return "{" + inner + "}"
+
+
+def _key_str(key: Any) -> str:
+    """One key of a path: attribute name, dict key or sequence index."""
+    for attr in ("name", "key", "idx"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
