@@ -13,6 +13,7 @@ from typing import Any
 import gymnax
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from gymnax.environments import spaces
 
@@ -69,7 +70,7 @@ class VecEnv:
     @property
     def obs_size(self) -> int:
         shape = self.env.observation_space(self.params).shape
-        return int(jnp.prod(jnp.array(shape))) if shape else 1
+        return int(np.prod(shape)) if shape else 1
 
     def is_discrete(self) -> bool:
         return isinstance(self.action_space, spaces.Discrete)

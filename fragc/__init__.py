@@ -13,9 +13,12 @@ from fragc.ir import (
     psum,
     trace,
 )
+from fragc.api import compile
+from fragc.passes import Policy, RolePlacement
+from fragc.runtime.program import Program
 
 __all__ = [
-    "REPLICA", "FragcError", "FragmentError", "Module", "VerifyError", "fragment", "interpret", "pmean", "psum",
+    "Policy", "Program", "RolePlacement", "compile", "REPLICA", "FragcError", "FragmentError", "Module", "VerifyError", "fragment", "interpret", "pmean", "psum",
     "trace",
 ]
 __version__ = "0.1.0"

@@ -13,39 +13,64 @@ from .module import Delay, FragmentDef, Glue, Module, Run, Transfer, Use, Value
 from .types import TreeType
 
 
+def _key(t: TreeType) -> tuple:
+    """Alias identity: structure, shapes, dtypes and batch axes (not placement)."""
+    return (t.treedef, tuple((leaf.shape, str(leaf.dtype), leaf.axis) for leaf in t.leaves))
+
+
 class _Aliases:
-    """Names for multi-leaf types, in order of first appearance."""
+    """Names for multi-leaf types, in order of first appearance.
+
+    A type whose top-level fields have aliases of their own prints those
+    fields by alias (`learner: !Learner`).
+    """
 
     def __init__(self) -> None:
-        self.names: dict[TreeType, str] = {}
+        self.names: dict[tuple, str] = {}
+        self.types: dict[tuple, TreeType] = {}
 
     def ref(self, t: TreeType, hint: str) -> str:
         if len(t.leaves) == 1 and t.treedef.num_nodes == 1:
             return str(t.leaves[0])
-        if t not in self.names:
+        key = _key(t)
+        if key not in self.names:
             base = t.class_name or hint[:1].upper() + hint[1:]
             name, i = base, 1
             while name in self.names.values():
                 name, i = f"{base}{i}", i + 1
-            self.names[t] = name
-        return "!" + self.names[t]
+            self.names[key], self.types[key] = name, t
+        return "!" + self.names[key]
 
     def lines(self) -> list[str]:
         out = []
-        for t, name in self.names.items():
-            fields = [f"    {p}: {leaf}," for p, leaf in zip(t.paths, t.leaves)]
-            out += [f"type !{name} = {{", *fields, "}"]
+        for key, name in self.names.items():
+            t = self.types[key]
+            out += [f"type !{name} = {{   // {len(t.leaves)} leaves, {_human_bytes(t.nbytes)}",
+                    *self._fields(t), "}"]
         return out
+
+    def _fields(self, t: TreeType) -> list[str]:
+        parts, fields, offset = t.path_parts, [], 0
+        for child in t.treedef.children():
+            n = child.num_leaves
+            sub = TreeType(child, t.leaves[offset : offset + n])
+            if n > 1 and _key(sub) in self.names:
+                fields.append(f"    {parts[offset][0]}: !{self.names[_key(sub)]},")
+            else:
+                fields += [f"    {'.'.join(parts[i])}: {t.leaves[i]}," for i in range(offset, offset + n)]
+            offset += n
+        return fields
 
 
 def format_module(module: Module, bodies: bool = False) -> str:
     aliases = _Aliases()
-    graph_lines = _graph_lines(module, aliases)
     frag_lines = []
     for fdef in module.fragments.values():
         frag_lines += _fragment_lines(fdef, aliases, bodies)
+    graph_lines = _graph_lines(module, aliases)
     header = [f"// fragc.ir · {module.name} · after {module.stage}"]
     header += [f"mesh @{m.name} = devices[{_ranges(m.devices)}]" for m in module.meshes]
+    header += [f"attr {k} = {v}" for k, v in sorted(module.attrs.items())]
     return "\n".join(header + aliases.lines() + frag_lines + graph_lines) + "\n"
 
 

@@ -1,0 +1,33 @@
+"""Choosing devices, simulating CPU devices when the machine has fewer."""
+
+from __future__ import annotations
+
+import jax
+
+from fragc.ir.errors import FragcError
+
+
+def simulate_cpu_devices(n: int) -> None:
+    """Ask for `n` CPU devices; only possible before JAX's backend starts."""
+    try:
+        jax.config.update("jax_num_cpu_devices", int(n))
+    except RuntimeError:
+        pass  # the backend has started; `devices()` reports what exists
+
+
+def devices(n: int | None = None) -> list[jax.Device]:
+    """The first `n` devices (all when `None`), simulating CPU devices if needed."""
+    if n is None:
+        return jax.devices()
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise FragcError(f"devices must be a positive int, got {n!r}")
+    if n > 1:
+        simulate_cpu_devices(n)
+    available = jax.devices()
+    if len(available) < n:
+        raise FragcError(
+            f"{n} devices were asked for but only {len(available)} exist, and JAX has already started. "
+            f"Simulate CPU devices by setting JAX_NUM_CPU_DEVICES={n} in the environment (or calling "
+            f"jax.config.update('jax_num_cpu_devices', {n})) before the first JAX operation."
+        )
+    return available[:n]

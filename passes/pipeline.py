@@ -1,0 +1,98 @@
+"""Pass infrastructure: named passes with frozen options, verified after each one.
+
+A pass is a `Pass` subclass: a `name`, dataclass fields for its options, and
+`run(module) -> module`. `run_pipeline` numbers the stages (`002_canonicalize`),
+verifies after every pass, names the failing pass and the ones before it,
+and can print or dump the module after each pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, Sequence
+
+from fragc.ir.errors import FragcError, VerifyError
+from fragc.ir.module import Module
+from fragc.ir.printer import format_module
+from fragc.ir.verifier import verify
+
+
+class PassError(FragcError):
+    """A pass failed, or left a module that does not verify."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Pass:
+    """Base class; subclasses are frozen dataclasses whose fields are the options."""
+
+    name = "pass"
+
+    def run(self, module: Module) -> Module:
+        raise NotImplementedError
+
+    def label(self) -> str:
+        """`name{opt=value,...}`, as in the printed stage header."""
+        opts = ",".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self) if f.repr)
+        return f"{self.name}{{{opts}}}" if opts else self.name
+
+
+@dataclasses.dataclass
+class PipelineResult:
+    """Every stage's module, in order, starting with the traced one."""
+
+    stages: list[Module]
+
+    @property
+    def final(self) -> Module:
+        return self.stages[-1]
+
+    def after(self, name: str | None) -> Module:
+        if name is None:
+            return self.final
+        for module in self.stages:
+            stage_pass = module.stage.split("_", 1)[1].split("{", 1)[0]
+            if name in (module.stage, stage_pass):
+                return module
+        known = ", ".join(m.stage.split("_", 1)[1].split("{", 1)[0] for m in self.stages)
+        raise FragcError(f"no pass named '{name}' in this pipeline; passes: {known}")
+
+
+def run_pipeline(
+    module: Module,
+    passes: Sequence[Pass],
+    print_after_all: bool = False,
+    dump_dir: str | None = None,
+    printer: Callable[[str], None] = print,
+) -> PipelineResult:
+    stages = [verify(module)]
+    _emit(module, print_after_all, dump_dir, printer)
+    done = [module.stage]
+    for number, p in enumerate(passes, start=len(stages) + 1):
+        stage = f"{number:03d}_{p.label()}"
+        try:
+            module = p.run(stages[-1]).replace(stage=stage)
+            verify(module)
+        except FragcError as err:
+            raise PassError(f"pass '{p.label()}' failed (after {', '.join(done)}): {err}") from err
+        stages.append(module)
+        done.append(stage)
+        _emit(module, print_after_all, dump_dir, printer)
+    return PipelineResult(stages)
+
+
+def _emit(module: Module, print_after_all: bool, dump_dir: str | None, printer: Callable[[str], None]) -> None:
+    text = format_module(module)
+    if print_after_all:
+        printer(text)
+    if dump_dir is not None:
+        try:
+            os.makedirs(dump_dir, exist_ok=True)
+            name = module.stage.split("{", 1)[0]
+            with open(os.path.join(dump_dir, f"{name}.fir"), "w") as f:
+                f.write(text)
+        except OSError as err:
+            raise FragcError(f"cannot write IR dumps to '{dump_dir}': {err.strerror}") from err
+
+
+__all__ = ["Pass", "PassError", "PipelineResult", "VerifyError", "run_pipeline"]
