@@ -1,0 +1,27 @@
+"""fragc.algos: RL algorithms written against fragc's public API, one file each."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from typing import Any
+
+from fragc.ir.errors import FragcError
+
+ALGOS = {"ppo": ("fragc.algos.ppo", "PPO", "Config", "PPO, discrete actions (PureJaxRL's CartPole configuration)")}
+
+
+def load(name: str) -> tuple[type, type]:
+    """(algorithm class, config class) for a registered algorithm name."""
+    if name not in ALGOS:
+        close = difflib.get_close_matches(name, ALGOS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise FragcError(f"unknown algorithm '{name}'{hint}; known: {', '.join(ALGOS)}")
+    module_name, algo_cls, config_cls, _ = ALGOS[name]
+    module = importlib.import_module(module_name)
+    return getattr(module, algo_cls), getattr(module, config_cls)
+
+
+def make(name: str, **config: Any) -> Any:
+    algo_cls, config_cls = load(name)
+    return algo_cls(config_cls(**config))

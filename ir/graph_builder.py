@@ -114,11 +114,10 @@ def _glue(eqns: list[Any], env: dict[Any, Use], consts: dict[Any, Any], used_aft
                     target.append(v)
     outputs = [v for e in eqns for v in e.outvars
                if not isinstance(v, jex.DropVar) and used_after.get(v, -1) >= end]
-    body = jex.ClosedJaxpr(
-        jex.Jaxpr(constvars=constvars, invars=inputs, outvars=outputs, eqns=eqns,
-                  effects=jex.no_effects if not any(e.effects for e in eqns) else set().union(*(e.effects for e in eqns))),
-        [consts[v] for v in constvars],
-    )
+    effects = set().union(*(e.effects for e in eqns)) if any(e.effects for e in eqns) else jex.no_effects
+    jaxpr = jex.Jaxpr(constvars=constvars, invars=inputs, outvars=outputs, eqns=eqns, effects=effects,
+                      debug_info=glue_debug_info(len(inputs), len(outputs)))
+    body = jex.ClosedJaxpr(jaxpr, [consts[v] for v in constvars])
     value = Value(names.fresh("g"), TreeType.of(tuple(_struct(v) for v in outputs)))
     for j, v in enumerate(outputs):
         env[v] = Use(value, j)
@@ -129,11 +128,19 @@ def _constants(loose: list[Any], consts: dict[Any, Any], env: dict[Any, Use], na
     """Literal or closed-over outputs of the iteration, as glue with no inputs."""
     outvars = [jex.Var(v.aval) for v in loose]
     values = [v.val if isinstance(v, jex.Literal) else consts[v] for v in loose]
-    body = jex.ClosedJaxpr(jex.Jaxpr(constvars=outvars, invars=[], outvars=outvars, eqns=[]), values)
+    jaxpr = jex.Jaxpr(constvars=outvars, invars=[], outvars=outvars, eqns=[],
+                      debug_info=glue_debug_info(0, len(outvars)))
+    body = jex.ClosedJaxpr(jaxpr, values)
     value = Value(names.fresh("const"), TreeType.of(tuple(_struct(v) for v in outvars)))
     for j, v in enumerate(loose):
         env[v] = Use(value, j)
     return Glue(body=body, inputs=(), outputs=(value,))
+
+
+def glue_debug_info(n_in: int, n_out: int) -> jex.DebugInfo:
+    """What JAX wants to know about a jaxpr built by hand."""
+    return jex.DebugInfo("glue", "fragc", tuple(f"in{i}" for i in range(n_in)),
+                         tuple(f"out{i}" for i in range(n_out)))
 
 
 def _struct(v: Any) -> Any:

@@ -10,6 +10,7 @@ import dataclasses
 from jax.extend import core as jex
 from jax.interpreters import partial_eval as pe
 
+from fragc.ir.graph_builder import glue_debug_info
 from fragc.ir.module import Glue, Module, Run, Use, Value
 from fragc.ir.types import TreeType
 
@@ -46,6 +47,8 @@ def _shrink_glue(node: Glue, keep: list[int]) -> tuple[Glue, tuple[Value, list[i
     jaxpr = node.body.jaxpr
     used_outputs = [i in keep for i in range(len(jaxpr.outvars))]
     dced, used_inputs = pe.dce_jaxpr(jaxpr, used_outputs, instantiate=True)
+    n_in = sum(used_inputs)
+    dced = dced.replace(debug_info=glue_debug_info(n_in, len(dced.outvars)))
     body = jex.ClosedJaxpr(dced, node.body.consts)
     old = node.outputs[0]
     leaves = tuple(old.type.leaves[i] for i in keep)

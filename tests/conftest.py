@@ -1,0 +1,36 @@
+"""Every test runs on 8 simulated CPU devices, set before JAX's backend starts."""
+
+import os
+
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
+
+
+def as_numbers(tree):
+    """Leaves as float64 numpy arrays (typed PRNG keys through their key data)."""
+    def conv(x):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x = jax.random.key_data(x)
+        return np.asarray(x, dtype=np.float64)
+
+    return jax.tree.map(conv, tree)
+
+
+def assert_trees_close(a, b, rtol=1e-5, atol=1e-5):
+    a, b = as_numbers(a), as_numbers(b)
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b)):
+        np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.fixture(scope="session")
+def ppo_algo():
+    from fragc.algos import ppo
+
+    return ppo.PPO(ppo.Config(num_envs=8, num_steps=16))

@@ -1,0 +1,45 @@
+"""The command line: training, IR printing, and one clear line with exit code 2 for bad input."""
+
+import pytest
+
+from fragc.cli import main
+
+
+def test_run_prints_progress_and_final_return(capsys):
+    assert main(["run", "ppo", "--total-steps", "4096", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "fragc run ppo: env CartPole-v1, policy single, 8 iterations" in out
+    assert "final mean episode return" in out
+
+
+def test_ir_prints_the_traced_module(capsys):
+    assert main(["ir", "ppo", "--after", "trace"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("// fragc.ir · ppo · after 001_trace")
+    assert "run @rollout(%state.learner.params.params, %state.runner)" in out
+
+
+def test_ir_dot(capsys):
+    assert main(["ir", "ppo", "--dot"]) == 0
+    assert capsys.readouterr().out.startswith('digraph "ppo"')
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["run", "ppx"], "unknown algorithm 'ppx' (did you mean 'ppo'?)"),
+    (["run", "ppo", "--env", "CartPole"], "unknown environment 'CartPole'; did you mean 'CartPole-v1'?"),
+    (["run", "ppo", "--env", "Pendulum-v1"], "ppo supports discrete action spaces; Pendulum-v1 has Box"),
+    (["run", "ppo", "--policy", "nope"], "unknown policy 'nope'"),
+    (["run", "ppo", "--num-envs", "6", "--num-minibatches", "4", "--num-steps", "3"], "must divide by num_minibatches"),
+    (["ir", "ppo", "--after", "lower-everything"], "no pass named 'lower-everything'"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_non_positive_counts_are_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "ppo", "--total-steps", "0"])
+    assert exc.value.code == 2
+    assert "must be positive" in capsys.readouterr().err

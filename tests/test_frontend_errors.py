@@ -1,0 +1,113 @@
+"""Clear errors (and one warning) for mistakes in declaring or calling fragments."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import fragc
+from toy_algos import Regression
+
+
+def test_axes_not_matching_the_argument_structure():
+    @fragc.fragment(role="actor", in_axes=({"a": 0, "b": 0},), out_axes=0)
+    def f(x):
+        return x["a"]
+
+    with pytest.raises(fragc.FragmentError, match=r"fragment 'f', argument 'x': in_axes entry .* structure"):
+        f({"a": jnp.ones(4), "c": jnp.ones(4)})
+
+
+def test_wrong_number_of_axes_entries():
+    @fragc.fragment(role="actor", in_axes=(0, 0), out_axes=0)
+    def g(x):
+        return x
+
+    with pytest.raises(fragc.FragmentError, match=r"fragment 'g': in_axes has 2 entries but the fragment has 1 argument"):
+        g(jnp.ones(4))
+
+
+def test_declared_axes_of_different_lengths():
+    @fragc.fragment(role="actor", in_axes=(0, 0), out_axes=0)
+    def h(obs, keys):
+        return obs
+
+    with pytest.raises(fragc.FragmentError, match=r"fragment 'h': declared axes have different lengths: argument 'obs' has 4, argument 'keys' has 6"):
+        h(jnp.ones((4, 2)), jnp.ones(6))
+
+
+def test_axis_out_of_range():
+    @fragc.fragment(role="actor", in_axes=(2,), out_axes=0)
+    def k(x):
+        return x
+
+    with pytest.raises(fragc.FragmentError, match=r"fragment 'k', argument 'x': in_axes entry 2 is not a valid axis"):
+        k(jnp.ones((4, 2)))
+
+
+def test_replica_count_that_does_not_divide_an_axis():
+    algo = Regression(num_envs=6)
+    module = fragc.trace(algo)
+    with pytest.raises(fragc.FragmentError, match=r"fragment 'sample', argument 'data.x': axis 0 has length 6, which 4 replicas do not divide"):
+        fragc.interpret(module, algo.init(jax.random.key(0)), replicas=4)
+
+
+def test_replicated_output_that_differs_between_replicas():
+    @fragc.fragment(role="learner", in_axes=(0,), out_axes=None)
+    def mean_without_pmean(x):
+        return jnp.mean(x)
+
+    with pytest.raises(fragc.FragmentError, match=r"fragment 'mean_without_pmean': an output declared replicated"):
+        mean_without_pmean(jnp.arange(4.0))
+
+
+def test_keyword_arguments_are_refused():
+    @fragc.fragment(role="actor", in_axes=(0,), out_axes=0)
+    def kw(x):
+        return x
+
+    with pytest.raises(fragc.FragmentError, match="pass arguments positionally"):
+        kw(x=jnp.ones(3))
+
+
+def test_collective_outside_a_fragment():
+    with pytest.raises(fragc.FragcError, match=r"fragc.pmean must be called inside a @fragc.fragment"):
+        fragc.pmean(jnp.ones(3))
+
+
+def test_fragment_closing_over_a_traced_value():
+    class Leaky:
+        def init(self, key):
+            return jnp.ones(4)
+
+        def iteration(self, x):
+            scale = jnp.sum(x)
+
+            @fragc.fragment(role="actor", in_axes=(0,), out_axes=0)
+            def leak(y):
+                return y * scale
+
+            return leak(x), {}
+
+    with pytest.raises(fragc.FragmentError, match=r"fragment 'leak' closes over a value traced outside it"):
+        fragc.trace(Leaky())
+
+
+def test_warns_when_a_replicated_key_is_split_per_environment():
+    @fragc.fragment(role="actor", in_axes=(None, 0), out_axes=0)
+    def noisy(key, obs):
+        keys = jax.random.split(key, obs.shape[0])
+        return obs + jax.vmap(lambda k: jax.random.normal(k))(keys)
+
+    with pytest.warns(UserWarning, match=r"fragment 'noisy' splits a replicated key into 8 keys"):
+        noisy(jax.random.key(0), jnp.zeros(8))
+
+
+def test_per_environment_keys_do_not_warn(recwarn):
+    algo = Regression(num_envs=8)
+    fragc.trace(algo)
+    assert not [w for w in recwarn if "replicated key" in str(w.message)]
+
+
+def test_not_an_algorithm():
+    with pytest.raises(fragc.FragcError, match=r"object is not an algorithm: it has no method 'init"):
+        fragc.trace(object())

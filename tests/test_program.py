@@ -1,0 +1,102 @@
+"""The compiled single-device program against the reference interpreter."""
+
+import jax
+import numpy as np
+import pytest
+
+import fragc
+from conftest import assert_trees_close
+from toy_algos import Regression
+
+
+def test_compiled_single_equals_interpreter_over_three_iterations(ppo_algo):
+    prog = fragc.compile(ppo_algo, "single")
+    state = prog.init(0)
+    got, history = prog.run(state, 3)
+    module = fragc.trace(ppo_algo)
+    ref = state
+    for i in range(3):
+        ref, metrics = fragc.interpret(module, ref)
+        for name, value in metrics.items():
+            np.testing.assert_allclose(history[name][i], value, rtol=1e-5, atol=1e-6, err_msg=name)
+    assert_trees_close(got, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("k,iterations", [(1, 3), (4, 3), (4, 9)])
+def test_any_run_length_with_any_dispatch_size(k, iterations):
+    algo = Regression()
+    prog = fragc.compile(algo, "single", iterations_per_dispatch=k)
+    state = prog.init(0)
+    got, history = prog.run(state, iterations)
+    assert history["loss"].shape == (iterations,)
+    assert int(got.step) == iterations
+    ref = state
+    for _ in range(iterations):
+        ref, _ = jax.jit(algo.iteration)(ref)
+    assert_trees_close(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_run_keeps_the_callers_state_and_reports_progress():
+    prog = fragc.compile(Regression(), "single", iterations_per_dispatch=2)
+    state = prog.init(0)
+    seen = []
+    prog.run(state, 5, callback=lambda done, metrics: seen.append((done, len(metrics["loss"]))))
+    assert seen == [(2, 2), (4, 2), (5, 1)]
+    assert not state.w.is_deleted()
+
+
+def test_ir_after_named_passes_and_stage_names():
+    prog = fragc.compile(Regression(), "single")
+    assert prog.ir(after="trace").startswith("// fragc.ir · regression · after 001_trace\n")
+    assert "after 003_place{policy=single}" in prog.ir(after="place")
+    assert "on @main shard_map replicas=1" in prog.ir()
+    with pytest.raises(fragc.FragcError, match="no pass named 'plac'"):
+        prog.ir(after="plac")
+
+
+def test_hlo_and_cost():
+    prog = fragc.compile(Regression(), "single")
+    assert "stablehlo" in prog.hlo("iteration") or "func.func" in prog.hlo("iteration")
+    assert prog.hlo("iteration", optimized=True).startswith("HloModule")
+    cost = prog.cost()["iteration"]
+    assert cost["flops"] > 0 and cost["bytes"] > 0
+
+
+def test_print_after_all_and_dump_dir(tmp_path):
+    printed = []
+    fragc.compile(Regression(), "single", print_after_all=True, dump_dir=str(tmp_path), printer=printed.append)
+    assert [p.splitlines()[0].split("after ")[1] for p in printed] == [
+        "001_trace", "002_canonicalize", "003_place{policy=single}", "004_loop{k=16}"]
+    assert sorted(f.name for f in tmp_path.iterdir()) == [
+        "001_trace.fir", "002_canonicalize.fir", "003_place.fir", "004_loop.fir"]
+
+
+def test_unknown_policy_lists_the_known_ones():
+    with pytest.raises(fragc.FragcError, match=r"unknown policy 'singel' \(did you mean 'single'\?\); known policies: single"):
+        fragc.compile(Regression(), "singel")
+
+
+def test_more_devices_than_exist_gives_the_simulation_hint():
+    with pytest.raises(fragc.FragcError, match=r"16 devices were asked for but only 8 exist.*JAX_NUM_CPU_DEVICES=16"):
+        fragc.compile(Regression(), "single", devices=16)
+
+
+def test_policy_that_leaves_a_role_unplaced():
+    policy = fragc.Policy("partial", {"main": (0,)}, {"actor": fragc.RolePlacement("main", 1)})
+    with pytest.raises(fragc.FragcError, match=r"policy 'partial' leaves role 'learner' unplaced"):
+        fragc.compile(Regression(), policy)
+
+
+def test_policy_that_names_a_role_the_algorithm_lacks():
+    policy = fragc.Policy("extra", {"main": (0,)}, {"*": fragc.RolePlacement("main", 1),
+                                                   "buffer": fragc.RolePlacement("main", 1)})
+    with pytest.raises(fragc.FragcError, match=r"places role\(s\) \['buffer'\] that the algorithm lacks"):
+        fragc.compile(Regression(), policy)
+
+
+def test_state_of_the_wrong_type_is_refused():
+    prog = fragc.compile(Regression(), "single")
+    with pytest.raises(fragc.FragcError, match="does not match the program's state type"):
+        prog.run({"w": 1}, 1)
+    with pytest.raises(fragc.FragcError, match="iterations must be a positive int"):
+        prog.run(prog.init(0), 0)
