@@ -14,11 +14,12 @@ from fragc.ir import (
     trace,
 )
 from fragc.api import compile
-from fragc.passes import Policy, RolePlacement
+from fragc.passes import Policy, RolePlacement, population
+from fragc.ir.interpreter import run_iterations
 from fragc.runtime.program import Program
 
 __all__ = [
-    "Policy", "Program", "RolePlacement", "compile", "REPLICA", "FragcError", "FragmentError", "Module", "VerifyError", "fragment", "interpret", "pmean", "psum",
+    "Policy", "Program", "RolePlacement", "compile", "population", "run_iterations", "REPLICA", "FragcError", "FragmentError", "Module", "VerifyError", "fragment", "interpret", "pmean", "psum",
     "trace",
 ]
 __version__ = "0.1.0"

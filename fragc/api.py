@@ -9,13 +9,13 @@ from jax.sharding import Mesh
 from fragc.devices import devices as choose_devices
 from fragc.ir.errors import FragcError
 from fragc.ir.frontend import trace
-from fragc.passes import Canonicalize, Loop, Place, Policy, resolve, run_pipeline
+from fragc.passes import Policy, Population, default_passes, resolve, run_pipeline
 from fragc.runtime.program import Program
 
 
 def compile(
     algo: Any,
-    policy: str | Policy = "single",
+    policy: str | Policy | Population = "single",
     devices: int | None = None,
     mesh: Mesh | None = None,
     iterations_per_dispatch: int = 16,
@@ -32,13 +32,28 @@ def compile(
     """
     if mesh is not None and devices is not None:
         raise FragcError("compile: pass devices or mesh, not both")
-    devs = list(mesh.devices.flat) if mesh is not None else choose_devices(devices if devices is not None else 1)
+    if devices is None and mesh is None:
+        devices = _default_device_count(policy)
+    devs = list(mesh.devices.flat) if mesh is not None else choose_devices(devices)
     resolved = resolve(policy, len(devs))
     if resolved.num_devices > len(devs):
         raise FragcError(
             f"policy '{resolved.name}' uses {resolved.num_devices} devices but the program has {len(devs)}; "
             f"pass devices={resolved.num_devices}"
         )
-    passes = [Canonicalize(), Place(resolved), Loop(iterations_per_dispatch)]
+    passes = default_passes(resolved, iterations_per_dispatch)
     result = run_pipeline(trace(algo), passes, print_after_all=print_after_all, dump_dir=dump_dir, printer=printer)
-    return Program(algo, result, devs)
+    return Program(algo, result, devs, resolved)
+
+
+def _default_device_count(policy: Any) -> int:
+    """`single` and populations of it default to one device, other policies to all there are."""
+    if isinstance(policy, Policy):
+        return policy.num_devices
+    import jax
+
+    if policy == "single" or (isinstance(policy, Population) and policy.base == "single"):
+        return 1
+    if isinstance(policy, str) and policy.startswith("population(single"):
+        return 1
+    return len(jax.devices())

@@ -52,23 +52,26 @@ def fragment_runner(fdef: FragmentDef, replicas: int) -> Any:
     return per_def[replicas]
 
 
-def run_graph(module: Module, state_leaves: list[Any], run_fragment: Any) -> list[Any]:
-    """Evaluate the graph; `run_fragment(node, fdef, leaves)` runs one fragment."""
-    env: dict[Value, list[Any]] = {module.graph.inputs[0]: list(state_leaves)}
+def eval_nodes(module: Module, indices: Any, env: dict[Value, list[Any]], run_fragment: Any,
+               delayed: dict[int, list[Any]] | None = None) -> None:
+    """Evaluate the nodes at `indices` into `env` (value -> leaves).
 
+    run_fragment(node, fdef, leaves) runs one fragment; `delayed[i]` is the
+    value delay node i yields this iteration (its `initial` operand when absent).
+    """
     def read(uses: Any) -> list[Any]:
         return [env[u.value][u.index] for u in uses]
 
-    for node in module.graph.nodes:
-        ins = read(node.inputs)
+    for i in indices:
+        node = module.graph.nodes[i]
         if isinstance(node, Run):
-            outs = list(run_fragment(node, module.fragments[node.fragment], ins))
+            outs = list(run_fragment(node, module.fragments[node.fragment], read(node.inputs)))
         elif isinstance(node, Glue):
-            outs = jex.jaxpr_as_fun(node.body)(*ins)
+            outs = jex.jaxpr_as_fun(node.body)(*read(node.inputs))
         elif isinstance(node, Transfer):
-            outs = ins
+            outs = read(node.inputs)
         elif isinstance(node, Delay):
-            raise FragcError("a module with delay nodes runs through Program, not the one-step interpreter")
+            outs = delayed[i] if delayed and i in delayed else read(node.initial)
         else:
             raise FragcError(f"unknown node kind {type(node).__name__}")
         offset = 0
@@ -76,7 +79,49 @@ def run_graph(module: Module, state_leaves: list[Any], run_fragment: Any) -> lis
             n = len(value.type.leaves)
             env[value] = list(outs[offset : offset + n])
             offset += n
-    return read(module.graph.outputs)
+
+
+def delay_inputs(module: Module, env: dict[Value, list[Any]]) -> dict[int, list[Any]]:
+    """What each delay node yields next iteration: its operands' values in this one."""
+    return {i: [env[u.value][u.index] for u in node.inputs]
+            for i, node in enumerate(module.graph.nodes) if isinstance(node, Delay)}
+
+
+def run_graph(module: Module, state_leaves: list[Any], run_fragment: Any,
+              delayed: dict[int, list[Any]] | None = None) -> tuple[list[Any], dict[int, list[Any]]]:
+    """One iteration -> (flat outputs, the delay values for the next iteration)."""
+    env: dict[Value, list[Any]] = {module.graph.inputs[0]: list(state_leaves)}
+    eval_nodes(module, range(len(module.graph.nodes)), env, run_fragment, delayed)
+    outs = [env[u.value][u.index] for u in module.graph.outputs]
+    return outs, delay_inputs(module, env)
+
+
+def _check_state(module: Module, state: Any) -> list[Any]:
+    leaves, tree = jax.tree.flatten(state)
+    expected = module.graph.inputs[0].type
+    if tree != expected.treedef or [tuple(x.shape) for x in leaves] != [t.shape for t in expected.leaves]:
+        raise FragcError(f"interpret: the state does not have the module's state type {expected}")
+    return leaves
+
+
+def run_iterations(module: Module, state: Any, iterations: int, replicas: int | Mapping[str, int] | None = None
+                   ) -> tuple[Any, list[Any]]:
+    """`iterations` iterations carrying delay values -> (state, [metrics per iteration]).
+
+    replicas: as for `interpret`; `None` takes each fragment's placed count.
+    """
+    if replicas is None:
+        counts = {n: (f.placement.replicas if f.placement else 1) for n, f in module.fragments.items()}
+    else:
+        counts = replica_counts(module, replicas)
+    leaves, delayed, history = _check_state(module, state), None, []
+    n_state = module.graph.out_tree.children()[0].num_leaves
+    for _ in range(iterations):
+        outs, delayed = run_graph(module, leaves, lambda node, f, ins: fragment_runner(f, counts[f.name])(*ins),
+                                  delayed)
+        leaves = outs[:n_state]
+        history.append(jax.tree.unflatten(module.graph.out_tree, outs)[1])
+    return jax.tree.unflatten(module.graph.out_tree.children()[0], leaves), history
 
 
 def interpret(module: Module, state: Any, replicas: int | Mapping[str, int] = 1) -> tuple[Any, Any]:
@@ -86,9 +131,9 @@ def interpret(module: Module, state: Any, replicas: int | Mapping[str, int] = 1)
       (roles not named run with one replica).
     """
     counts = replica_counts(module, replicas)
-    leaves, tree = jax.tree.flatten(state)
-    expected = module.graph.inputs[0].type
-    if tree != expected.treedef or [tuple(x.shape) for x in leaves] != [t.shape for t in expected.leaves]:
-        raise FragcError(f"interpret: the state does not have the module's state type {expected}")
-    outs = run_graph(module, leaves, lambda node, fdef, ins: fragment_runner(fdef, counts[fdef.name])(*ins))
+    leaves = _check_state(module, state)
+    if any(isinstance(n, Delay) for n in module.graph.nodes):
+        raise FragcError("interpret runs one iteration of a module without delays; use run_iterations for "
+                         "a pipelined module")
+    outs, _ = run_graph(module, leaves, lambda node, fdef, ins: fragment_runner(fdef, counts[fdef.name])(*ins))
     return jax.tree.unflatten(module.graph.out_tree, outs)

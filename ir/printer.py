@@ -70,7 +70,7 @@ def format_module(module: Module, bodies: bool = False) -> str:
     graph_lines = _graph_lines(module, aliases)
     header = [f"// fragc.ir · {module.name} · after {module.stage}"]
     header += [f"mesh @{m.name} = devices[{_ranges(m.devices)}]" for m in module.meshes]
-    header += [f"attr {k} = {v}" for k, v in sorted(module.attrs.items())]
+    header += [f"attr {k} = {v}" for k, v in sorted(module.attrs.items()) if k != "stages"]
     return "\n".join(header + aliases.lines() + frag_lines + graph_lines) + "\n"
 
 
@@ -100,7 +100,13 @@ def _graph_lines(module: Module, aliases: _Aliases) -> list[str]:
     graph = module.graph
     params = ", ".join(f"%{v.name}: {aliases.ref(v.type, v.name)}" for v in graph.inputs)
     lines = ["", f"func @iteration({params}) {{"]
-    for node in graph.nodes:
+    stage_of = {i: (name, group) for name, group, idx in module.attrs.get("stages", ()) for i in idx}
+    current = None
+    for i, node in enumerate(graph.nodes):
+        if stage_of.get(i) != current:
+            current = stage_of.get(i)
+            if current is not None:
+                lines.append(f"  // stage @{current[0]} on @{current[1]}")
         lines.append("  " + _node_line(node, module, aliases))
     state_tree, metrics_tree = graph.out_tree.children()
     n_state = state_tree.num_leaves

@@ -22,6 +22,7 @@ class Loop(Pass):
     def run(self, module: Module) -> Module:
         if not isinstance(self.k, int) or self.k < 1:
             raise FragcError(f"loop: iterations per dispatch must be a positive int, got {self.k!r}")
-        groups = {f.placement.group for f in module.fragments.values() if f.placement}
-        k = self.k if len(groups) <= 1 else 1
+        stages = module.attrs.get("stages", ())
+        one_stage = len(stages) <= 1 and not any(n.kind in ("transfer", "delay") for n in module.graph.nodes)
+        k = self.k if one_stage else 1
         return module.replace(attrs={**module.attrs, "iterations_per_dispatch": k})

@@ -1,7 +1,8 @@
 """place{policy}: a device group, replica count and lowering for every fragment.
 
-Values get the group of their producer; state leaves the group of their first
-consumer; glue the group of its first operand (or of its first consumer).
+Values get the group of their producer; a state leaf the group of the node
+that produces its next value (else of its first consumer); glue the group of
+its first operand (or of its first consumer).
 """
 
 from __future__ import annotations
@@ -65,12 +66,20 @@ def _place_values(module: Module):
         return renamed.setdefault(value, value.replace(type=value.type.with_leaves(leaves)))
 
     state = graph.inputs[0]
-    state_leaves = tuple(t.replace(group=first_leaf_consumer.get((state, i), default))
-                         for i, t in enumerate(state.type.leaves))
+    returned = _returned_state_groups(graph, groups)
+    state_leaves = tuple(
+        t.replace(group=returned.get(i) or first_leaf_consumer.get((state, i), default))
+        for i, t in enumerate(state.type.leaves))
     renamed[state] = state.replace(type=state.type.with_leaves(state_leaves))
     for v, g in groups.items():
         placed(v, g)
     return _substitute(graph, renamed)
+
+
+def _returned_state_groups(graph, groups: dict[Value, str]) -> dict[int, str]:
+    """State leaf i lives where the iteration produces its next value, so the loop carries it in place."""
+    n_state = graph.out_tree.children()[0].num_leaves
+    return {i: groups[u.value] for i, u in enumerate(graph.outputs[:n_state]) if u.value in groups}
 
 
 def _substitute(graph, renamed: dict[Value, Value]):

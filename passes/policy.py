@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Callable, Mapping
+import re
+from typing import Callable, Mapping, Sequence
 
 from fragc.ir.errors import FragcError
 
@@ -37,6 +38,8 @@ class Policy:
     roles: Mapping[str, RolePlacement]
     staleness: int = 0
     """Iterations by which the actor's parameters lag the learner's (0: synchronous)."""
+    population: tuple[int, ...] = ()
+    """Seed offsets of independent runs vectorised in one program (empty: one run)."""
 
     def __post_init__(self) -> None:
         for role, placement in self.roles.items():
@@ -70,17 +73,79 @@ def single(num_devices: int = 1) -> Policy:
     return Policy("single", {"main": (0,)}, {"*": RolePlacement("main", 1)})
 
 
-BUILTIN: dict[str, Callable[[int], Policy]] = {"single": single}
+def anakin(num_devices: int) -> Policy:
+    """Every fragment on every device, one replica per device, `pmean` across them (Podracer's Anakin)."""
+    return Policy("anakin", {"all": tuple(range(num_devices))}, {"*": RolePlacement("all")})
 
 
-def resolve(policy: str | Policy, num_devices: int) -> Policy:
-    """A built-in policy by name for `num_devices`, or a user's `Policy` as is."""
+def gspmd(num_devices: int) -> Policy:
+    """Single-device maths, environment axis sharded over all devices; XLA partitions (pjit data parallel)."""
+    return Policy("gspmd", {"all": tuple(range(num_devices))}, {"*": RolePlacement("all", 1, "jit")})
+
+
+def actor_learner(num_devices: int, actors: int | None = None, staleness: int = 0) -> Policy:
+    """Actors on the first devices, the learner on the rest; trajectories and parameters move each iteration."""
+    if num_devices < 2:
+        raise FragcError("actor_learner needs at least 2 devices (actors and learner on different ones)")
+    actors = num_devices // 2 if actors is None else actors
+    if not 0 < actors < num_devices:
+        raise FragcError(f"actor_learner: actors must be between 1 and {num_devices - 1}, got {actors}")
+    name = "actor_learner_async" if staleness else "actor_learner"
+    groups = {"actors": tuple(range(actors)), "learner": tuple(range(actors, num_devices))}
+    roles = {"actor": RolePlacement("actors"), "*": RolePlacement("learner")}
+    return Policy(name, groups, roles, staleness=staleness)
+
+
+def actor_learner_async(num_devices: int) -> Policy:
+    """actor_learner with staleness 1: rollout k+1 overlaps learn k (Sebulba, IMPALA)."""
+    return actor_learner(num_devices, staleness=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Population:
+    """`population(policy, seeds)`: independent runs of `policy`, vectorised over seeds."""
+
+    base: "str | Policy"
+    seeds: int | tuple[int, ...]
+
+    def resolve(self, num_devices: int) -> Policy:
+        offsets = tuple(range(self.seeds)) if isinstance(self.seeds, int) else tuple(self.seeds)
+        if not offsets or (isinstance(self.seeds, int) and self.seeds < 1):
+            raise FragcError(f"population needs at least one seed, got {self.seeds!r}")
+        base = resolve(self.base, num_devices)
+        if base.population:
+            raise FragcError("population of a population: pass the seeds to one population(...)")
+        return dataclasses.replace(base, name=f"population({base.name},{len(offsets)})", population=offsets)
+
+
+def population(policy: "str | Policy", seeds: int | Sequence[int]) -> Population:
+    """Independent runs of `policy`: `seeds` runs (seed offsets 0..S-1) or the given seed offsets."""
+    return Population(policy, seeds if isinstance(seeds, int) else tuple(seeds))
+
+
+BUILTIN: dict[str, Callable[[int], Policy]] = {
+    "single": single,
+    "anakin": anakin,
+    "gspmd": gspmd,
+    "actor_learner": actor_learner,
+    "actor_learner_async": actor_learner_async,
+}
+_POPULATION = re.compile(r"^population\((\w+),\s*(\d+)\)$")
+
+
+def resolve(policy: "str | Policy | Population", num_devices: int) -> Policy:
+    """A built-in policy by name for `num_devices` (or `population(NAME,S)`), or a user's `Policy` as is."""
     if isinstance(policy, Policy):
         return policy
+    if isinstance(policy, Population):
+        return policy.resolve(num_devices)
+    if isinstance(policy, str) and (m := _POPULATION.match(policy)):
+        return population(m.group(1), int(m.group(2))).resolve(num_devices)
     if not isinstance(policy, str) or policy not in BUILTIN:
         close = difflib.get_close_matches(str(policy), BUILTIN, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise FragcError(f"unknown policy '{policy}'{hint}; known policies: {', '.join(BUILTIN)}")
+        known = ", ".join(BUILTIN) + ", population(POLICY,SEEDS)"
+        raise FragcError(f"unknown policy '{policy}'{hint}; known policies: {known}")
     return BUILTIN[policy](num_devices)
 
 

@@ -1,9 +1,12 @@
-"""Lowering: fragments to `jax.shard_map` over their device group's mesh.
+"""Lowering fragments to JAX over their device group's mesh.
 
-A fragment with R replicas on a group of R devices runs as `shard_map` with
-its declared axes split over the mesh axis `REPLICA`. `check_vma=False` keeps
-`fragc.pmean` of a gradient a plain mean, so the program computes what the
-reference interpreter's `vmap` computes (JAX_NOTES.md, section 3).
+- `shard_map`: R replicas on a group of R devices, declared axes split over
+  the mesh axis `replica`. `check_vma=False` keeps `fragc.pmean` of a gradient
+  a plain mean, so the program computes what the reference interpreter's
+  `vmap` computes (JAX_NOTES.md, section 3).
+- `jit`: one replica (single-device maths) with the declared axes sharded
+  over the group; XLA's GSPMD partitioner inserts the collectives.
+- populations: one replica, no mesh, so the iteration can be vmapped over seeds.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fragc.ir.errors import FragcError
 from fragc.ir.module import REPLICA, FragmentDef, Module
+from fragc.ir.replicas import run_replicated
+from fragc.ir.types import LeafType
 
 
 def spec(axis: int | None) -> P:
@@ -31,15 +36,24 @@ def group_mesh(module: Module, group: str, devices: Sequence[jax.Device]) -> Mes
     raise FragcError(f"device group '{group}' is not defined by the module")
 
 
-def lower_fragment(fdef: FragmentDef, mesh: Mesh) -> Callable[..., Any]:
-    """`leaves -> leaves` running `fdef` replica-parallel over `mesh`."""
-    replicas = fdef.placement.replicas
-    if replicas != mesh.size:
+def leaf_sharding(leaf: LeafType, module: Module, devices: Sequence[jax.Device]) -> NamedSharding:
+    """Where a placed leaf lives: its group's mesh, split along its batch axis."""
+    return NamedSharding(group_mesh(module, leaf.group, devices), spec(leaf.axis))
+
+
+def lower_fragment(fdef: FragmentDef, mesh: Mesh | None) -> Callable[..., Any]:
+    """`leaves -> leaves` for `fdef` under its placement (`mesh=None`: no mesh, one replica)."""
+    placement = fdef.placement
+    if mesh is None:
+        return _one_replica(fdef)
+    if placement.lowering == "jit":
+        return _gspmd(fdef, mesh)
+    if placement.replicas != mesh.size:
         raise FragcError(
-            f"fragment '{fdef.name}': {replicas} replicas on a group of {mesh.size} devices; "
+            f"fragment '{fdef.name}': {placement.replicas} replicas on a group of {mesh.size} devices; "
             "shard_map lowering runs one replica per device"
         )
-    body = jex.jaxpr_as_fun(fdef.body_for(replicas))
+    body = jex.jaxpr_as_fun(fdef.body_for(placement.replicas))
     return jax.shard_map(
         lambda *xs: tuple(body(*xs)),
         mesh=mesh,
@@ -49,10 +63,20 @@ def lower_fragment(fdef: FragmentDef, mesh: Mesh) -> Callable[..., Any]:
     )
 
 
-def state_shardings(module: Module, devices: Sequence[jax.Device]) -> list[NamedSharding]:
-    """Where each state leaf lives: its group's mesh, split along its batch axis."""
-    out = []
-    for leaf in module.graph.inputs[0].type.leaves:
-        mesh = group_mesh(module, leaf.group, devices)
-        out.append(NamedSharding(mesh, spec(leaf.axis)))
-    return out
+def _one_replica(fdef: FragmentDef) -> Callable[..., Any]:
+    if fdef.placement is not None and fdef.placement.replicas != 1:
+        raise FragcError(f"fragment '{fdef.name}' has {fdef.placement.replicas} replicas; populations need 1")
+    body = jex.jaxpr_as_fun(fdef.body)
+    return lambda *xs: run_replicated(body, xs, fdef.in_axes, fdef.out_axes, 1, fdef.name)
+
+
+def _gspmd(fdef: FragmentDef, mesh: Mesh) -> Callable[..., Any]:
+    """The one-replica body with its batch axes sharded over `mesh`."""
+    if fdef.placement.replicas != 1:
+        raise FragcError(f"fragment '{fdef.name}': jit lowering runs single-device maths; replicas must be 1")
+    run = _one_replica(fdef)
+
+    def constrain(xs: Sequence[Any], axes: Sequence[int | None]) -> list[Any]:
+        return [jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec(a))) for x, a in zip(xs, axes)]
+
+    return lambda *xs: constrain(run(*constrain(xs, fdef.in_axes)), fdef.out_axes)

@@ -1,9 +1,18 @@
-"""A compiled program: its stages, and the loop that dispatches them.
+"""A compiled program: its stages, the transfers between them, and the loop that dispatches them.
 
-For a module whose iteration is one stage (`single`), the stage scans
-`iterations_per_dispatch` iterations in one XLA program; iterations past the
-requested count in the last dispatch are skipped with `lax.cond`, so one
-compilation serves any run length.
+Two shapes of program:
+
+- one stage, no transfers or delays (`single`, `anakin`, `gspmd`, populations):
+  one XLA program scans `iterations_per_dispatch` iterations; iterations past
+  the requested count in the last dispatch are skipped with `lax.cond`, so
+  one compilation serves any run length;
+- several stages (`actor_learner`, `actor_learner_async`): each stage is one
+  XLA program on its device group; a static schedule dispatches stages,
+  `device_put` transfers and delays in order every iteration. Dispatch is
+  asynchronous, so stages on disjoint groups that do not depend on each other
+  (rollout k+1 and learn k under staleness 1) overlap without threads.
+
+Metrics of a dispatch are fetched only after the next one is queued.
 """
 
 from __future__ import annotations
@@ -14,30 +23,44 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fragc.ir.errors import FragcError
-from fragc.ir.interpreter import run_graph
-from fragc.ir.module import Module
+from fragc.ir.interpreter import delay_inputs, run_graph
+from fragc.ir.module import Delay, Transfer, Value
 from fragc.ir.printer import format_module
 from fragc.passes.pipeline import PipelineResult
+from fragc.passes.policy import Policy
 
-from .lower import group_mesh, lower_fragment, state_shardings
+from .cost import fragment_collective_bytes, hlo_collective_bytes, transfer_bytes
+from .lower import group_mesh, leaf_sharding, lower_fragment
+from .stages import Stage, compile_stage, plan_stages
 
 
 class Program:
     """`fragc.compile`'s result: inspect the IR and stages, then `init` and `run`."""
 
-    def __init__(self, algo: Any, pipeline: PipelineResult, devices: Sequence[jax.Device]):
-        self.algo = algo
-        self.pipeline = pipeline
-        self.module = pipeline.final
+    def __init__(self, algo: Any, pipeline: PipelineResult, devices: Sequence[jax.Device], policy: Policy):
+        self.algo, self.pipeline, self.policy = algo, pipeline, policy
+        self.module = module = pipeline.final
         self.devices = list(devices)
-        self.k = int(self.module.attrs.get("iterations_per_dispatch", 1))
-        self._shardings = state_shardings(self.module, self.devices)
-        self._state_tree = self.module.graph.inputs[0].type.treedef
+        self.population = policy.population
+        self.k = int(module.attrs.get("iterations_per_dispatch", 1))
+        self._state_tree = module.graph.inputs[0].type.treedef
+        self._fused = self._is_one_stage()
+        if self.population and not self._fused:
+            raise FragcError(f"population runs need a policy whose iteration is one stage; '{policy.name}' has "
+                             f"{len(module.attrs['stages'])} stages and transfers")
+        mesh_of = (lambda f: None) if self.population else (
+            lambda f: group_mesh(module, f.placement.group, self.devices))
+        self._frags = {name: lower_fragment(f, mesh_of(f)) for name, f in module.fragments.items()}
+        self._shardings = self._state_shardings()
         t0 = time.perf_counter()
-        self._init = jax.jit(algo.init, out_shardings=jax.tree.unflatten(self._state_tree, self._shardings))
-        self._compiled = self._lower().compile()
+        self._init = jax.jit(self._init_fn(), out_shardings=jax.tree.unflatten(self._state_tree, self._shardings))
+        if self._fused:
+            self._stages = [self._compile_fused()]
+        else:
+            self._stages = [compile_stage(s, module, self.devices, self._frags) for s in plan_stages(module)]
         self.compile_seconds = time.perf_counter() - t0
 
     # ------------------------------------------------------------ inspection
@@ -48,79 +71,88 @@ class Program:
 
     @property
     def stages(self) -> list[str]:
-        return ["iteration"]
+        return [s.name for s in self._stages]
 
-    def hlo(self, stage: str = "iteration", optimized: bool = False) -> str:
-        if stage not in self.stages:
-            raise FragcError(f"no stage '{stage}'; stages: {', '.join(self.stages)}")
-        return self._compiled.as_text() if optimized else self._lowered.as_text()
+    def _stage(self, name: str) -> Stage:
+        for s in self._stages:
+            if s.name == name:
+                return s
+        raise FragcError(f"no stage '{name}'; stages: {', '.join(self.stages)}")
+
+    def hlo(self, stage: str, optimized: bool = False) -> str:
+        """StableHLO of a stage (or XLA's optimised HLO)."""
+        s = self._stage(stage)
+        return s.compiled.as_text() if optimized else s.lowered.as_text()
 
     def cost(self) -> dict[str, dict[str, float]]:
-        """Per stage: flops and bytes accessed per dispatch, from XLA's cost analysis."""
-        analysis = self._compiled.cost_analysis() or {}
-        return {"iteration": {"flops": float(analysis.get("flops", 0.0)),
-                              "bytes": float(analysis.get("bytes accessed", 0.0)),
-                              "iterations_per_dispatch": self.k,
-                              "collective_bytes": 0.0, "transfer_bytes": 0.0}}
+        """Per stage: flops and bytes accessed per dispatch (XLA's cost analysis), and the
+        collective and transfer bytes per iteration; `"total"` sums the per-iteration bytes."""
+        out: dict[str, dict[str, float]] = {}
+        per_iter_collectives = 0.0
+        for s in self._stages:
+            analysis = s.compiled.cost_analysis() or {}
+            frags = {self.module.graph.nodes[i].fragment for i in s.nodes if self.module.graph.nodes[i].kind == "run"}
+            coll = float(sum(fragment_collective_bytes(self.module.fragments[f]) for f in frags))
+            if any(self.module.fragments[f].placement.lowering == "jit" for f in frags):
+                coll += float(hlo_collective_bytes(s.compiled.as_text()))
+            per_iter_collectives += coll
+            out[s.name] = {"flops": float(analysis.get("flops", 0.0)),
+                           "bytes": float(analysis.get("bytes accessed", 0.0)),
+                           "iterations_per_dispatch": self.k if self._fused else 1,
+                           "collective_bytes": coll}
+        out["total"] = {"collective_bytes": per_iter_collectives, "transfer_bytes": float(transfer_bytes(self.module))}
+        return out
 
     # ------------------------------------------------------------ running
 
     def init(self, seed: int) -> Any:
-        """The initial training state for `seed`, placed on the program's devices."""
-        return self._init(jax.random.key(int(seed)))
+        """The initial training state for `seed`, placed on the program's devices.
+
+        For a population, member i starts from seed `seed + offset_i`.
+        """
+        return self._init(jnp.asarray(int(seed), jnp.uint32))
 
     def run(self, state: Any, iterations: int, callback: Callable[[int, dict], None] | None = None
             ) -> tuple[Any, dict[str, np.ndarray]]:
-        """Run `iterations` iterations -> (state, history of metrics, one row per iteration).
+        """Run `iterations` iterations -> (state, history: metric -> array with one row per iteration).
 
-        `callback(done, metrics)` is called after each dispatch's metrics arrive,
-        with the number of iterations done and that dispatch's metrics.
+        `callback(done, metrics)` is called as each dispatch's metrics arrive. A
+        pipelined program starts its delays from `state` (the actors' first
+        parameters are the state's own).
         """
-        if not isinstance(iterations, (int, np.integer)) or iterations < 1:
+        if not isinstance(iterations, (int, np.integer)) or isinstance(iterations, bool) or iterations < 1:
             raise FragcError(f"iterations must be a positive int, got {iterations!r}")
         leaves = self._check_state(state)
-        leaves = [jnp.copy(x) for x in leaves]  # the loop donates its buffers; keep the caller's
+        dispatch = self._dispatch_fused if self._fused else self._dispatch_staged
         rows: list[dict] = []
-        pending = None
-        done = 0
+        pending, done, carry = None, 0, (leaves, None)
         while done < iterations:
             n = min(self.k, iterations - done)
-            leaves, metrics = self._compiled(leaves, np.int32(n))
+            carry, metrics = dispatch(carry, n)
             if pending is not None:
                 self._collect(rows, *pending, callback)
             done += n
             pending = (metrics, n, done)
         self._collect(rows, *pending, callback)
-        history = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
-        return jax.tree.unflatten(self._state_tree, leaves), history
+        axis = 1 if self.population else 0
+        history = {k: np.concatenate([r[k] for r in rows], axis=axis) for k in rows[0]}
+        return jax.tree.unflatten(self._state_tree, carry[0]), history
 
-    # ------------------------------------------------------------ internals
+    # ------------------------------------------------------------ fused: one stage, k iterations a dispatch
 
-    def _collect(self, rows: list, metrics: Any, n: int, done: int, callback: Any) -> None:
-        host = {k: np.asarray(v)[:n] for k, v in jax.device_get(metrics).items()}
-        rows.append(host)
-        if callback is not None:
-            callback(done, host)
+    def _is_one_stage(self) -> bool:
+        nodes = self.module.graph.nodes
+        return len(self.module.attrs.get("stages", ())) <= 1 and not any(
+            isinstance(n, (Transfer, Delay)) for n in nodes)
 
-    def _check_state(self, state: Any) -> list[Any]:
-        leaves, tree = jax.tree.flatten(state)
-        expected = self.module.graph.inputs[0].type
-        if tree != self._state_tree or [tuple(x.shape) for x in leaves] != [t.shape for t in expected.leaves]:
-            raise FragcError("run: the state does not match the program's state type; use Program.init(seed)")
-        return leaves
-
-    def _iteration(self, leaves: list[Any]) -> tuple[list[Any], Any]:
-        module = self.module
-        lowered = {name: lower_fragment(f, group_mesh(module, f.placement.group, self.devices))
-                   for name, f in module.fragments.items()}
-        outs = run_graph(module, leaves, lambda node, fdef, ins: lowered[fdef.name](*ins))
-        state_out, metrics = jax.tree.unflatten(module.graph.out_tree, outs)
+    def _iteration(self, leaves: list[Any]) -> tuple[list[Any], dict]:
+        outs, _ = run_graph(self.module, leaves, lambda node, fdef, ins: self._frags[fdef.name](*ins))
+        state_out, metrics = jax.tree.unflatten(self.module.graph.out_tree, outs)
         return jax.tree.leaves(state_out), _metrics_dict(metrics)
 
-    def _lower(self) -> Any:
+    def _compile_fused(self) -> Stage:
         k = self.k
-        structs = [jax.ShapeDtypeStruct(t.shape, t.dtype, sharding=s)
-                   for t, s in zip(self.module.graph.inputs[0].type.leaves, self._shardings)]
+        structs = [jax.ShapeDtypeStruct(t.shape, t.dtype) for t in self.module.graph.inputs[0].type.leaves]
         _, metrics_shape = jax.eval_shape(self._iteration, structs)
 
         def chunk(leaves: list[Any], n: jax.Array) -> tuple[list[Any], Any]:
@@ -132,9 +164,83 @@ class Program:
 
             return jax.lax.scan(body, leaves, jnp.arange(k))
 
-        self._lowered = jax.jit(chunk, donate_argnums=0, out_shardings=(self._shardings, None)).lower(
+        if self.population:
+            chunk = jax.vmap(chunk, in_axes=(0, None), out_axes=(0, 1))
+            structs = [jax.ShapeDtypeStruct((len(self.population),) + s.shape, s.dtype) for s in structs]
+        structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) for s, sh in zip(structs, self._shardings)]
+        lowered = jax.jit(chunk, donate_argnums=0, out_shardings=(self._shardings, None)).lower(
             structs, jax.ShapeDtypeStruct((), jnp.int32))
-        return self._lowered
+        stage = Stage("iteration", self.module.meshes[0].name, tuple(range(len(self.module.graph.nodes))), [], [])
+        stage.lowered, stage.compiled = lowered, lowered.compile()
+        return stage
+
+    def _dispatch_fused(self, carry: tuple, n: int) -> tuple[tuple, Any]:
+        leaves, first = carry[0], carry[1] is None
+        if first:
+            leaves = [jnp.copy(x) for x in leaves]  # the loop donates its buffers; keep the caller's
+        leaves, metrics = self._stages[0].compiled(leaves, np.int32(n))
+        return (leaves, True), metrics
+
+    # ------------------------------------------------------------ staged: a schedule per iteration
+
+    def _dispatch_staged(self, carry: tuple, n: int) -> tuple[tuple, Any]:
+        leaves, delayed = carry
+        graph = self.module.graph
+        env: dict[Value, list[Any]] = {graph.inputs[0]: list(leaves)}
+        by_first = {s.nodes[0]: s for s in self._stages}
+        in_stage = {i for s in self._stages for i in s.nodes}
+        for i, node in enumerate(graph.nodes):
+            if i in by_first:
+                s = by_first[i]
+                outs = s.compiled(*[env[u.value][u.index] for u in s.inputs])
+                for u, x in zip(s.outputs, outs):
+                    env.setdefault(u.value, [None] * len(u.value.type.leaves))[u.index] = x
+            elif i in in_stage:
+                continue
+            elif isinstance(node, Transfer):
+                value = node.outputs[0]
+                env[value] = [jax.device_put(env[u.value][u.index], leaf_sharding(t, self.module, self.devices))
+                              for u, t in zip(node.inputs, value.type.leaves)]
+            elif isinstance(node, Delay):
+                uses = node.initial
+                env[node.outputs[0]] = delayed[i] if delayed else [env[u.value][u.index] for u in uses]
+        outs = [env[u.value][u.index] for u in graph.outputs]
+        state_out, metrics = jax.tree.unflatten(graph.out_tree, outs)
+        metrics = jax.tree.map(lambda x: x[None], _metrics_dict(metrics))
+        return (jax.tree.leaves(state_out), delay_inputs(self.module, env)), metrics
+
+    # ------------------------------------------------------------ internals
+
+    def _init_fn(self) -> Callable[[jax.Array], Any]:
+        init = lambda seed: self.algo.init(jax.random.key(seed))  # noqa: E731
+        if not self.population:
+            return init
+        offsets = jnp.asarray(self.population, jnp.uint32)
+        return lambda seed: jax.vmap(init)(seed + offsets)
+
+    def _state_shardings(self) -> list[NamedSharding]:
+        leaves = self.module.graph.inputs[0].type.leaves
+        if not self.population:
+            return [leaf_sharding(t, self.module, self.devices) for t in leaves]
+        devices = self.devices if len(self.population) % len(self.devices) == 0 else self.devices[:1]
+        mesh = Mesh(np.array(devices), ("population",))
+        return [NamedSharding(mesh, P("population")) for _ in leaves]
+
+    def _collect(self, rows: list, metrics: Any, n: int, done: int, callback: Any) -> None:
+        axis = 1 if self.population else 0
+        host = {k: np.take(np.asarray(v), np.arange(n), axis=axis) for k, v in jax.device_get(metrics).items()}
+        rows.append(host)
+        if callback is not None:
+            callback(done, host)
+
+    def _check_state(self, state: Any) -> list[Any]:
+        leaves, tree = jax.tree.flatten(state)
+        expected = [t.shape for t in self.module.graph.inputs[0].type.leaves]
+        if self.population:
+            expected = [(len(self.population),) + s for s in expected]
+        if tree != self._state_tree or [tuple(x.shape) for x in leaves] != expected:
+            raise FragcError("run: the state does not match the program's state type; use Program.init(seed)")
+        return leaves
 
 
 def _metrics_dict(metrics: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ def check_golden(name: str, text: str) -> None:
     assert text == path.read_text()
 
 
-@pytest.mark.parametrize("after", ["trace", "canonicalize", "place", "loop"])
+@pytest.mark.parametrize("after", ["trace", "canonicalize", "place", "pipeline", "insert_transfers", "fuse", "loop"])
 def test_regression_ir_after_each_pass(after):
     prog = fragc.compile(Regression(), "single")
     check_golden(f"regression_{after}.fir", prog.ir(after=after))

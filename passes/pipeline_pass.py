@@ -1,0 +1,71 @@
+"""pipeline{staleness}: actors read the learner's parameters `staleness` iterations late.
+
+Every operand of an actor fragment that is a state leaf whose next value comes
+from another device group goes through `staleness` `delay` nodes. Rollout k+1
+then no longer waits for learn k, so the two overlap; the reference
+interpreter reproduces the delays exactly (`fragc.ir.interpreter.run_iterations`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fragc.ir.errors import FragcError
+from fragc.ir.module import Delay, Module, Run, Use, Value
+
+from .pipeline import Pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Pipeline(Pass):
+    staleness: int = 0
+    role: str = "actor"
+    name = "pipeline"
+
+    def run(self, module: Module) -> Module:
+        if not isinstance(self.staleness, int) or self.staleness < 0:
+            raise FragcError(f"pipeline: staleness must be a non-negative int, got {self.staleness!r}")
+        if self.staleness == 0:
+            return module
+        graph = module.graph
+        state = graph.inputs[0]
+        nodes, delayed = [], {}
+        for node in graph.nodes:
+            if isinstance(node, Run) and module.fragments[node.fragment].role == self.role:
+                group = module.fragments[node.fragment].placement.group
+                stale = [u.value is state and u.type.group != group for u in node.inputs]
+                if any(stale):
+                    uses = tuple(u for u, s in zip(node.inputs, stale) if s)
+                    key = (uses, group)
+                    if key not in delayed:
+                        delayed[key] = self._delays(uses, group, nodes, len(delayed))
+                    node = node.replace(inputs=_rewire(node.inputs, stale, delayed[key]))
+            nodes.append(node)
+        if not delayed:
+            raise FragcError(f"pipeline: no '{self.role}' fragment reads state produced on another device group; "
+                             "nothing to pipeline")
+        return module.replace(graph=graph.replace(nodes=tuple(nodes)))
+
+    def _delays(self, uses: tuple[Use, ...], group: str, nodes: list, n: int) -> Value:
+        """A chain of `staleness` delays; the delayed values live on the consumer's group."""
+        from fragc.ir.types import TreeType
+
+        current = uses
+        for step in range(self.staleness):
+            leaves = tuple(u.type.replace(group=group) for u in current)
+            value = Value(f"stale{n}" + (f"_{step}" if self.staleness > 1 else ""),
+                          TreeType.of(tuple(t.struct() for t in leaves)).with_leaves(leaves))
+            nodes.append(Delay(inputs=tuple(current), initial=tuple(uses), outputs=(value,)))
+            current = value.uses()
+        return value
+
+
+def _rewire(inputs: tuple[Use, ...], stale: list[bool], value: Value) -> tuple[Use, ...]:
+    out, k = [], 0
+    for u, s in zip(inputs, stale):
+        if s:
+            out.append(Use(value, k))
+            k += 1
+        else:
+            out.append(u)
+    return tuple(out)

@@ -1,0 +1,75 @@
+"""insert_transfers: a `transfer` wherever a value is read on another device group.
+
+One transfer per (operand leaves, destination); the returned state must come
+back to where the next iteration reads it. Each transfer knows its bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fragc.ir.module import Delay, Glue, Module, Run, Transfer, Use, Value
+from fragc.ir.types import TreeType
+
+from .pipeline import Pass
+
+
+@dataclasses.dataclass(frozen=True)
+class InsertTransfers(Pass):
+    name = "insert_transfers"
+
+    def run(self, module: Module) -> Module:
+        graph = module.graph
+        nodes: list = []
+        moved: dict[tuple, tuple[Use, ...]] = {}
+
+        def to(group: str, uses: tuple[Use, ...]) -> tuple[Use, ...]:
+            out = list(uses)
+            foreign = [i for i, u in enumerate(uses) if u.type.group is not None and u.type.group != group]
+            by_src: dict[str, list[int]] = {}
+            for i in foreign:
+                by_src.setdefault(uses[i].type.group, []).append(i)
+            for src, idx in by_src.items():
+                key = (tuple(uses[i] for i in idx), group)
+                if key not in moved:
+                    leaves = tuple(uses[i].type.replace(group=group) for i in idx)
+                    value = Value(f"{_common_name(uses, idx)}_to_{group}",
+                                  TreeType.of(tuple(t.struct() for t in leaves)).with_leaves(leaves))
+                    nodes.append(Transfer(inputs=key[0], outputs=(value,), src=src, dst=group))
+                    moved[key] = value.uses()
+                for i, new in zip(idx, moved[key]):
+                    out[i] = new
+            return tuple(out)
+
+        for node in graph.nodes:
+            group = _group(module, node)
+            if group is not None and not isinstance(node, Transfer):
+                changes = {"inputs": to(group, node.inputs)}
+                if isinstance(node, Delay):
+                    changes["initial"] = to(group, node.initial)
+                node = node.replace(**changes)
+            nodes.append(node)
+        state = graph.inputs[0]
+        n_state = graph.out_tree.children()[0].num_leaves
+        outputs = list(graph.outputs)
+        for i, t in enumerate(state.type.leaves):
+            outputs[i] = to(t.group, (outputs[i],))[0] if t.group else outputs[i]
+        return module.replace(graph=graph.replace(nodes=tuple(nodes), outputs=tuple(outputs[:n_state]) +
+                                                  tuple(outputs[n_state:])))
+
+
+def _group(module: Module, node) -> str | None:
+    if isinstance(node, Run):
+        return module.fragments[node.fragment].placement.group
+    if isinstance(node, (Glue, Delay)):
+        return node.outputs[0].type.leaves[0].group if node.outputs[0].type.leaves else None
+    return None
+
+
+def _common_name(uses: tuple[Use, ...], idx: list[int]) -> str:
+    from fragc.ir.printer import operand
+
+    text = operand([uses[i] for i in idx])
+    if text.startswith("["):
+        return uses[idx[0]].value.name
+    return text.lstrip("%").split(".")[-1]

@@ -1,0 +1,64 @@
+"""Bytes that cross devices per iteration: collectives inside fragments, and transfers between groups.
+
+Collective bytes are the payload of each `psum` over `replica` in a
+shard_map fragment's per-replica body (what one replica contributes to the
+all-reduce), multiplied by the trip counts of the scans around it. For `jit`
+(GSPMD) fragments XLA chooses the collectives; their payload is read from the
+optimised HLO, each instruction counted once (loop trip counts unknown there).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+from jax.extend import core as jex
+
+from fragc.ir.module import REPLICA, FragmentDef, Module, Transfer
+from fragc.ir.types import LeafType
+
+_COLLECTIVES = {"psum", "psum_invariant", "all_gather", "psum_scatter", "ppermute", "all_to_all", "pmax", "pmin"}
+
+
+def fragment_collective_bytes(fdef: FragmentDef) -> int:
+    """Per iteration, for a shard_map fragment (0 with one replica: nothing crosses devices)."""
+    p = fdef.placement
+    if p is None or p.replicas == 1 or p.lowering != "shard_map":
+        return 0
+    return _jaxpr_bytes(fdef.body_for(p.replicas).jaxpr)
+
+
+def _jaxpr_bytes(jaxpr: Any, times: int = 1) -> int:
+    total = 0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in _COLLECTIVES and REPLICA in _axes(eqn):
+            total += times * sum(LeafType.of(v.aval).nbytes for v in eqn.invars)
+            continue
+        trips = int(eqn.params.get("length", 1)) if name == "scan" else 1
+        for sub in jex.jaxprs_in_params(eqn.params):
+            total += _jaxpr_bytes(sub, times * trips)
+    return total
+
+
+def _axes(eqn: Any) -> tuple:
+    axes = eqn.params.get("axes", eqn.params.get("axis_name", ()))
+    return axes if isinstance(axes, tuple) else (axes,)
+
+
+_SHAPE = re.compile(r"= (\w+)\[([\d,]*)\][^ ]* (all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all)\(")
+_BYTES = {"f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "pred": 1, "bf16": 2, "f16": 2, "u8": 1, "s8": 1}
+
+
+def hlo_collective_bytes(hlo_text: str) -> int:
+    """Payload of the collective instructions in optimised HLO, each counted once."""
+    total = 0
+    for dtype, dims, _ in _SHAPE.findall(hlo_text):
+        n = int(np.prod([int(d) for d in dims.split(",") if d])) if dims else 1
+        total += n * _BYTES.get(dtype, 4)
+    return total
+
+
+def transfer_bytes(module: Module) -> int:
+    return sum(n.nbytes for n in module.graph.nodes if isinstance(n, Transfer))
