@@ -101,7 +101,7 @@ def _check_state(module: Module, state: Any) -> list[Any]:
     expected = module.graph.inputs[0].type
     if tree != expected.treedef or [tuple(x.shape) for x in leaves] != [t.shape for t in expected.leaves]:
         raise FragcError(f"interpret: the state does not have the module's state type {expected}")
-    return leaves
+    return jax.device_put(leaves, jax.devices()[0])  # the reference runs on one device
 
 
 def run_iterations(module: Module, state: Any, iterations: int, replicas: int | Mapping[str, int] | None = None

@@ -70,7 +70,7 @@ def format_module(module: Module, bodies: bool = False) -> str:
     graph_lines = _graph_lines(module, aliases)
     header = [f"// fragc.ir · {module.name} · after {module.stage}"]
     header += [f"mesh @{m.name} = devices[{_ranges(m.devices)}]" for m in module.meshes]
-    header += [f"attr {k} = {v}" for k, v in sorted(module.attrs.items()) if k != "stages"]
+    header += [f"attr {k} = {v}" for k, v in sorted(module.attrs.items()) if k not in ("stages", "transfers_inserted")]
     return "\n".join(header + aliases.lines() + frag_lines + graph_lines) + "\n"
 
 

@@ -61,7 +61,8 @@ def _check_run(where: str, module: Module, node: Run) -> None:
     for k, (use, t) in enumerate(zip(node.inputs, expected)):
         if _sig(use.type) != _sig(t):
             raise VerifyError(f"{where}: operand {k} is {use.type}, but @{fdef.name} expects {t}")
-        if fdef.placement and use.type.group and use.type.group != fdef.placement.group:
+        if (module.attrs.get("transfers_inserted") and fdef.placement and use.type.group
+                and use.type.group != fdef.placement.group):
             raise VerifyError(
                 f"{where}: operand {k} lives on @{use.type.group}, but @{fdef.name} runs on @{fdef.placement.group}"
             )

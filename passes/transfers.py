@@ -50,12 +50,11 @@ class InsertTransfers(Pass):
                 node = node.replace(**changes)
             nodes.append(node)
         state = graph.inputs[0]
-        n_state = graph.out_tree.children()[0].num_leaves
         outputs = list(graph.outputs)
         for i, t in enumerate(state.type.leaves):
             outputs[i] = to(t.group, (outputs[i],))[0] if t.group else outputs[i]
-        return module.replace(graph=graph.replace(nodes=tuple(nodes), outputs=tuple(outputs[:n_state]) +
-                                                  tuple(outputs[n_state:])))
+        graph = graph.replace(nodes=tuple(nodes), outputs=tuple(outputs))
+        return module.replace(graph=graph, attrs={**module.attrs, "transfers_inserted": True})
 
 
 def _group(module: Module, node) -> str | None:

@@ -56,7 +56,7 @@ class Program:
         self._frags = {name: lower_fragment(f, mesh_of(f)) for name, f in module.fragments.items()}
         self._shardings = self._state_shardings()
         t0 = time.perf_counter()
-        self._init = jax.jit(self._init_fn(), out_shardings=jax.tree.unflatten(self._state_tree, self._shardings))
+        self._init = jax.jit(self._init_fn())
         if self._fused:
             self._stages = [self._compile_fused()]
         else:
@@ -110,7 +110,10 @@ class Program:
 
         For a population, member i starts from seed `seed + offset_i`.
         """
-        return self._init(jnp.asarray(int(seed), jnp.uint32))
+        state = self._init(jnp.asarray(int(seed), jnp.uint32))
+        # groups are disjoint device sets: place leaf by leaf (one jit cannot output to several meshes)
+        return jax.tree.unflatten(self._state_tree, [
+            jax.device_put(x, sh) for x, sh in zip(jax.tree.leaves(state), self._shardings)])
 
     def run(self, state: Any, iterations: int, callback: Callable[[int, dict], None] | None = None
             ) -> tuple[Any, dict[str, np.ndarray]]:
@@ -165,7 +168,7 @@ class Program:
             return jax.lax.scan(body, leaves, jnp.arange(k))
 
         if self.population:
-            chunk = jax.vmap(chunk, in_axes=(0, None), out_axes=(0, 1))
+            chunk = jax.vmap(chunk, in_axes=(0, None), out_axes=(0, 0))  # metrics [seeds, k]
             structs = [jax.ShapeDtypeStruct((len(self.population),) + s.shape, s.dtype) for s in structs]
         structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) for s, sh in zip(structs, self._shardings)]
         lowered = jax.jit(chunk, donate_argnums=0, out_shardings=(self._shardings, None)).lower(

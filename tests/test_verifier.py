@@ -72,7 +72,7 @@ def test_returned_state_of_the_wrong_type(module):
 
 
 def test_placed_operand_on_the_wrong_group(module):
-    prog_module = fragc.compile(Regression(), "single").pipeline.after("place")
+    prog_module = fragc.compile(Regression(), "single").pipeline.after("insert_transfers")
     nodes = list(prog_module.graph.nodes)
     run = nodes[1]
     elsewhere = dataclasses.replace(run.inputs[1].value, type=run.inputs[1].value.type.with_leaves(
