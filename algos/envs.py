@@ -10,22 +10,28 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-import gymnax
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
-from gymnax.environments import spaces
 
 from fragc.ir.errors import FragcError
 
 
 def env_names() -> list[str]:
+    import gymnax
+
     return list(gymnax.registered_envs)
 
 
 def make(name: str) -> tuple[Any, Any]:
-    """`gymnax.make` with a clear error (and the closest name) for unknown ids."""
+    """`gymnax.make` with a clear error (and the closest name) for unknown ids.
+
+    gymnax is imported here, not at module level: importing it starts JAX's
+    backend, after which CPU devices can no longer be simulated.
+    """
+    import gymnax
+
     if name not in gymnax.registered_envs:
         close = difflib.get_close_matches(name, gymnax.registered_envs, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else f"; known: {', '.join(gymnax.registered_envs)}"
@@ -73,6 +79,8 @@ class VecEnv:
         return int(np.prod(shape)) if shape else 1
 
     def is_discrete(self) -> bool:
+        from gymnax.environments import spaces
+
         return isinstance(self.action_space, spaces.Discrete)
 
     def reset(self, key: jax.Array, num_envs: int) -> Runner:

@@ -9,6 +9,7 @@ gradient is averaged over replicas with `fragc.pmean`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -149,21 +150,35 @@ def gae(traj: Transition, gamma: float, lam: float) -> tuple[jax.Array, jax.Arra
 
 
 class PPO:
-    """Proximal policy optimisation (Schulman et al. 2017), PureJaxRL style."""
+    """Proximal policy optimisation (Schulman et al. 2017), PureJaxRL style.
+
+    The environment is made on first use, so that constructing the algorithm
+    does not start JAX (which would fix the number of simulated devices).
+    """
 
     def __init__(self, config: Config = Config()):
         self.config = config
-        self.env = VecEnv(config.env)
-        if not self.env.is_discrete():
+        self.steps_per_iteration = config.steps_per_iteration
+
+    @functools.cached_property
+    def env(self) -> VecEnv:
+        env = VecEnv(self.config.env)
+        if not env.is_discrete():
             raise FragcError(
-                f"ppo supports discrete action spaces; {config.env} has {type(self.env.action_space).__name__}"
+                f"ppo supports discrete action spaces; {self.config.env} has {type(env.action_space).__name__}"
             )
-        self.network = ActorCritic(self.env.action_space.n, config.hidden)
-        self.optimizer = optax.chain(
-            optax.clip_by_global_norm(config.max_grad_norm),
+        return env
+
+    @functools.cached_property
+    def network(self) -> ActorCritic:
+        return ActorCritic(self.env.action_space.n, self.config.hidden)
+
+    @functools.cached_property
+    def optimizer(self) -> optax.GradientTransformation:
+        return optax.chain(
+            optax.clip_by_global_norm(self.config.max_grad_norm),
             optax.adam(self._learning_rate(), eps=1e-5),
         )
-        self.steps_per_iteration = config.steps_per_iteration
 
     def _learning_rate(self) -> Any:
         c = self.config

@@ -127,7 +127,19 @@ def cmd_ir(args: argparse.Namespace) -> int:
     return 0
 
 
+def _simulate_devices_early(argv: Sequence[str] | None) -> None:
+    """`--devices N` must reach JAX before anything starts its backend (importing gymnax does)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--devices", type=int, default=None)
+    known, _ = pre.parse_known_args(argv)
+    if known.devices and known.devices > 1:
+        from fragc.devices import simulate_cpu_devices
+
+        simulate_cpu_devices(known.devices)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _simulate_devices_early(argv)
     args = _parser().parse_args(argv)
     try:
         return {"run": cmd_run, "ir": cmd_ir}[args.command](args)

@@ -168,8 +168,7 @@ def operand(uses: Sequence[Use], expected: TreeType | None = None) -> str:
     value = uses[0].value
     indices = [u.index for u in uses]
     if all(u.value is value for u in uses) and indices == list(range(len(value.type.leaves))):
-        if expected is None or expected.treedef == value.type.treedef or len(uses) == 1:
-            return f"%{value.name}"
+        return f"%{value.name}"  # the whole value, in order (transfers carry flat tuples of leaves)
     if all(u.value is value for u in uses) and indices == list(range(indices[0], indices[0] + len(uses))):
         named = _subtree_name(value, indices, expected)
         if named is not None:
