@@ -1,0 +1,98 @@
+"""Policies as data: a user's own policy, cost accounting, and clear errors."""
+
+import jax
+import numpy as np
+import pytest
+
+import fragc
+from conftest import assert_trees_close
+from fragc.algos import ppo
+from toy_algos import Regression
+
+
+@pytest.fixture(scope="module")
+def algo():
+    return ppo.PPO(ppo.Config(num_envs=12, num_steps=8, num_minibatches=2, update_epochs=2, total_steps=960))
+
+
+def test_a_policy_written_in_a_test_trains_ppo(algo):
+    """Actors on 6 devices, learner on 2: not built in, no change to algos/."""
+    six_two = fragc.Policy(
+        name="six_two",
+        groups={"actors": tuple(range(6)), "learner": (6, 7)},
+        roles={"actor": fragc.RolePlacement("actors"), "learner": fragc.RolePlacement("learner")},
+    )
+    prog = fragc.compile(algo, six_two, devices=8)
+    assert "on @actors shard_map replicas=6" in prog.ir() and "on @learner shard_map replicas=2" in prog.ir()
+    state = prog.init(0)
+    out, history = prog.run(state, 4)
+    assert np.isfinite(history["loss"]).all()
+    ref, module = state, fragc.trace(algo)
+    for _ in range(4):
+        ref, _ = fragc.interpret(module, ref, replicas={"actor": 6, "learner": 2})
+    assert_trees_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def _param_bytes(algo):
+    params = jax.eval_shape(algo.init, jax.random.key(0)).learner.params
+    return sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(params))
+
+
+def test_anakin_collectives_are_one_gradient_allreduce_per_minibatch_plus_metrics(algo):
+    prog = fragc.compile(algo, "anakin", devices=4)
+    c = algo.config
+    learn_metrics = 4 * 4  # four f32 scalars
+    rollout_metrics = 3 * 4  # completed episodes, return sum, episodes done
+    expected = c.update_epochs * c.num_minibatches * _param_bytes(algo) + learn_metrics + rollout_metrics
+    cost = prog.cost()
+    assert cost["total"]["collective_bytes"] == expected
+    assert cost["total"]["transfer_bytes"] == 0
+    assert cost["iteration"]["flops"] > 0
+
+
+def test_single_moves_nothing(algo):
+    cost = fragc.compile(algo, "single").cost()
+    assert cost["total"] == {"collective_bytes": 0.0, "transfer_bytes": 0.0}
+
+
+def test_actor_learner_transfers_trajectory_and_parameters(algo):
+    prog = fragc.compile(algo, "actor_learner", devices=8)
+    module = prog.pipeline.final
+    traj_bytes = module.fragments["rollout"].out_types[0].nbytes
+    c = algo.config
+    obs = 4
+    per_step = c.num_envs * c.num_steps
+    assert traj_bytes == per_step * (obs * 4 + 4 + 4 + 4 + 4 + 4 + 1 + 1)
+    assert prog.cost()["total"]["transfer_bytes"] == traj_bytes + _param_bytes(algo)
+
+
+def test_env_count_the_replicas_do_not_divide(algo):
+    with pytest.raises(fragc.FragcError, match=r"fragment 'rollout', argument 'runner\..*': axis 0 has length 12, which 8 replicas do not divide"):
+        fragc.compile(algo, "anakin", devices=8)
+
+
+def test_policy_naming_a_role_the_algorithm_lacks():
+    policy = fragc.Policy("buffered", {"a": (0,), "b": (1,)},
+                          {"actor": fragc.RolePlacement("a"), "learner": fragc.RolePlacement("b"),
+                           "buffer": fragc.RolePlacement("b")})
+    with pytest.raises(fragc.FragcError, match=r"policy 'buffered' places role\(s\) \['buffer'\] that the algorithm lacks"):
+        fragc.compile(Regression(), policy, devices=2)
+
+
+def test_policy_with_an_unknown_group():
+    with pytest.raises(fragc.FragcError, match=r"role 'actor' names unknown device group 'nowhere'"):
+        fragc.Policy("bad", {"a": (0,)}, {"actor": fragc.RolePlacement("nowhere")})
+
+
+def test_population_of_a_staged_policy_is_refused():
+    with pytest.raises(fragc.FragcError, match="population runs need a policy whose iteration is one stage"):
+        fragc.compile(Regression(), fragc.population("actor_learner", 2), devices=2)
+
+
+def test_stages_and_hlo_per_stage(algo):
+    prog = fragc.compile(algo, "actor_learner", devices=4)
+    assert prog.stages == ["actors", "learner"]
+    assert "stablehlo" in prog.hlo("learner")
+    assert "all-reduce" in prog.hlo("learner", optimized=True)
+    with pytest.raises(fragc.FragcError, match="no stage 'iteration'; stages: actors, learner"):
+        prog.hlo("iteration")
