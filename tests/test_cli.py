@@ -43,3 +43,24 @@ def test_non_positive_counts_are_refused_by_the_parser(capsys):
         main(["run", "ppo", "--total-steps", "0"])
     assert exc.value.code == 2
     assert "must be positive" in capsys.readouterr().err
+
+
+def test_run_under_a_distributed_policy(capsys):
+    assert main(["run", "ppo", "--policy", "actor_learner", "--devices", "8", "--num-envs", "8",
+                 "--total-steps", "2048", "--quiet"]) == 0
+    assert "final mean episode return" in capsys.readouterr().out
+
+
+def test_ir_print_after_all_and_dump_dir(capsys, tmp_path):
+    assert main(["ir", "ppo", "--policy", "anakin", "--devices", "4", "--print-after-all",
+                 "--dump-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("// fragc.ir · ppo · after") == 7
+    assert (tmp_path / "003_place.fir").read_text().startswith("// fragc.ir · ppo · after 003_place{policy=anakin}")
+
+
+def test_unwritable_dump_dir(capsys, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["ir", "ppo", "--dump-dir", str(blocker / "sub")]) == 2
+    assert "cannot write IR dumps" in capsys.readouterr().err
