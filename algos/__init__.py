@@ -8,7 +8,10 @@ from typing import Any
 
 from fragc.ir.errors import FragcError
 
-ALGOS = {"ppo": ("fragc.algos.ppo", "PPO", "Config", "PPO, discrete actions (PureJaxRL's CartPole configuration)")}
+ALGOS = {
+    "ppo": ("fragc.algos.ppo", "PPO", "Config", "PPO, discrete actions (PureJaxRL's CartPole configuration)"),
+    "a2c": ("fragc.algos.a2c", "A2C", "Config", "synchronous advantage actor-critic, discrete actions"),
+}
 
 
 def load(name: str) -> tuple[type, type]:

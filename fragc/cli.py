@@ -12,10 +12,14 @@ from fragc.ir.errors import FragcError
 
 
 def _config_options(parser: argparse.ArgumentParser) -> None:
-    """Every field of PPO's config as `--field-name` (other algorithms share most of them)."""
-    from fragc.algos.ppo import Config
+    """Every config field of every algorithm as `--field-name`; `_make_algo` refuses fields the chosen one lacks."""
+    from fragc.algos import ALGOS, load
 
-    for field in dataclasses.fields(Config):
+    fields = {}
+    for name in ALGOS:
+        for field in dataclasses.fields(load(name)[1]):
+            fields.setdefault(field.name, field)
+    for field in fields.values():
         flag = "--" + field.name.replace("_", "-")
         kind = {"bool": _bool, "int": _count, "float": float}.get(str(field.type), str)
         parser.add_argument(flag, dest=f"cfg_{field.name}", type=kind, default=None, metavar=field.name.upper(),

@@ -10,6 +10,7 @@ the top level, which `build_graph` turns into a `Module`.
 from __future__ import annotations
 
 import contextvars
+import itertools
 import functools
 import inspect
 import warnings
@@ -31,7 +32,7 @@ fragment_call_p = jex.Primitive("fragment_call")
 fragment_call_p.multiple_results = True
 
 
-def _fragment_call_abstract_eval(*avals: Any, fragment: str) -> list[Any]:
+def _fragment_call_abstract_eval(*avals: Any, fragment: str, trace_id: int) -> list[Any]:
     ctx = _TRACING.get()
     if ctx is None:
         raise FragcError(f"fragment '{fragment}' was bound outside fragc.trace")
@@ -100,7 +101,9 @@ class Fragment:
         fdef = define(self, args) if ctx is None else ctx.define(self, args)
         leaves = jax.tree.leaves(args)
         if ctx is not None:
-            outs = fragment_call_p.bind(*leaves, fragment=fdef.name)
+            # trace_id keeps JAX's abstract-eval cache (keyed by params and input types) from
+            # answering for a same-named fragment of another trace whose outputs differ
+            outs = fragment_call_p.bind(*leaves, fragment=fdef.name, trace_id=ctx.trace_id)
         else:
             body = fdef.body
             outs = run_replicated(
@@ -285,7 +288,10 @@ def _warn_replicated_key_split(fdef: FragmentDef) -> None:
 class _TraceContext:
     """Fragment definitions collected while tracing one iteration."""
 
+    _count = itertools.count()
+
     def __init__(self) -> None:
+        self.trace_id = next(self._count)
         self.defs: dict[Any, FragmentDef] = {}
         self.defs_by_name: dict[str, FragmentDef] = {}
 

@@ -40,3 +40,15 @@ def test_direct_call_runs_one_replica():
     algo = Regression(num_envs=8)
     state = algo.init(jax.random.key(3))
     assert_trees_close(algo.iteration(state), regression_by_hand(state, 1), rtol=1e-5, atol=1e-6)
+
+
+def test_same_named_fragments_with_same_inputs_in_two_traces_keep_their_own_outputs():
+    """JAX caches abstract evaluation by primitive params and input types; a fragment of a second
+    trace with the same name and inputs but other outputs (here: rollout length) must not get the first's."""
+    from fragc.algos import ppo
+
+    short = fragc.trace(ppo.PPO(ppo.Config(num_envs=8, num_steps=8)))
+    long = fragc.trace(ppo.PPO(ppo.Config(num_envs=8, num_steps=16)))
+    assert short.fragments["rollout"].out_types[0].leaves[0].shape[0] == 8
+    assert long.fragments["rollout"].out_types[0].leaves[0].shape[0] == 16
+    assert long.fragments["learn"].in_types[1].leaves[0].shape[0] == 16

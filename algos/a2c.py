@@ -1,0 +1,94 @@
+"""A2C: synchronous advantage actor-critic, discrete actions.
+
+Data collection is PPO's `rollout` fragment (inherited unchanged); learning
+is one gradient step per rollout on the GAE advantages (lambda = 1 gives
+n-step returns), averaged over learner replicas with `fragc.pmean`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+import fragc
+from fragc.algos import ppo
+from fragc.ir.errors import FragcError
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    env: str = "CartPole-v1"
+    """gymnax environment id (discrete action space)."""
+    num_envs: int = 16
+    """Environments stepped in parallel."""
+    num_steps: int = 32
+    """Steps per environment in one rollout (the n of n-step returns)."""
+    total_steps: int = 1_000_000
+    """Environment steps over the whole run."""
+    lr: float = 7e-4
+    """Adam learning rate (at the start, when annealed)."""
+    anneal_lr: bool = True
+    """Anneal the learning rate linearly to zero over `total_steps`."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda; 1.0 gives plain n-step returns."""
+    ent_coef: float = 0.01
+    """Entropy bonus weight."""
+    vf_coef: float = 0.5
+    """Value loss weight."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    hidden: int = 64
+    """Width of the two hidden layers of the actor and of the critic."""
+
+    def __post_init__(self) -> None:
+        for field in ("num_envs", "num_steps", "total_steps", "hidden"):
+            if getattr(self, field) <= 0:
+                raise FragcError(f"a2c: {field} must be positive, got {getattr(self, field)}")
+
+    @property
+    def steps_per_iteration(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def iterations(self) -> int:
+        return max(1, self.total_steps // self.steps_per_iteration)
+
+
+class A2C(ppo.PPO):
+    """Advantage actor-critic (Mnih et al. 2016), synchronous, with PPO's rollout fragment."""
+
+    def __init__(self, config: Config = Config()):
+        super().__init__(config)
+
+    def _learning_rate(self) -> Any:
+        c = self.config
+        return optax.linear_schedule(c.lr, 0.0, c.iterations) if c.anneal_lr else c.lr
+
+    # UPDATE NETWORK: one step on the whole rollout
+    @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None))
+    def learn(self, learner: ppo.Learner, traj: ppo.Transition) -> tuple[ppo.Learner, dict]:
+        advantages, targets = ppo.gae(traj, self.config.gamma, self.config.gae_lambda)
+        flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), (traj, advantages, targets))
+        grads, metrics = jax.grad(self._loss, has_aux=True)(learner.params, *flat)
+        grads = fragc.pmean(grads)
+        updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
+        learner = learner.replace(params=optax.apply_updates(learner.params, updates), opt_state=opt_state)
+        return learner, jax.tree.map(fragc.pmean, metrics)
+
+    def _loss(self, params: Any, traj: ppo.Transition, advantages: jax.Array, targets: jax.Array
+              ) -> tuple[jax.Array, dict]:
+        c = self.config
+        logits, value = self.network.apply(params, traj.obs)
+        log_probs = jax.nn.log_softmax(logits)
+        log_prob = jnp.take_along_axis(log_probs, traj.action[:, None], -1)[:, 0]
+        entropy = -jnp.mean(jnp.sum(jnp.exp(log_probs) * log_probs, -1))
+        actor_loss = -jnp.mean(log_prob * jax.lax.stop_gradient(advantages))
+        value_loss = 0.5 * jnp.mean((value - targets) ** 2)
+        loss = actor_loss + c.vf_coef * value_loss - c.ent_coef * entropy
+        return loss, {"loss": loss, "actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy}
