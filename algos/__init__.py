@@ -11,6 +11,7 @@ from fragc.ir.errors import FragcError
 ALGOS = {
     "ppo": ("fragc.algos.ppo", "PPO", "Config", "PPO, discrete actions (PureJaxRL's CartPole configuration)"),
     "a2c": ("fragc.algos.a2c", "A2C", "Config", "synchronous advantage actor-critic, discrete actions"),
+    "impala": ("fragc.algos.impala", "IMPALA", "Config", "actor-critic with V-trace off-policy correction"),
 }
 
 

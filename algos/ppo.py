@@ -121,7 +121,8 @@ class Transition:
     action: jax.Array
     log_prob: jax.Array
     value: jax.Array
-    next_value: jax.Array  # V(s_{t+1}) of the state reached, before any reset
+    next_obs: jax.Array  # s_{t+1}: the observation reached, before any reset
+    next_value: jax.Array  # V(s_{t+1}) under the acting parameters
     reward: jax.Array
     terminated: jax.Array
     done: jax.Array  # terminated or truncated
@@ -209,7 +210,7 @@ class PPO:
             obs = runner.obs
             runner, out = self.env.step(runner.replace(key=keys[:, 1]), action)
             _, next_value = self.network.apply(params, out.final_obs)
-            return runner, Transition(obs, action, log_prob, value, next_value, out.reward,
+            return runner, Transition(obs, action, log_prob, value, out.final_obs, next_value, out.reward,
                                       out.terminated, out.episode_done)
 
         runner, traj = jax.lax.scan(step, runner, None, self.config.num_steps)

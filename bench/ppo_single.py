@@ -38,7 +38,7 @@ def hand_fused(algo: ppo.PPO, k: int):
             obs = runner.obs
             runner, out = env.step(runner.replace(key=keys[:, 1]), action)
             _, next_value = net.apply(params, out.final_obs)
-            return runner, ppo.Transition(obs, action, log_prob, value, next_value, out.reward,
+            return runner, ppo.Transition(obs, action, log_prob, value, out.final_obs, next_value, out.reward,
                                           out.terminated, out.episode_done)
 
         runner, traj = jax.lax.scan(step, state.runner, None, c.num_steps)

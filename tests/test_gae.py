@@ -31,7 +31,8 @@ def test_gae_matches_python_loop():
     assert terminated.any() and truncated.any()
     traj = Transition(
         obs=jnp.zeros((T, N, 1)), action=jnp.zeros((T, N), jnp.int32), log_prob=jnp.zeros((T, N)),
-        value=jnp.asarray(values), next_value=jnp.asarray(next_values), reward=jnp.asarray(rewards),
+        value=jnp.asarray(values), next_obs=jnp.zeros((T, N, 1)), next_value=jnp.asarray(next_values),
+        reward=jnp.asarray(rewards),
         terminated=jnp.asarray(terminated), done=jnp.asarray(terminated | truncated),
     )
     adv, targets = gae(traj, 0.99, 0.95)
@@ -43,7 +44,7 @@ def test_gae_matches_python_loop():
 def test_truncation_bootstraps_and_termination_does_not():
     one = lambda x: jnp.asarray([[x]], jnp.float32)  # noqa: E731
     base = dict(obs=jnp.zeros((1, 1, 1)), action=jnp.zeros((1, 1), jnp.int32), log_prob=one(0.0),
-                value=one(0.0), next_value=one(10.0), reward=one(1.0))
+                value=one(0.0), next_obs=jnp.zeros((1, 1, 1)), next_value=one(10.0), reward=one(1.0))
     truncated = Transition(**base, terminated=jnp.asarray([[False]]), done=jnp.asarray([[True]]))
     terminated = Transition(**base, terminated=jnp.asarray([[True]]), done=jnp.asarray([[True]]))
     assert float(gae(truncated, 0.5, 0.9)[0][0, 0]) == 1.0 + 0.5 * 10.0

@@ -62,7 +62,8 @@ def test_actor_learner_transfers_trajectory_and_parameters(algo):
     c = algo.config
     obs = 4
     per_step = c.num_envs * c.num_steps
-    assert traj_bytes == per_step * (obs * 4 + 4 + 4 + 4 + 4 + 4 + 1 + 1)
+    # obs, action, log_prob, value, next_obs, next_value, reward, terminated, done
+    assert traj_bytes == per_step * (obs * 4 + 4 + 4 + 4 + obs * 4 + 4 + 4 + 1 + 1)
     assert prog.cost()["total"]["transfer_bytes"] == traj_bytes + _param_bytes(algo)
 
 

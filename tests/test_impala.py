@@ -1,0 +1,117 @@
+"""V-trace against a plain Python implementation of the paper's sum form; IMPALA under policies."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fragc
+from conftest import assert_trees_close
+from fragc.algos import impala
+
+
+def vtrace_reference(log_rhos, rewards, values, next_values, terminated, done, gamma, rho_bar, c_bar):
+    """v_s = V(x_s) + sum_t (prod_{i<t} gamma_i c_i) delta_t, over t from s to the episode's (or unroll's) end."""
+    T, N = rewards.shape
+    rhos = np.exp(log_rhos)
+    discounts = gamma * (1.0 - terminated)
+    deltas = np.minimum(rho_bar, rhos) * (rewards + discounts * next_values - values)
+    cs = np.minimum(c_bar, rhos)
+    vs = np.zeros((T, N))
+    for n in range(N):
+        for s in range(T):
+            total, weight = 0.0, 1.0
+            for t in range(s, T):
+                total += weight * deltas[t, n]
+                if done[t, n]:
+                    break
+                weight *= discounts[t, n] * cs[t, n]
+            vs[s, n] = values[s, n] + total
+    pg = np.zeros((T, N))
+    for n in range(N):
+        for s in range(T):
+            nxt = next_values[s, n] if (done[s, n] or s == T - 1) else vs[s + 1, n]
+            pg[s, n] = min(rho_bar, rhos[s, n]) * (rewards[s, n] + discounts[s, n] * nxt - values[s, n])
+    return vs, pg
+
+
+def _random_inputs(seed, on_policy=False):
+    rng = np.random.default_rng(seed)
+    T, N = 23, 4
+    f = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa: E731
+    terminated = rng.random((T, N)) < 0.1
+    truncated = (rng.random((T, N)) < 0.1) & ~terminated
+    log_rhos = np.zeros((T, N), np.float32) if on_policy else 0.5 * f(T, N)
+    return log_rhos, f(T, N), f(T, N), f(T, N), terminated, terminated | truncated
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_vtrace_matches_the_sum_form(seed):
+    log_rhos, rewards, values, next_values, terminated, done = _random_inputs(seed)
+    assert terminated.any() and (done & ~terminated).any()
+    got = impala.vtrace(*map(jnp.asarray, (log_rhos, rewards, values, next_values, terminated, done)), 0.9,
+                        rho_bar=1.0, c_bar=0.8)
+    vs, pg = vtrace_reference(log_rhos, rewards, values, next_values, terminated.astype(np.float32), done, 0.9,
+                              1.0, 0.8)
+    np.testing.assert_allclose(got.vs, vs, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got.pg_advantages, pg, rtol=1e-4, atol=1e-4)
+
+
+def test_on_policy_vtrace_is_the_n_step_return():
+    log_rhos, rewards, values, next_values, terminated, done = _random_inputs(3, on_policy=True)
+    # within an episode the state reached is the next step's state: its value is the next value
+    next_values[:-1] = np.where(done[:-1], next_values[:-1], values[1:])
+    got = impala.vtrace(*map(jnp.asarray, (log_rhos, rewards, values, next_values, terminated, done)), 0.9)
+    T, N = rewards.shape
+    returns = np.zeros((T, N))
+    for n in range(N):
+        ret = next_values[T - 1, n]
+        for t in reversed(range(T)):
+            if done[t, n]:
+                ret = 0.0 if terminated[t, n] else next_values[t, n]
+            ret = rewards[t, n] + 0.9 * ret
+            returns[t, n] = ret
+    np.testing.assert_allclose(got.vs, returns, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def algo():
+    return impala.IMPALA(impala.Config(num_envs=8, num_steps=8))
+
+
+@pytest.mark.parametrize("policy,replicas", [("anakin", 8), ("actor_learner", {"actor": 4, "learner": 4})])
+def test_impala_under_synchronous_policies_equals_interpreter(algo, policy, replicas):
+    prog = fragc.compile(algo, policy, devices=8)
+    state = prog.init(0)
+    out, _ = prog.run(state, 3)
+    ref, module = state, fragc.trace(algo)
+    for _ in range(3):
+        ref, _ = fragc.interpret(module, ref, replicas=replicas)
+    assert_trees_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_impala_async_equals_its_pipelined_module(algo):
+    prog = fragc.compile(algo, "actor_learner_async", devices=8)
+    state = prog.init(0)
+    out, history = prog.run(state, 3)
+    ref, ref_history = fragc.run_iterations(prog.pipeline.after("pipeline"), state, 3)
+    assert_trees_close(out, ref, rtol=1e-4, atol=1e-5)
+    assert history["mean_rho"][0] == pytest.approx(1.0)  # first iteration: the delay starts from the same params
+    assert abs(float(history["mean_rho"][2]) - 1.0) > 1e-7  # then the actors' parameters are stale
+
+
+def test_impala_async_short_run_return_rises():
+    algo = impala.IMPALA(impala.Config(total_steps=150_000))
+    prog = fragc.compile(algo, "actor_learner_async", devices=8)
+    _, history = prog.run(prog.init(0), algo.config.iterations)
+    returns = history["episode_return"]
+    early, late = returns[:10].mean(), returns[-10:].mean()
+    assert early < 40 and late > 2 * early and late > 60, (early, late)
+
+
+@pytest.mark.slow
+def test_impala_async_full_run_reaches_400():
+    algo = impala.IMPALA(impala.Config())
+    prog = fragc.compile(algo, "actor_learner_async", devices=8)
+    _, history = prog.run(prog.init(0), algo.config.iterations)
+    assert history["episode_return"][-1] >= 400, history["episode_return"][-10:]
