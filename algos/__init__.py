@@ -11,6 +11,8 @@ from fragc.ir.errors import FragcError
 ALGOS = {
     "ppo": ("fragc.algos.ppo", "PPO", "Config", "PPO, discrete actions (PureJaxRL's CartPole configuration)"),
     "a2c": ("fragc.algos.a2c", "A2C", "Config", "synchronous advantage actor-critic, discrete actions"),
+    "ppo_continuous": ("fragc.algos.ppo_continuous", "PPOContinuous", "Config",
+                       "PPO with a Gaussian policy for continuous actions (Pendulum-v1)"),
     "impala": ("fragc.algos.impala", "IMPALA", "Config", "actor-critic with V-trace off-policy correction"),
 }
 

@@ -84,10 +84,8 @@ class A2C(ppo.PPO):
     def _loss(self, params: Any, traj: ppo.Transition, advantages: jax.Array, targets: jax.Array
               ) -> tuple[jax.Array, dict]:
         c = self.config
-        logits, value = self.network.apply(params, traj.obs)
-        log_probs = jax.nn.log_softmax(logits)
-        log_prob = jnp.take_along_axis(log_probs, traj.action[:, None], -1)[:, 0]
-        entropy = -jnp.mean(jnp.sum(jnp.exp(log_probs) * log_probs, -1))
+        log_prob, entropy, value = self.evaluate(params, traj.obs, traj.action)
+        entropy = jnp.mean(entropy)
         actor_loss = -jnp.mean(log_prob * jax.lax.stop_gradient(advantages))
         value_loss = 0.5 * jnp.mean((value - targets) ** 2)
         loss = actor_loss + c.vf_coef * value_loss - c.ent_coef * entropy

@@ -82,14 +82,12 @@ class IMPALA(a2c.A2C):
 
     def _vtrace_loss(self, params: Any, traj: ppo.Transition) -> tuple[jax.Array, dict]:
         c = self.config
-        logits, values = self.network.apply(params, traj.obs)  # [T, n, A], [T, n]
+        log_prob, entropy, values = self.evaluate(params, traj.obs, traj.action)  # [T, n] each
         _, next_values = self.network.apply(params, traj.next_obs)
-        log_probs = jax.nn.log_softmax(logits)
-        log_prob = jnp.take_along_axis(log_probs, traj.action[..., None], -1)[..., 0]
         targets = vtrace(jax.lax.stop_gradient(log_prob) - traj.log_prob, traj.reward, jax.lax.stop_gradient(values),
                          jax.lax.stop_gradient(next_values), traj.terminated, traj.done, c.gamma, c.rho_bar, c.c_bar,
                          c.vtrace_lambda)
-        entropy = -jnp.mean(jnp.sum(jnp.exp(log_probs) * log_probs, -1))
+        entropy = jnp.mean(entropy)
         actor_loss = -jnp.mean(log_prob * targets.pg_advantages)
         value_loss = 0.5 * jnp.mean((values - targets.vs) ** 2)
         loss = actor_loss + c.vf_coef * value_loss - c.ent_coef * entropy

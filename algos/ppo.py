@@ -150,6 +150,10 @@ def gae(traj: Transition, gamma: float, lam: float) -> tuple[jax.Array, jax.Arra
 # ---------------------------------------------------------------- algorithm
 
 
+def _take(log_probs: jax.Array, action: jax.Array) -> jax.Array:
+    return jnp.take_along_axis(log_probs, action[..., None], -1)[..., 0]
+
+
 class PPO:
     """Proximal policy optimisation (Schulman et al. 2017), PureJaxRL style.
 
@@ -199,16 +203,31 @@ class PPO:
         learner, loss_metrics = self.learn(state.learner, traj)
         return State(learner, runner), {**episode_metrics, **loss_metrics}
 
+    # POLICY: a categorical distribution over the network's logits
+    def act(self, params: Any, obs: jax.Array, keys: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Sample one action per observation (one key each) -> (action, log-probability, value)."""
+        logits, value = self.network.apply(params, obs)
+        action = jax.vmap(jax.random.categorical)(keys, logits)
+        return action, _take(jax.nn.log_softmax(logits), action), value
+
+    def evaluate(self, params: Any, obs: jax.Array, action: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(log-probability of `action`, entropy, value) per observation, any leading shape."""
+        logits, value = self.network.apply(params, obs)
+        log_probs = jax.nn.log_softmax(logits)
+        return _take(log_probs, action), -jnp.sum(jnp.exp(log_probs) * log_probs, -1), value
+
+    def env_action(self, action: jax.Array) -> jax.Array:
+        """What the environment receives for a sampled action."""
+        return action
+
     # COLLECT TRAJECTORIES
     @fragc.fragment(role="actor", in_axes=(None, 0), out_axes=(1, 0, None))
     def rollout(self, params: Any, runner: Runner) -> tuple[Transition, Runner, dict]:
         def step(runner: Runner, _: None) -> tuple[Runner, Transition]:
             keys = jax.vmap(jax.random.split)(runner.key)
-            logits, value = self.network.apply(params, runner.obs)
-            action = jax.vmap(jax.random.categorical)(keys[:, 0], logits)
-            log_prob = jnp.take_along_axis(jax.nn.log_softmax(logits), action[:, None], -1)[:, 0]
+            action, log_prob, value = self.act(params, runner.obs, keys[:, 0])
             obs = runner.obs
-            runner, out = self.env.step(runner.replace(key=keys[:, 1]), action)
+            runner, out = self.env.step(runner.replace(key=keys[:, 1]), self.env_action(action))
             _, next_value = self.network.apply(params, out.final_obs)
             return runner, Transition(obs, action, log_prob, value, out.final_obs, next_value, out.reward,
                                       out.terminated, out.episode_done)
@@ -247,10 +266,8 @@ class PPO:
 
     def _loss(self, params: Any, traj: Transition, advantages: jax.Array, targets: jax.Array) -> tuple[jax.Array, dict]:
         c = self.config
-        logits, value = self.network.apply(params, traj.obs)
-        log_probs = jax.nn.log_softmax(logits)
-        log_prob = jnp.take_along_axis(log_probs, traj.action[:, None], -1)[:, 0]
-        entropy = -jnp.mean(jnp.sum(jnp.exp(log_probs) * log_probs, -1))
+        log_prob, entropy, value = self.evaluate(params, traj.obs, traj.action)
+        entropy = jnp.mean(entropy)
 
         value_clipped = traj.value + jnp.clip(value - traj.value, -c.clip_eps, c.clip_eps)
         value_loss = 0.5 * jnp.mean(jnp.maximum((value - targets) ** 2, (value_clipped - targets) ** 2))

@@ -1,0 +1,103 @@
+"""PPO for continuous actions: a Gaussian policy with a state-independent log standard deviation.
+
+Everything but the action distribution is `algos/ppo.py`'s: the same rollout
+and learn fragments, GAE and clipped objective. Sampled actions are stored
+unclipped (their log-probabilities are exact) and clipped to the action
+space's bounds only for the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fragc.algos import ppo
+from fragc.ir.errors import FragcError
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(ppo.Config):
+    env: str = "Pendulum-v1"
+    """gymnax environment id (continuous, Box action space)."""
+    num_envs: int = 16
+    """Environments stepped in parallel."""
+    num_steps: int = 128
+    """Steps per environment in one rollout."""
+    total_steps: int = 1_000_000
+    """Environment steps over the whole run."""
+    lr: float = 1e-3
+    """Adam learning rate (at the start, when annealed)."""
+    update_epochs: int = 10
+    """Passes over each rollout."""
+    num_minibatches: int = 32
+    """Minibatches per epoch."""
+    gamma: float = 0.95
+    """Discount factor (Pendulum's reward is dense; a shorter horizon learns faster)."""
+    ent_coef: float = 0.0
+    """Entropy bonus weight."""
+
+
+class GaussianActorCritic(nn.Module):
+    """Tanh MLPs for the action mean and the value; log std is a free parameter per action dimension."""
+
+    action_dim: int
+    hidden: int = 64
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
+        def dense(n: int, scale: float) -> nn.Dense:
+            return nn.Dense(n, kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.zeros)
+
+        a = nn.tanh(dense(self.hidden, np.sqrt(2))(obs))
+        a = nn.tanh(dense(self.hidden, np.sqrt(2))(a))
+        mean = dense(self.action_dim, 0.01)(a)
+        log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+        c = nn.tanh(dense(self.hidden, np.sqrt(2))(obs))
+        c = nn.tanh(dense(self.hidden, np.sqrt(2))(c))
+        value = dense(1, 1.0)(c)
+        return (mean, jnp.broadcast_to(log_std, mean.shape)), jnp.squeeze(value, -1)
+
+
+def gaussian_log_prob(mean: jax.Array, log_std: jax.Array, x: jax.Array) -> jax.Array:
+    z = (x - mean) / jnp.exp(log_std)
+    return jnp.sum(-0.5 * z**2 - log_std - 0.5 * jnp.log(2 * jnp.pi), -1)
+
+
+class PPOContinuous(ppo.PPO):
+    """PPO with a diagonal Gaussian policy, for Box action spaces."""
+
+    def __init__(self, config: Config = Config()):
+        super().__init__(config)
+
+    @functools.cached_property
+    def env(self) -> Any:
+        env = ppo.VecEnv(self.config.env)
+        if env.is_discrete():
+            raise FragcError(f"ppo_continuous supports continuous (Box) action spaces; {self.config.env} is discrete; "
+                             "use ppo")
+        return env
+
+    @functools.cached_property
+    def network(self) -> GaussianActorCritic:
+        return GaussianActorCritic(int(np.prod(self.env.action_space.shape)), self.config.hidden)
+
+    def act(self, params: Any, obs: jax.Array, keys: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        (mean, log_std), value = self.network.apply(params, obs)
+        noise = jax.vmap(lambda k, m: jax.random.normal(k, m.shape))(keys, mean)
+        action = mean + jnp.exp(log_std) * noise
+        return action, gaussian_log_prob(mean, log_std, action), value
+
+    def evaluate(self, params: Any, obs: jax.Array, action: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        (mean, log_std), value = self.network.apply(params, obs)
+        entropy = jnp.sum(log_std + 0.5 * jnp.log(2 * jnp.pi * jnp.e), -1)
+        return gaussian_log_prob(mean, log_std, action), entropy, value
+
+    def env_action(self, action: jax.Array) -> jax.Array:
+        space = self.env.action_space
+        return jnp.clip(action, space.low, space.high).reshape((action.shape[0],) + tuple(space.shape))

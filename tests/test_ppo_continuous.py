@@ -1,0 +1,50 @@
+"""PPO with a Gaussian policy on Pendulum-v1."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fragc
+from conftest import assert_trees_close
+from fragc.algos import ppo_continuous as pc
+
+
+def test_gaussian_log_prob_matches_scipy_formula():
+    mean, log_std, x = jnp.array([[0.5, -1.0]]), jnp.array([[0.1, -0.3]]), jnp.array([[0.2, 0.4]])
+    std = np.exp(np.asarray(log_std))
+    expected = np.sum(-0.5 * ((np.asarray(x) - np.asarray(mean)) / std) ** 2 - np.log(std * np.sqrt(2 * np.pi)))
+    np.testing.assert_allclose(pc.gaussian_log_prob(mean, log_std, x)[0], expected, rtol=1e-6)
+
+
+def test_under_anakin_equals_interpreter():
+    algo = pc.PPOContinuous(pc.Config(num_envs=8, num_steps=16, num_minibatches=4, update_epochs=2))
+    prog = fragc.compile(algo, "anakin", devices=8)
+    state = prog.init(0)
+    out, _ = prog.run(state, 3)
+    ref, module = state, fragc.trace(algo)
+    for _ in range(3):
+        ref, _ = fragc.interpret(module, ref, replicas=8)
+    assert_trees_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_actions_are_clipped_for_the_environment_only():
+    algo = pc.PPOContinuous(pc.Config(num_envs=2, num_steps=4, num_minibatches=2))
+    assert float(jnp.max(algo.env_action(jnp.array([[5.0], [-7.0]])))) == 2.0
+    state = algo.init(jax.random.key(0))
+    assert state.learner.params["params"]["log_std"].shape == (1,)
+
+
+def test_short_run_return_rises():
+    algo = pc.PPOContinuous(pc.Config(total_steps=200_000))
+    prog = fragc.compile(algo, "single", iterations_per_dispatch=8)
+    _, history = prog.run(prog.init(0), algo.config.iterations)
+    returns = history["episode_return"]
+    early = returns[2:6].mean()  # the first episodes end at step 200
+    late = returns[-5:].mean()
+    assert early < -900 and late > early + 300, (early, late)
+
+
+def test_discrete_environment_is_refused():
+    with pytest.raises(fragc.FragcError, match="ppo_continuous supports continuous .* CartPole-v1 is discrete"):
+        fragc.trace(pc.PPOContinuous(pc.Config(env="CartPole-v1")))
