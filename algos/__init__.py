@@ -13,6 +13,7 @@ ALGOS = {
     "a2c": ("fragc.algos.a2c", "A2C", "Config", "synchronous advantage actor-critic, discrete actions"),
     "ppo_continuous": ("fragc.algos.ppo_continuous", "PPOContinuous", "Config",
                        "PPO with a Gaussian policy for continuous actions (Pendulum-v1)"),
+    "dqn": ("fragc.algos.dqn", "DQN", "Config", "DQN with a target network and an on-device replay-buffer fragment"),
     "impala": ("fragc.algos.impala", "IMPALA", "Config", "actor-critic with V-trace off-policy correction"),
 }
 

@@ -134,7 +134,9 @@ def define(frag: Fragment, args: tuple, name: str | None = None) -> FragmentDef:
     outs = jax.tree.unflatten(out_tree, list(body.out_avals))
     out_names = _result_names(outs)
     out_axes = _flat_axes(frag, frag.out_axes, _as_results(frag, outs), out_names, "out_axes", "result")
-    out_types = _split_types(out_tree, [LeafType.of(a, ax) for a, ax in zip(body.out_avals, out_axes)])
+    out_leaf_types = [LeafType.of(a, ax) for a, ax in zip(body.out_avals, out_axes)]
+    out_types = (_split_types(out_tree, out_leaf_types) if isinstance(outs, tuple)
+                 else (TreeType(out_tree, tuple(out_leaf_types)),))
     fdef = FragmentDef(
         name=name or frag.name,
         role=frag.role,
@@ -236,14 +238,12 @@ def _trace_body(frag: Fragment, in_tree: Any, leaf_types: list[LeafType]) -> tup
 
 
 def _split_types(tree: Any, leaf_types: list[LeafType]) -> tuple[TreeType, ...]:
-    """Per-argument (or per-result) types of a tuple treedef."""
+    """Per-element types of a tuple treedef (the arguments, or a tuple of results)."""
     parts, offset = [], 0
     for child in tree.children():
         n = child.num_leaves
         parts.append(TreeType(child, tuple(leaf_types[offset : offset + n])))
         offset += n
-    if not tree.children() and tree.num_leaves == 1:
-        parts.append(TreeType(tree, tuple(leaf_types)))
     return tuple(parts)
 
 

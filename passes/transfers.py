@@ -41,10 +41,22 @@ class InsertTransfers(Pass):
                     out[i] = new
             return tuple(out)
 
+        def per_argument(group: str, node) -> tuple[Use, ...]:
+            """One transfer per fragment argument (or glue operand), so each names what it moves."""
+            if isinstance(node, Run):
+                sizes = [len(t.leaves) for t in module.fragments[node.fragment].in_types]
+            else:
+                sizes = [1] * len(node.inputs)
+            out, offset = [], 0
+            for n in sizes:
+                out += to(group, node.inputs[offset : offset + n])
+                offset += n
+            return tuple(out)
+
         for node in graph.nodes:
             group = _group(module, node)
             if group is not None and not isinstance(node, Transfer):
-                changes = {"inputs": to(group, node.inputs)}
+                changes = {"inputs": per_argument(group, node)}
                 if isinstance(node, Delay):
                     changes["initial"] = to(group, node.initial)
                 node = node.replace(**changes)
@@ -71,4 +83,5 @@ def _common_name(uses: tuple[Use, ...], idx: list[int]) -> str:
     text = operand([uses[i] for i in idx])
     if text.startswith("["):
         return uses[idx[0]].value.name
-    return text.lstrip("%").split(".")[-1]
+    parts = text.lstrip("%").split(".")
+    return parts[-1] if not parts[-1].isdigit() else f"{parts[0]}{parts[-1]}"

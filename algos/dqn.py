@@ -1,0 +1,240 @@
+"""DQN with a target network, epsilon-greedy exploration, and a replay buffer held on device as a fragment.
+
+Three roles: `actor` (act epsilon-greedily, step the environments), `buffer`
+(insert a rollout, sample a batch) and `learner` (Q-learning steps). The
+buffer is batched over environments (axis 1), so a policy can keep it beside
+the actors or beside the learner, and split it over replicas like any other
+batched state. Double DQN is an option. Defaults follow PureJaxRL's CartPole
+DQN: 10 environments, 10k transitions, batch 128, one update per vector step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+import fragc
+from fragc.algos.envs import Runner, VecEnv
+from fragc.ir.errors import FragcError
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    env: str = "CartPole-v1"
+    """gymnax environment id (discrete action space)."""
+    num_envs: int = 10
+    """Environments stepped in parallel."""
+    num_steps: int = 8
+    """Vector steps per rollout; the learner takes as many gradient steps per iteration."""
+    total_steps: int = 500_000
+    """Environment steps over the whole run."""
+    buffer_size: int = 10_000
+    """Replay capacity in transitions (over all environments)."""
+    batch_size: int = 128
+    """Transitions per gradient step."""
+    learning_starts: int = 10_000
+    """Environment steps before learning begins."""
+    lr: float = 2.5e-4
+    """Adam learning rate."""
+    gamma: float = 0.99
+    """Discount factor."""
+    eps_start: float = 1.0
+    """Initial exploration rate."""
+    eps_end: float = 0.05
+    """Final exploration rate."""
+    eps_decay_steps: int = 250_000
+    """Environment steps over which epsilon decays linearly."""
+    target_update_interval: int = 500
+    """Environment steps between target-network copies."""
+    double_dqn: bool = False
+    """Select the next action with the online network, evaluate it with the target network."""
+    hidden: int = 120
+    """Width of the Q-network's hidden layers (PureJaxRL: 120, 84)."""
+
+    def __post_init__(self) -> None:
+        for field in ("num_envs", "num_steps", "total_steps", "buffer_size", "batch_size", "hidden",
+                      "eps_decay_steps", "target_update_interval"):
+            if getattr(self, field) <= 0:
+                raise FragcError(f"dqn: {field} must be positive, got {getattr(self, field)}")
+        if self.buffer_size < self.num_envs * self.num_steps:
+            raise FragcError("dqn: buffer_size must hold at least one rollout (num_envs * num_steps)")
+
+    @property
+    def steps_per_iteration(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def iterations(self) -> int:
+        return max(1, self.total_steps // self.steps_per_iteration)
+
+
+class QNetwork(nn.Module):
+    num_actions: int
+    hidden: int = 120
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        x = nn.relu(nn.Dense(self.hidden)(obs))
+        x = nn.relu(nn.Dense(84)(x))
+        return nn.Dense(self.num_actions)(x)
+
+
+@struct.dataclass
+class Transition:
+    obs: jax.Array
+    action: jax.Array
+    reward: jax.Array
+    next_obs: jax.Array  # the observation reached, before any reset
+    terminated: jax.Array
+
+
+@struct.dataclass
+class Buffer:
+    data: Transition  # [capacity per env, num_envs, ...]
+    position: jax.Array  # next time slot to write (replicated)
+    size: jax.Array  # time slots written so far, at most the capacity
+
+
+@struct.dataclass
+class Learner:
+    params: Any
+    target_params: Any
+    opt_state: Any
+    key: jax.Array  # replicated: sampling
+    env_steps: jax.Array
+
+
+@struct.dataclass
+class State:
+    learner: Learner
+    runner: Runner
+    buffer: Buffer
+
+
+class DQN:
+    """Deep Q-learning (Mnih et al. 2015), optionally double (van Hasselt et al. 2016)."""
+
+    def __init__(self, config: Config = Config()):
+        self.config = config
+        self.steps_per_iteration = config.steps_per_iteration
+
+    @functools.cached_property
+    def env(self) -> VecEnv:
+        env = VecEnv(self.config.env)
+        if not env.is_discrete():
+            raise FragcError(f"dqn supports discrete action spaces; {self.config.env} has "
+                             f"{type(env.action_space).__name__} (use ppo_continuous)")
+        return env
+
+    @functools.cached_property
+    def network(self) -> QNetwork:
+        return QNetwork(self.env.action_space.n, self.config.hidden)
+
+    @functools.cached_property
+    def optimizer(self) -> optax.GradientTransformation:
+        return optax.adam(self.config.lr)
+
+    def init(self, key: jax.Array) -> State:
+        c = self.config
+        k_params, k_env, k_learn = jax.random.split(key, 3)
+        params = self.network.init(k_params, jnp.zeros((1, self.env.obs_size)))
+        learner = Learner(params, params, self.optimizer.init(params), k_learn, jnp.int32(0))
+        runner = self.env.reset(k_env, c.num_envs)
+        capacity = c.buffer_size // c.num_envs
+        empty = Transition(
+            obs=jnp.zeros((capacity, c.num_envs, self.env.obs_size)), action=jnp.zeros((capacity, c.num_envs), jnp.int32),
+            reward=jnp.zeros((capacity, c.num_envs)), next_obs=jnp.zeros((capacity, c.num_envs, self.env.obs_size)),
+            terminated=jnp.zeros((capacity, c.num_envs), bool))
+        return State(learner, runner, Buffer(empty, jnp.int32(0), jnp.int32(0)))
+
+    def iteration(self, state: State) -> tuple[State, dict]:
+        traj, runner, metrics = self.rollout(state.learner.params, state.learner.env_steps, state.runner)
+        buffer = self.insert(state.buffer, traj)
+        key, sample_key = jax.random.split(state.learner.key)
+        batch = self.sample(buffer, sample_key)
+        learner, losses = self.learn(state.learner.replace(key=key), batch)
+        return State(learner, runner, buffer), {**metrics, **losses}
+
+    def epsilon(self, env_steps: jax.Array) -> jax.Array:
+        c = self.config
+        frac = jnp.clip(env_steps / c.eps_decay_steps, 0.0, 1.0)
+        return c.eps_start + frac * (c.eps_end - c.eps_start)
+
+    # COLLECT TRAJECTORIES
+    @fragc.fragment(role="actor", in_axes=(None, None, 0), out_axes=(1, 0, None))
+    def rollout(self, params: Any, env_steps: jax.Array, runner: Runner) -> tuple[Transition, Runner, dict]:
+        eps = self.epsilon(env_steps)
+
+        def step(runner: Runner, _: None) -> tuple[Runner, Transition]:
+            keys = jax.vmap(lambda k: jax.random.split(k, 3))(runner.key)
+            greedy = jnp.argmax(self.network.apply(params, runner.obs), -1)
+            explore = jax.vmap(lambda k: jax.random.uniform(k) < eps)(keys[:, 0])
+            random_action = jax.vmap(lambda k: jax.random.randint(k, (), 0, self.env.action_space.n))(keys[:, 1])
+            action = jnp.where(explore, random_action, greedy)
+            obs = runner.obs
+            runner, out = self.env.step(runner.replace(key=keys[:, 2]), action)
+            return runner, Transition(obs, action, out.reward, out.final_obs, out.terminated)
+
+        runner, traj = jax.lax.scan(step, runner, None, self.config.num_steps)
+        completed = fragc.psum(jnp.sum(runner.has_return))
+        metrics = {"episode_return": fragc.psum(jnp.sum(runner.last_return * runner.has_return))
+                   / jnp.maximum(completed, 1), "epsilon": eps}
+        return traj, runner, metrics
+
+    # REPLAY BUFFER
+    @fragc.fragment(role="buffer", in_axes=(Buffer(1, None, None), 1), out_axes=Buffer(1, None, None))
+    def insert(self, buffer: Buffer, traj: Transition) -> Buffer:
+        capacity = buffer.data.reward.shape[0]
+        steps = traj.reward.shape[0]
+        slots = (buffer.position + jnp.arange(steps)) % capacity
+        data = jax.tree.map(lambda d, x: d.at[slots].set(x), buffer.data, traj)
+        return Buffer(data, (buffer.position + steps) % capacity, jnp.minimum(buffer.size + steps, capacity))
+
+    @fragc.fragment(role="buffer", in_axes=(Buffer(1, None, None), None), out_axes=1)
+    def sample(self, buffer: Buffer, key: jax.Array) -> Transition:
+        """[num_steps, batch] transitions from written slots only; each replica samples its share of the batch."""
+        c = self.config
+        local_envs = buffer.data.reward.shape[1]
+        per_update = c.batch_size * local_envs // c.num_envs
+        k_time, k_env = jax.random.split(key)
+        shape = (c.num_steps, per_update)
+        t = jax.random.randint(k_time, shape, 0, buffer.size)
+        e = jax.random.randint(k_env, shape, 0, local_envs)
+        return jax.tree.map(lambda d: d[t, e], buffer.data)
+
+    # UPDATE NETWORK
+    @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None))
+    def learn(self, learner: Learner, batches: Transition) -> tuple[Learner, dict]:
+        c = self.config
+        env_steps = learner.env_steps + c.steps_per_iteration
+        started = env_steps >= c.learning_starts
+
+        def update(learner: Learner, batch: Transition) -> tuple[Learner, jax.Array]:
+            loss, grads = jax.value_and_grad(self._loss)(learner.params, learner.target_params, batch)
+            grads = fragc.pmean(grads)
+            updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
+            new = learner.replace(params=optax.apply_updates(learner.params, updates), opt_state=opt_state)
+            return jax.tree.map(lambda a, b: jnp.where(started, a, b), new, learner), fragc.pmean(loss)
+
+        learner, losses = jax.lax.scan(update, learner, batches)
+        copy = env_steps // c.target_update_interval > learner.env_steps // c.target_update_interval
+        target = jax.tree.map(lambda p, t: jnp.where(copy, p, t), learner.params, learner.target_params)
+        return learner.replace(target_params=target, env_steps=env_steps), {"loss": jnp.mean(losses)}
+
+    def _loss(self, params: Any, target_params: Any, batch: Transition) -> jax.Array:
+        q_next_target = self.network.apply(target_params, batch.next_obs)
+        if self.config.double_dqn:
+            best = jnp.argmax(self.network.apply(params, batch.next_obs), -1)
+            q_next = jnp.take_along_axis(q_next_target, best[:, None], -1)[:, 0]
+        else:
+            q_next = jnp.max(q_next_target, -1)
+        target = batch.reward + self.config.gamma * (1.0 - batch.terminated) * jax.lax.stop_gradient(q_next)
+        q = jnp.take_along_axis(self.network.apply(params, batch.obs), batch.action[:, None], -1)[:, 0]
+        return jnp.mean((q - target) ** 2)
