@@ -53,18 +53,6 @@ def test_sampling_never_returns_unwritten_slots():
     assert len(seen) > 12  # draws cover many written slots, not one
 
 
-@pytest.mark.parametrize("policy,replicas", [("anakin", 8), ("actor_learner", {"actor": 4, "learner": 4, "buffer": 4})])
-def test_dqn_under_policies_equals_interpreter(policy, replicas):
-    algo = small()
-    prog = fragc.compile(algo, policy, devices=8)
-    state = prog.init(0)
-    out, _ = prog.run(state, 3)
-    ref, module = state, fragc.trace(algo)
-    for _ in range(3):
-        ref, _ = fragc.interpret(module, ref, replicas=replicas)
-    assert_trees_close(out, ref, rtol=1e-4, atol=1e-5)
-
-
 def test_buffer_beside_the_actors():
     """A policy places the buffer fragment with the actors: the sampled batch, not the buffer, crosses groups."""
     algo = small()

@@ -79,17 +79,6 @@ def algo():
     return impala.IMPALA(impala.Config(num_envs=8, num_steps=8))
 
 
-@pytest.mark.parametrize("policy,replicas", [("anakin", 8), ("actor_learner", {"actor": 4, "learner": 4})])
-def test_impala_under_synchronous_policies_equals_interpreter(algo, policy, replicas):
-    prog = fragc.compile(algo, policy, devices=8)
-    state = prog.init(0)
-    out, _ = prog.run(state, 3)
-    ref, module = state, fragc.trace(algo)
-    for _ in range(3):
-        ref, _ = fragc.interpret(module, ref, replicas=replicas)
-    assert_trees_close(out, ref, rtol=1e-4, atol=1e-5)
-
-
 def test_impala_async_equals_its_pipelined_module(algo):
     prog = fragc.compile(algo, "actor_learner_async", devices=8)
     state = prog.init(0)

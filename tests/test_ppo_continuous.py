@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import fragc
-from conftest import assert_trees_close
 from fragc.algos import ppo_continuous as pc
 
 
@@ -15,17 +14,6 @@ def test_gaussian_log_prob_matches_scipy_formula():
     std = np.exp(np.asarray(log_std))
     expected = np.sum(-0.5 * ((np.asarray(x) - np.asarray(mean)) / std) ** 2 - np.log(std * np.sqrt(2 * np.pi)))
     np.testing.assert_allclose(pc.gaussian_log_prob(mean, log_std, x)[0], expected, rtol=1e-6)
-
-
-def test_under_anakin_equals_interpreter():
-    algo = pc.PPOContinuous(pc.Config(num_envs=8, num_steps=16, num_minibatches=4, update_epochs=2))
-    prog = fragc.compile(algo, "anakin", devices=8)
-    state = prog.init(0)
-    out, _ = prog.run(state, 3)
-    ref, module = state, fragc.trace(algo)
-    for _ in range(3):
-        ref, _ = fragc.interpret(module, ref, replicas=8)
-    assert_trees_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
 def test_actions_are_clipped_for_the_environment_only():
