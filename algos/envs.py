@@ -36,7 +36,10 @@ def make(name: str) -> tuple[Any, Any]:
         close = difflib.get_close_matches(name, gymnax.registered_envs, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else f"; known: {', '.join(gymnax.registered_envs)}"
         raise FragcError(f"unknown environment '{name}'{hint}")
-    return gymnax.make(name)
+    try:
+        return gymnax.make(name)
+    except OSError as err:  # MNISTBandit-bsuite downloads its data set when made
+        raise FragcError(f"environment '{name}' could not be made: {err}") from err
 
 
 @struct.dataclass
@@ -67,7 +70,10 @@ class VecEnv:
 
     def __init__(self, name: str):
         self.name = name
-        self.env, self.params = make(name)
+        # Algorithms make their environment on first use, which may be inside a trace (`jax.eval_shape`
+        # of `init`); evaluate the environment's constants eagerly so no tracer leaks into them.
+        with jax.ensure_compile_time_eval():
+            self.env, self.params = make(name)
 
     @property
     def action_space(self) -> Any:

@@ -1,0 +1,35 @@
+"""Every gymnax environment can be named, with an algorithm whose spaces it supports."""
+
+import gymnax
+import jax
+import pytest
+
+import fragc
+from fragc.algos import dqn, ppo, ppo_continuous
+
+OFFLINE = [name for name in gymnax.registered_envs if name != "MNISTBandit-bsuite"]  # that one downloads MNIST
+
+
+@pytest.mark.parametrize("name", OFFLINE)
+def test_environment_traces_with_a_matching_algorithm(name):
+    env, params = gymnax.make(name)
+    small = dict(env=name, num_envs=4, num_steps=4, num_minibatches=2)
+    if type(env.action_space(params)).__name__ == "Discrete":
+        algo = ppo.PPO(ppo.Config(**small))
+    else:
+        algo = ppo_continuous.PPOContinuous(ppo_continuous.Config(**small))
+    module = fragc.trace(algo)
+    state = jax.eval_shape(algo.init, jax.random.key(0))
+    out_state, metrics = jax.eval_shape(algo.iteration, state)
+    assert jax.tree.structure(out_state) == jax.tree.structure(state)
+    assert "episode_return" in metrics and set(module.fragments) == {"rollout", "learn"}
+
+
+@pytest.mark.parametrize("algo,env,message", [
+    (lambda: ppo.PPO(ppo.Config(env="Pendulum-v1")), "Pendulum-v1", "ppo supports discrete action spaces"),
+    (lambda: dqn.DQN(dqn.Config(env="MountainCarContinuous-v0")), "", "dqn supports discrete action spaces"),
+    (lambda: ppo_continuous.PPOContinuous(ppo_continuous.Config(env="Acrobot-v1")), "", "ppo_continuous supports continuous"),
+])
+def test_unsupported_spaces_get_a_clear_error(algo, env, message):
+    with pytest.raises(fragc.FragcError, match=message):
+        fragc.trace(algo())
