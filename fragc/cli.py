@@ -56,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0, help="PRNG seed (default 0)")
     run.add_argument("--iterations-per-dispatch", type=_count, default=16, help="iterations scanned per dispatch")
     run.add_argument("--quiet", action="store_true", help="print only the final line")
+    run.add_argument("--json", action="store_true", help="print a JSON summary on stdout (progress goes to stderr)")
+    run.add_argument("--metrics", default=None, metavar="FILE", help="write one JSON line per reporting interval")
+    run.add_argument("--no-cache", action="store_true",
+                     help="do not use the persistent compilation cache (default: on, in FRAGC_CACHE_DIR or ~/.cache/fragc)")
     ir = sub.add_parser("ir", help="print the traced module, or the module after a pass")
     _common(ir)
     ir.add_argument("--after", default=None, help="print the module after this pass (default: the last)")
@@ -63,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
     ir.add_argument("--dump-dir", default=None, help="write the module after every pass to numbered .fir files")
     ir.add_argument("--dot", action="store_true", help="print the graph in Graphviz DOT instead")
     ir.add_argument("--bodies", action="store_true", help="print fragment bodies (jaxprs) too")
+    for name, what in (("policies", "built-in distribution policies"), ("algos", "algorithms"),
+                       ("envs", "gymnax environments")):
+        sub.add_parser(name, help=f"list the {what}, one line each")
+    plot = sub.add_parser("plot", help="draw the learning curve of a --metrics file to PNG")
+    plot.add_argument("file", help="a JSON-lines file written by fragc run --metrics")
+    plot.add_argument("--out", default=None, help="the PNG to write (default: FILE with .png)")
     return parser
 
 
@@ -89,11 +99,19 @@ def _compile(args: argparse.Namespace, **kwargs: Any) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from fragc.runtime.reporting import MetricsWriter, enable_compilation_cache, params_fingerprint
+
+    if not args.no_cache:
+        enable_compilation_cache()
+    writer = MetricsWriter(args.metrics) if args.metrics else None
     algo, prog = _compile(args, iterations_per_dispatch=args.iterations_per_dispatch)
     iterations = algo.config.iterations
     steps = algo.steps_per_iteration
-    say = (lambda *a: None) if args.quiet else print
-    say(f"fragc run {args.algo}: env {algo.config.env}, policy {args.policy}, {iterations} iterations "
+    out = sys.stderr if args.json else sys.stdout
+    say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=out))
+    say(f"fragc run {args.algo}: env {algo.config.env}, policy {prog.policy.name}, {iterations} iterations "
         f"x {steps} env steps, compiled in {prog.compile_seconds:.1f} s")
     state = prog.init(args.seed)
     start, last_print = time.perf_counter(), 0.0
@@ -101,15 +119,64 @@ def cmd_run(args: argparse.Namespace) -> int:
     def progress(done: int, metrics: dict) -> None:
         nonlocal last_print
         now = time.perf_counter() - start
+        if writer is not None:
+            writer.write(done, done * steps, now, metrics)
         if now - last_print >= 2.0 or done == iterations:
             last_print = now
-            say(f"  iter {done:>6}/{iterations}  env steps {done * steps:>9}  return {metrics['episode_return'][-1]:7.1f}"
+            recent = float(np.mean(np.asarray(metrics["episode_return"])[..., -1]))
+            say(f"  iter {done:>6}/{iterations}  env steps {done * steps:>9}  return {recent:7.1f}"
                 f"  {done * steps / max(now, 1e-9):9.0f} steps/s")
 
-    state, history = prog.run(state, iterations, callback=progress)
+    try:
+        state, history = prog.run(state, iterations, callback=progress)
+    finally:
+        if writer is not None:
+            writer.close()
     wall = time.perf_counter() - start
-    final = float(history["episode_return"][-1])
-    print(f"final mean episode return {final:.1f} after {iterations * steps} env steps ({wall:.1f} s)")
+    final = float(np.mean(np.asarray(history["episode_return"])[..., -1]))
+    if args.json:
+        import json
+
+        print(json.dumps({"final_return": final, "env_steps": iterations * steps, "iterations": iterations,
+                          "wall_s": round(wall, 3), "compile_s": round(prog.compile_seconds, 3),
+                          "policy": prog.policy.name, "devices": len(prog.devices), "algo": args.algo,
+                          "env": algo.config.env, "seed": args.seed, "params_fingerprint": params_fingerprint(state)}))
+    else:
+        print(f"final mean episode return {final:.1f} after {iterations * steps} env steps ({wall:.1f} s)")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    if args.command == "policies":
+        from fragc.passes.policy import BUILTIN
+
+        for name, factory in BUILTIN.items():
+            print(f"{name:22} {(factory.__doc__ or '').strip().splitlines()[0]}")
+        print(f"{'population(POLICY,S)':22} S independent runs of POLICY vectorised over seeds")
+    elif args.command == "algos":
+        from fragc.algos import ALGOS
+
+        for name, (*_, summary) in ALGOS.items():
+            print(f"{name:16} {summary}")
+    else:
+        from fragc.algos.envs import env_names, make
+
+        for name in env_names():
+            try:
+                env, params = make(name)
+                kind = type(env.action_space(params)).__name__
+            except FragcError:
+                kind = "(cannot be made here)"
+            print(f"{name:26} actions: {kind}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from fragc.runtime.plots import plot_learning_curve
+
+    out = args.out or (args.file.rsplit(".", 1)[0] + ".png")
+    plot_learning_curve(args.file, out)
+    print(out)
     return 0
 
 
@@ -146,13 +213,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     _simulate_devices_early(argv)
     args = _parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "ir": cmd_ir}[args.command](args)
+        commands = {"run": cmd_run, "ir": cmd_ir, "policies": cmd_list, "algos": cmd_list, "envs": cmd_list,
+                    "plot": cmd_plot}
+        return commands[args.command](args)
     except FragcError as err:
         print(f"fragc: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("fragc: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `fragc envs | head`
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

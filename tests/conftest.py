@@ -4,6 +4,10 @@ import os
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "FRAGC_CACHE_DIR" not in os.environ:  # keep `fragc run`'s compilation cache out of the user's folder
+    import tempfile
+
+    os.environ["FRAGC_CACHE_DIR"] = tempfile.mkdtemp(prefix="fragc-test-cache-")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

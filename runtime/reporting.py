@@ -1,0 +1,65 @@
+"""What a run reports: a fingerprint of its parameters, metric lines, the compilation cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, TextIO
+
+import jax
+import numpy as np
+
+from fragc.ir.errors import FragcError
+
+
+def params_fingerprint(state: Any) -> str:
+    """SHA-256 of the parameters' bytes (`state.learner.params` if there is one, else the whole state),
+    leaves in key-path order, so two runs can be compared exactly."""
+    tree = getattr(getattr(state, "learner", None), "params", state)
+    digest = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+        array = np.asarray(jax.device_get(leaf))
+        digest.update(jax.tree_util.keystr(path).encode())
+        digest.update(str(array.dtype).encode() + str(array.shape).encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()[:16]
+
+
+class MetricsWriter:
+    """One JSON line per reporting interval: iteration, env steps, wall time and each metric's mean."""
+
+    def __init__(self, path: str):
+        try:
+            self._file: TextIO = open(path, "w")
+        except OSError as err:
+            raise FragcError(f"cannot write metrics to '{path}': {err.strerror}") from err
+
+    def write(self, iteration: int, env_steps: int, wall_s: float, metrics: dict[str, np.ndarray]) -> None:
+        row = {"iteration": iteration, "env_steps": env_steps, "wall_s": round(wall_s, 3)}
+        row.update({k: float(np.mean(v)) for k, v in metrics.items()})
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def default_cache_dir() -> str:
+    return os.environ.get("FRAGC_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "fragc", "jax")
+
+
+def enable_compilation_cache(path: str | None = None) -> str:
+    """JAX's persistent compilation cache in `path` (default: the user's cache folder), for every program."""
+    path = path or default_cache_dir()
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as err:
+        raise FragcError(f"cannot use compilation cache folder '{path}': {err.strerror} (or pass --no-cache)") from err
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
