@@ -58,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="print only the final line")
     run.add_argument("--json", action="store_true", help="print a JSON summary on stdout (progress goes to stderr)")
     run.add_argument("--metrics", default=None, metavar="FILE", help="write one JSON line per reporting interval")
+    run.add_argument("--checkpoint-dir", default=None, metavar="DIR", help="save the whole training state here")
+    run.add_argument("--checkpoint-every", type=_count, default=64, metavar="K",
+                     help="iterations between checkpoints (default 64; rounded up to whole dispatches)")
+    run.add_argument("--resume", action="store_true", help="continue from the latest good checkpoint in --checkpoint-dir")
+    run.add_argument("--stop-after", type=_count, default=None, metavar="K",
+                     help="run at most K iterations now (checkpointed), to be continued with --resume")
     run.add_argument("--no-cache", action="store_true",
                      help="do not use the persistent compilation cache (default: on, in FRAGC_CACHE_DIR or ~/.cache/fragc)")
     ir = sub.add_parser("ir", help="print the traced module, or the module after a pass")
@@ -103,9 +109,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from fragc.runtime.reporting import MetricsWriter, enable_compilation_cache, params_fingerprint
 
+    if args.resume and not args.checkpoint_dir:
+        raise FragcError("--resume needs --checkpoint-dir")
     if not args.no_cache:
         enable_compilation_cache()
-    writer = MetricsWriter(args.metrics) if args.metrics else None
+    checkpointer = _checkpointer(args)
     algo, prog = _compile(args, iterations_per_dispatch=args.iterations_per_dispatch)
     iterations = algo.config.iterations
     steps = algo.steps_per_iteration
@@ -113,11 +121,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=out))
     say(f"fragc run {args.algo}: env {algo.config.env}, policy {prog.policy.name}, {iterations} iterations "
         f"x {steps} env steps, compiled in {prog.compile_seconds:.1f} s")
-    state = prog.init(args.seed)
+    meta = {"algo": args.algo, "config": dataclasses.asdict(algo.config), "policy": prog.policy.name,
+            "devices": len(prog.devices), "seed": args.seed}
+    state, delays, start_at, saved_return = prog.init(args.seed), None, 0, float("nan")
+    if args.resume:
+        state, delays, start_at, saved_return = _resume(checkpointer, prog, state, meta)
+        say(f"resumed from the checkpoint at iteration {start_at}")
+    writer = MetricsWriter(args.metrics, append=args.resume) if args.metrics else None
     start, last_print = time.perf_counter(), 0.0
 
+    last_return = float(saved_return)
+
     def progress(done: int, metrics: dict) -> None:
-        nonlocal last_print
+        nonlocal last_print, last_return
+        done += start_at
+        last_return = float(np.mean(np.asarray(metrics["episode_return"])[..., -1]))
         now = time.perf_counter() - start
         if writer is not None:
             writer.write(done, done * steps, now, metrics)
@@ -125,25 +143,52 @@ def cmd_run(args: argparse.Namespace) -> int:
             last_print = now
             recent = float(np.mean(np.asarray(metrics["episode_return"])[..., -1]))
             say(f"  iter {done:>6}/{iterations}  env steps {done * steps:>9}  return {recent:7.1f}"
-                f"  {done * steps / max(now, 1e-9):9.0f} steps/s")
+                f"  {(done - start_at) * steps / max(now, 1e-9):9.0f} steps/s")
 
+    def save(done: int, host_state: Any, host_delays: dict) -> None:
+        checkpointer.save(start_at + done, host_state, host_delays, {**meta, "last_return": last_return})
+
+    stop_at = min(iterations, start_at + args.stop_after) if args.stop_after else iterations
     try:
-        state, history = prog.run(state, iterations, callback=progress)
+        if start_at < stop_at:
+            state, _ = prog.run(state, stop_at - start_at, callback=progress, delays=delays,
+                                checkpoint=save if checkpointer else None, checkpoint_every=args.checkpoint_every)
     finally:
         if writer is not None:
             writer.close()
     wall = time.perf_counter() - start
-    final = float(np.mean(np.asarray(history["episode_return"])[..., -1]))
+    final = last_return
     if args.json:
         import json
 
-        print(json.dumps({"final_return": final, "env_steps": iterations * steps, "iterations": iterations,
+        print(json.dumps({"final_return": final, "env_steps": stop_at * steps, "iterations": stop_at,
                           "wall_s": round(wall, 3), "compile_s": round(prog.compile_seconds, 3),
                           "policy": prog.policy.name, "devices": len(prog.devices), "algo": args.algo,
-                          "env": algo.config.env, "seed": args.seed, "params_fingerprint": params_fingerprint(state)}))
+                          "env": algo.config.env, "seed": args.seed, "resumed_from": start_at,
+                          "params_fingerprint": params_fingerprint(state)}))
     else:
-        print(f"final mean episode return {final:.1f} after {iterations * steps} env steps ({wall:.1f} s)")
+        print(f"final mean episode return {final:.1f} after {stop_at * steps} env steps ({wall:.1f} s)")
     return 0
+
+
+def _checkpointer(args: argparse.Namespace) -> Any:
+    if not args.checkpoint_dir:
+        return None
+    from fragc.runtime.checkpoint import Checkpointer
+
+    return Checkpointer(args.checkpoint_dir)
+
+
+def _resume(checkpointer: Any, prog: Any, fresh_state: Any, meta: dict) -> tuple[Any, Any, int, float]:
+    """The latest good checkpoint's state and delays, placed on the program's devices."""
+    like_delays = prog.initial_delays(fresh_state)
+    state, delays, saved = checkpointer.restore_latest(fresh_state, like_delays)
+    for key in ("algo", "config", "policy", "devices"):
+        if saved.get(key) != meta[key]:
+            raise FragcError(f"--resume: the checkpoint was written with a different {key} "
+                             f"({saved.get(key)!r}, this run has {meta[key]!r})")
+    delays = prog.place_delays(delays) if delays else None
+    return prog.place_state(state), delays, int(saved["iteration"]), float(saved.get("last_return", float("nan")))
 
 
 def cmd_list(args: argparse.Namespace) -> int:

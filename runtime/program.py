@@ -45,6 +45,7 @@ class Program:
         self.module = module = pipeline.final
         self.devices = list(devices)
         self.population = policy.population
+        self.last_delays: dict[int, list[Any]] | None = None
         self.k = int(module.attrs.get("iterations_per_dispatch", 1))
         self._state_tree = module.graph.inputs[0].type.treedef
         self._fused = self._is_one_stage()
@@ -110,25 +111,35 @@ class Program:
 
         For a population, member i starts from seed `seed + offset_i`.
         """
-        state = self._init(jnp.asarray(int(seed), jnp.uint32))
-        # groups are disjoint device sets: place leaf by leaf (one jit cannot output to several meshes)
-        return jax.tree.unflatten(self._state_tree, [
-            jax.device_put(x, sh) for x, sh in zip(jax.tree.leaves(state), self._shardings)])
+        return self.place_state(self._init(jnp.asarray(int(seed), jnp.uint32)))
 
-    def run(self, state: Any, iterations: int, callback: Callable[[int, dict], None] | None = None
-            ) -> tuple[Any, dict[str, np.ndarray]]:
+    def place_state(self, state: Any) -> Any:
+        """A state (for example read from a checkpoint) on the program's devices, leaf by leaf:
+        device groups are disjoint device sets, and one jit cannot output to several meshes."""
+        leaves = self._check_state(state)
+        return jax.tree.unflatten(self._state_tree, [jax.device_put(x, sh) for x, sh in zip(leaves, self._shardings)])
+
+    def run(self, state: Any, iterations: int, callback: Callable[[int, dict], None] | None = None,
+            checkpoint: Callable[[int, Any, dict], None] | None = None, checkpoint_every: int = 0,
+            delays: dict[int, list[Any]] | None = None) -> tuple[Any, dict[str, np.ndarray]]:
         """Run `iterations` iterations -> (state, history: metric -> array with one row per iteration).
 
-        `callback(done, metrics)` is called as each dispatch's metrics arrive. A
-        pipelined program starts its delays from `state` (the actors' first
-        parameters are the state's own).
+        callback(done, metrics): called as each dispatch's metrics arrive.
+        checkpoint(done, state, delays): called with host copies after the dispatch that
+          completes each `checkpoint_every` iterations (and after the last one), before the
+          next dispatch reuses the buffers.
+        delays: a pipelined program's delay values to continue from (`last_delays` of an
+          earlier run, or a checkpoint's); by default they start from `state`.
+        After the run, `last_delays` holds the delay values to continue with.
         """
         if not isinstance(iterations, (int, np.integer)) or isinstance(iterations, bool) or iterations < 1:
             raise FragcError(f"iterations must be a positive int, got {iterations!r}")
         leaves = self._check_state(state)
+        if self._fused:
+            leaves = [jnp.copy(x) for x in leaves]  # the loop donates its buffers; keep the caller's
         dispatch = self._dispatch_fused if self._fused else self._dispatch_staged
         rows: list[dict] = []
-        pending, done, carry = None, 0, (leaves, None)
+        pending, done, carry, saved = None, 0, (leaves, delays), 0
         while done < iterations:
             n = min(self.k, iterations - done)
             carry, metrics = dispatch(carry, n)
@@ -136,10 +147,39 @@ class Program:
                 self._collect(rows, *pending, callback)
             done += n
             pending = (metrics, n, done)
-        self._collect(rows, *pending, callback)
+            if checkpoint is not None and checkpoint_every and (done - saved >= checkpoint_every or done == iterations):
+                self._collect(rows, *pending, callback)
+                pending, saved = None, done
+                checkpoint(done, jax.tree.unflatten(self._state_tree, jax.device_get(carry[0])),
+                           jax.device_get(carry[1] or {}))
+        if pending is not None:
+            self._collect(rows, *pending, callback)
+        self.last_delays = carry[1]
         axis = 1 if self.population else 0
         history = {k: np.concatenate([r[k] for r in rows], axis=axis) for k in rows[0]}
         return jax.tree.unflatten(self._state_tree, carry[0]), history
+
+    def place_delays(self, delays: dict) -> dict[int, list[Any]]:
+        """Delay values (from a checkpoint) on the devices their delay nodes live on."""
+        placed = {}
+        for i, node in enumerate(self.module.graph.nodes):
+            if isinstance(node, Delay):
+                leaves = node.outputs[0].type.leaves
+                placed[i] = [jax.device_put(x, leaf_sharding(t, self.module, self.devices))
+                             for x, t in zip(delays[i], leaves)]
+        return placed
+
+    def initial_delays(self, state: Any) -> dict[int, list[Any]]:
+        """The delay values a run starting from `state` begins with (empty without delays)."""
+        env: dict[Value, list[Any]] = {self.module.graph.inputs[0]: jax.tree.leaves(state)}
+        out = {}
+        for i, node in enumerate(self.module.graph.nodes):
+            if isinstance(node, Transfer) and all(u.value in env for u in node.inputs):
+                env[node.outputs[0]] = [env[u.value][u.index] for u in node.inputs]
+            elif isinstance(node, Delay):
+                out[i] = [env[u.value][u.index] for u in node.initial]
+                env[node.outputs[0]] = out[i]
+        return out
 
     # ------------------------------------------------------------ fused: one stage, k iterations a dispatch
 
@@ -178,11 +218,8 @@ class Program:
         return stage
 
     def _dispatch_fused(self, carry: tuple, n: int) -> tuple[tuple, Any]:
-        leaves, first = carry[0], carry[1] is None
-        if first:
-            leaves = [jnp.copy(x) for x in leaves]  # the loop donates its buffers; keep the caller's
-        leaves, metrics = self._stages[0].compiled(leaves, np.int32(n))
-        return (leaves, True), metrics
+        leaves, metrics = self._stages[0].compiled(carry[0], np.int32(n))
+        return (leaves, None), metrics
 
     # ------------------------------------------------------------ staged: a schedule per iteration
 

@@ -31,9 +31,9 @@ def params_fingerprint(state: Any) -> str:
 class MetricsWriter:
     """One JSON line per reporting interval: iteration, env steps, wall time and each metric's mean."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, append: bool = False):
         try:
-            self._file: TextIO = open(path, "w")
+            self._file: TextIO = open(path, "a" if append else "w")
         except OSError as err:
             raise FragcError(f"cannot write metrics to '{path}': {err.strerror}") from err
 
