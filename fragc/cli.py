@@ -12,18 +12,40 @@ from fragc.ir.errors import FragcError
 
 
 def _config_options(parser: argparse.ArgumentParser) -> None:
-    """Every config field of every algorithm as `--field-name`; `_make_algo` refuses fields the chosen one lacks."""
+    """Every config field of every algorithm as `--field-name`, its docstring as help;
+    `_make_algo` refuses fields the chosen algorithm lacks."""
     from fragc.algos import ALGOS, load
 
-    fields = {}
+    fields, docs = {}, {}
     for name in ALGOS:
-        for field in dataclasses.fields(load(name)[1]):
+        config_cls = load(name)[1]
+        for cls in config_cls.__mro__:  # the most derived docstring, first algorithm first
+            for key, doc in _field_docs(cls).items():
+                docs.setdefault(key, doc)
+        for field in dataclasses.fields(config_cls):
             fields.setdefault(field.name, field)
     for field in fields.values():
         flag = "--" + field.name.replace("_", "-")
         kind = {"bool": _bool, "int": _count, "float": float}.get(str(field.type), str)
         parser.add_argument(flag, dest=f"cfg_{field.name}", type=kind, default=None, metavar=field.name.upper(),
-                            help=f"(default {field.default})")
+                            help=docs.get(field.name, "") + (" (algorithm's default if not given)"))
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """The string literal under each field of a dataclass, as CleanRL writes its Args."""
+    import ast
+    import inspect
+
+    try:
+        body = ast.parse(inspect.getsource(cls)).body[0].body
+    except (OSError, TypeError, IndexError, SyntaxError):
+        return {}
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
 
 
 def _count(text: str) -> int:
@@ -128,22 +150,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         state, delays, start_at, saved_return = _resume(checkpointer, prog, state, meta)
         say(f"resumed from the checkpoint at iteration {start_at}")
     writer = MetricsWriter(args.metrics, append=args.resume) if args.metrics else None
-    start, last_print = time.perf_counter(), 0.0
+    start = time.perf_counter()
 
     last_return = float(saved_return)
 
+    bar = _ProgressBar(iterations, steps, out) if not args.quiet and out.isatty() else None
+
     def progress(done: int, metrics: dict) -> None:
-        nonlocal last_print, last_return
+        nonlocal last_return
         done += start_at
         last_return = float(np.mean(np.asarray(metrics["episode_return"])[..., -1]))
         now = time.perf_counter() - start
         if writer is not None:
             writer.write(done, done * steps, now, metrics)
-        if now - last_print >= 2.0 or done == iterations:
-            last_print = now
-            recent = float(np.mean(np.asarray(metrics["episode_return"])[..., -1]))
-            say(f"  iter {done:>6}/{iterations}  env steps {done * steps:>9}  return {recent:7.1f}"
-                f"  {(done - start_at) * steps / max(now, 1e-9):9.0f} steps/s")
+        if bar is not None:
+            bar.update(done, (done - start_at) * steps / max(now, 1e-9), last_return)
 
     def save(done: int, host_state: Any, host_delays: dict) -> None:
         checkpointer.save(start_at + done, host_state, host_delays, {**meta, "last_return": last_return})
@@ -156,6 +177,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if writer is not None:
             writer.close()
+        if bar is not None:
+            bar.close()
     wall = time.perf_counter() - start
     final = last_return
     if args.json:
@@ -169,6 +192,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print(f"final mean episode return {final:.1f} after {stop_at * steps} env steps ({wall:.1f} s)")
     return 0
+
+
+class _ProgressBar:
+    """One terminal line, redrawn at most twice a second, shown once a run has lasted 2 seconds."""
+
+    def __init__(self, iterations: int, steps: int, out: Any):
+        self.iterations, self.steps, self.out = iterations, steps, out
+        self.start, self.last, self.shown = time.perf_counter(), 0.0, False
+
+    def update(self, done: int, steps_per_s: float, recent_return: float) -> None:
+        now = time.perf_counter() - self.start
+        if now < 2.0 or (now - self.last < 0.5 and done < self.iterations):
+            return
+        self.last, self.shown = now, True
+        width = 24
+        filled = int(width * done / self.iterations)
+        self.out.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.iterations} it  "
+                       f"{done * self.steps} env steps  {steps_per_s:,.0f} steps/s  return {recent_return:.1f}  ")
+        self.out.flush()
+
+    def close(self) -> None:
+        if self.shown:
+            self.out.write("\n")
 
 
 def _checkpointer(args: argparse.Namespace) -> Any:
