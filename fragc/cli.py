@@ -95,6 +95,15 @@ def _parser() -> argparse.ArgumentParser:
     ir.add_argument("--dump-dir", default=None, help="write the module after every pass to numbered .fir files")
     ir.add_argument("--dot", action="store_true", help="print the graph in Graphviz DOT instead")
     ir.add_argument("--bodies", action="store_true", help="print fragment bodies (jaxprs) too")
+    bench = sub.add_parser("bench", help="compare distribution policies on one algorithm configuration")
+    bench.add_argument("algo", help="algorithm name (fragc.algos)")
+    bench.add_argument("--policies", default="single,anakin,gspmd,actor_learner,actor_learner_async",
+                       help="comma-separated policies (default: all built-in)")
+    bench.add_argument("--devices", type=_count, default=8, help="devices for the distributed policies (default 8)")
+    bench.add_argument("--iterations", type=_count, default=16, help="iterations per timed repeat (default 16)")
+    bench.add_argument("--repeats", type=_count, default=3, help="alternating repeats (default 3)")
+    bench.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png (default bench-out)")
+    _config_options(bench)
     for name, what in (("policies", "built-in distribution policies"), ("algos", "algorithms"),
                        ("envs", "gymnax environments")):
         sub.add_parser(name, help=f"list the {what}, one line each")
@@ -262,6 +271,31 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from fragc.devices import devices
+    from fragc.passes.policy import resolve
+    from fragc.runtime.bench import format_table, run_bench, write_outputs
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not policies:
+        raise FragcError("--policies names no policy")
+    devices(args.devices)
+    for p in policies:
+        resolve(p, args.devices)  # unknown names fail here, before any compilation
+    make = lambda: _make_algo(args)  # noqa: E731
+    algo = make()
+    rows = run_bench(make, policies, args.devices, args.iterations, args.repeats,
+                     log=lambda line: print(line, file=sys.stderr))
+    import jax
+
+    config = {"algo": args.algo, "env": algo.config.env, "devices": args.devices, "iterations": args.iterations,
+              "repeats": args.repeats, "backend": jax.default_backend(), "config": dataclasses.asdict(algo.config)}
+    print(format_table(rows))
+    json_path, png_path = write_outputs(rows, config, args.out)
+    print(f"wrote {json_path} and {png_path}")
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from fragc.runtime.plots import plot_learning_curve
 
@@ -305,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         commands = {"run": cmd_run, "ir": cmd_ir, "policies": cmd_list, "algos": cmd_list, "envs": cmd_list,
-                    "plot": cmd_plot}
+                    "plot": cmd_plot, "bench": cmd_bench}
         return commands[args.command](args)
     except FragcError as err:
         print(f"fragc: error: {err}", file=sys.stderr)

@@ -45,6 +45,8 @@ class InsertTransfers(Pass):
             """One transfer per fragment argument (or glue operand), so each names what it moves."""
             if isinstance(node, Run):
                 sizes = [len(t.leaves) for t in module.fragments[node.fragment].in_types]
+            elif isinstance(node, Delay):
+                sizes = [len(node.inputs)]  # one value, moved once (its `initial` is usually the same leaves)
             else:
                 sizes = [1] * len(node.inputs)
             out, offset = [], 0

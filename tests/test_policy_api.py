@@ -65,6 +65,8 @@ def test_actor_learner_transfers_trajectory_and_parameters(algo):
     # obs, action, log_prob, value, next_obs, next_value, reward, terminated, done
     assert traj_bytes == per_step * (obs * 4 + 4 + 4 + 4 + obs * 4 + 4 + 4 + 1 + 1)
     assert prog.cost()["total"]["transfer_bytes"] == traj_bytes + _param_bytes(algo)
+    pipelined = fragc.compile(algo, "actor_learner_async", devices=8)
+    assert pipelined.cost()["total"]["transfer_bytes"] == traj_bytes + _param_bytes(algo)  # the delay adds no move
 
 
 def test_env_count_the_replicas_do_not_divide(algo):
