@@ -70,9 +70,16 @@ def _common(parser: argparse.ArgumentParser) -> None:
     _config_options(parser)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (`fragc run: error: ...`) and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fragc", description="Compile and run RL training loops as fragmented dataflow graphs.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="fragc", description="Compile and run RL training loops as fragmented dataflow graphs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="train an algorithm and print progress and the final mean return")
     _common(run)
     run.add_argument("--seed", type=int, default=0, help="PRNG seed (default 0)")
@@ -282,6 +289,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     devices(args.devices)
     for p in policies:
         resolve(p, args.devices)  # unknown names fail here, before any compilation
+    _fit_env_count(args, policies)
     make = lambda: _make_algo(args)  # noqa: E731
     algo = make()
     rows = run_bench(make, policies, args.devices, args.iterations, args.repeats,
@@ -294,6 +302,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     json_path, png_path = write_outputs(rows, config, args.out)
     print(f"wrote {json_path} and {png_path}")
     return 0
+
+
+def _fit_env_count(args: argparse.Namespace, policies: list[str]) -> None:
+    """Every policy must divide the environments; unless --num-envs was given, round the
+    algorithm's default up to a multiple of the device count, and say so."""
+    import math
+
+    from fragc import algos
+
+    if args.cfg_num_envs is not None:
+        return
+    default = next(f.default for f in dataclasses.fields(algos.load(args.algo)[1]) if f.name == "num_envs")
+    wanted = math.lcm(default, args.devices, 2 if args.devices > 1 else 1)
+    if wanted != default and any(p not in ("single", "gspmd") for p in policies):
+        args.cfg_num_envs = wanted
+        print(f"bench: num_envs {default} -> {wanted} so that every policy's replica count divides it "
+              "(pass --num-envs to choose)", file=sys.stderr)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

@@ -42,7 +42,8 @@ def test_non_positive_counts_are_refused_by_the_parser(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["run", "ppo", "--total-steps", "0"])
     assert exc.value.code == 2
-    assert "must be positive" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "must be positive" in err and err.count("\n") == 1, err
 
 
 def test_run_under_a_distributed_policy(capsys):
