@@ -16,11 +16,11 @@ import optax
 
 import fragc
 from fragc.algos import ppo
-from fragc.ir.errors import FragcError
+from fragc.algos.run_length import RunLength
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(RunLength):
     env: str = "CartPole-v1"
     """gymnax environment id (discrete action space)."""
     num_envs: int = 16
@@ -47,17 +47,7 @@ class Config:
     """Width of the two hidden layers of the actor and of the critic."""
 
     def __post_init__(self) -> None:
-        for field in ("num_envs", "num_steps", "total_steps", "hidden"):
-            if getattr(self, field) <= 0:
-                raise FragcError(f"a2c: {field} must be positive, got {getattr(self, field)}")
-
-    @property
-    def steps_per_iteration(self) -> int:
-        return self.num_envs * self.num_steps
-
-    @property
-    def iterations(self) -> int:
-        return max(1, self.total_steps // self.steps_per_iteration)
+        self.require_positive("a2c", "hidden")
 
 
 class A2C(ppo.PPO):

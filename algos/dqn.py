@@ -22,11 +22,12 @@ from flax import struct
 
 import fragc
 from fragc.algos.envs import Runner, VecEnv
+from fragc.algos.run_length import RunLength
 from fragc.ir.errors import FragcError
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(RunLength):
     env: str = "CartPole-v1"
     """gymnax environment id (discrete action space)."""
     num_envs: int = 10
@@ -59,20 +60,9 @@ class Config:
     """Width of the Q-network's hidden layers (PureJaxRL: 120, 84)."""
 
     def __post_init__(self) -> None:
-        for field in ("num_envs", "num_steps", "total_steps", "buffer_size", "batch_size", "hidden",
-                      "eps_decay_steps", "target_update_interval"):
-            if getattr(self, field) <= 0:
-                raise FragcError(f"dqn: {field} must be positive, got {getattr(self, field)}")
+        self.require_positive("dqn", "buffer_size", "batch_size", "hidden", "eps_decay_steps", "target_update_interval")
         if self.buffer_size < self.num_envs * self.num_steps:
             raise FragcError("dqn: buffer_size must hold at least one rollout (num_envs * num_steps)")
-
-    @property
-    def steps_per_iteration(self) -> int:
-        return self.num_envs * self.num_steps
-
-    @property
-    def iterations(self) -> int:
-        return max(1, self.total_steps // self.steps_per_iteration)
 
 
 class QNetwork(nn.Module):

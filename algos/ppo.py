@@ -21,11 +21,12 @@ from flax import struct
 
 import fragc
 from fragc.algos.envs import Runner, VecEnv
+from fragc.algos.run_length import RunLength
 from fragc.ir.errors import FragcError
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(RunLength):
     env: str = "CartPole-v1"
     """gymnax environment id (discrete action space)."""
     num_envs: int = 4
@@ -58,22 +59,12 @@ class Config:
     """Width of the two hidden layers of the actor and of the critic."""
 
     def __post_init__(self) -> None:
-        for field in ("num_envs", "num_steps", "total_steps", "update_epochs", "num_minibatches", "hidden"):
-            if getattr(self, field) <= 0:
-                raise FragcError(f"ppo: {field} must be positive, got {getattr(self, field)}")
+        self.require_positive("ppo", "update_epochs", "num_minibatches", "hidden")
         if (self.num_envs * self.num_steps) % self.num_minibatches:
             raise FragcError(
                 f"ppo: num_envs * num_steps ({self.num_envs * self.num_steps}) must divide by "
                 f"num_minibatches ({self.num_minibatches})"
             )
-
-    @property
-    def steps_per_iteration(self) -> int:
-        return self.num_envs * self.num_steps
-
-    @property
-    def iterations(self) -> int:
-        return max(1, self.total_steps // self.steps_per_iteration)
 
 
 # ---------------------------------------------------------------- network

@@ -106,10 +106,6 @@ def plot_bench(rows: dict, config: dict, path: str) -> None:
     bottom.set_xticks(x, names, rotation=20, ha="right")
     for ax in (top, bottom):
         ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=100)
-    except OSError as err:
-        raise FragcError(f"cannot write plot '{path}': {err.strerror}") from err
-    finally:
-        plt.close(fig)
+    from .plots import save_figure
+
+    save_figure(fig, path)

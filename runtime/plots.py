@@ -34,10 +34,17 @@ def plot_learning_curve(path: str, out: str) -> None:
     ax.set_ylabel("mean episode return")
     ax.set_title(path.rsplit("/", 1)[-1])
     ax.grid(alpha=0.3)
+    save_figure(fig, out)
+
+
+def save_figure(fig, path: str) -> None:
+    """Write a matplotlib figure to PNG and free it; a clear error if the path is unwritable."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     try:
-        fig.savefig(out, dpi=100)
+        fig.savefig(path, dpi=100)
     except OSError as err:
-        raise FragcError(f"cannot write plot '{out}': {err.strerror}") from err
+        raise FragcError(f"cannot write plot '{path}': {err.strerror}") from err
     finally:
         plt.close(fig)

@@ -38,3 +38,18 @@ def ppo_algo():
     from fragc.algos import ppo
 
     return ppo.PPO(ppo.Config(num_envs=8, num_steps=16))
+
+
+def train_returns(algo, policy="single", devices=None, iterations_per_dispatch=32):
+    """The per-iteration mean episode return of a full run of `algo`."""
+    import fragc
+
+    prog = fragc.compile(algo, policy, devices=devices, iterations_per_dispatch=iterations_per_dispatch)
+    _, history = prog.run(prog.init(0), algo.config.iterations)
+    return history["episode_return"]
+
+
+def assert_return_rises(returns, early=slice(0, 10), late=slice(-10, None)):
+    """Well above a random CartPole policy (about 20 steps) and at least twice the start."""
+    start, end = returns[early].mean(), returns[late].mean()
+    assert start < 40 and end > 2 * start and end > 60, (start, end)

@@ -2,22 +2,15 @@
 
 import pytest
 
-import fragc
+from conftest import assert_return_rises, train_returns
 from fragc.algos import a2c
 
 
 def test_a2c_short_run_return_rises():
-    algo = a2c.A2C(a2c.Config(total_steps=150_000))
-    prog = fragc.compile(algo, "single", iterations_per_dispatch=32)
-    _, history = prog.run(prog.init(0), algo.config.iterations)
-    returns = history["episode_return"]
-    early, late = returns[:10].mean(), returns[-10:].mean()
-    assert early < 40 and late > 2 * early and late > 60, (early, late)
+    assert_return_rises(train_returns(a2c.A2C(a2c.Config(total_steps=150_000))))
 
 
 @pytest.mark.slow
 def test_a2c_full_run_reaches_400():
-    algo = a2c.A2C(a2c.Config())
-    prog = fragc.compile(algo, "single", iterations_per_dispatch=32)
-    _, history = prog.run(prog.init(0), algo.config.iterations)
-    assert history["episode_return"][-1] >= 400, history["episode_return"][-10:]
+    returns = train_returns(a2c.A2C(a2c.Config()))
+    assert returns[-1] >= 400, returns[-10:]

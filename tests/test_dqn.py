@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import fragc
-from conftest import assert_trees_close
+from conftest import assert_return_rises, assert_trees_close, train_returns
 from fragc.algos import dqn
 
 
@@ -78,16 +78,10 @@ def test_continuous_action_space_is_refused():
 @pytest.mark.parametrize("double", [False, True])
 def test_short_run_return_rises(double):
     algo = dqn.DQN(dqn.Config(total_steps=60_000, learning_starts=5_000, eps_decay_steps=30_000, double_dqn=double))
-    prog = fragc.compile(algo, "single", iterations_per_dispatch=64)
-    _, history = prog.run(prog.init(0), algo.config.iterations)
-    returns = history["episode_return"]
-    early, late = returns[20:60].mean(), returns[-20:].mean()
-    assert early < 40 and late > 2 * early and late > 60, (early, late)
+    assert_return_rises(train_returns(algo, iterations_per_dispatch=64), early=slice(20, 60), late=slice(-20, None))
 
 
 @pytest.mark.slow
 def test_full_run_reaches_400():
-    algo = dqn.DQN(dqn.Config())
-    prog = fragc.compile(algo, "single", iterations_per_dispatch=64)
-    _, history = prog.run(prog.init(0), algo.config.iterations)
-    assert history["episode_return"][-1] >= 400, history["episode_return"][-10:]
+    returns = train_returns(dqn.DQN(dqn.Config()), iterations_per_dispatch=64)
+    assert returns[-1] >= 400, returns[-10:]
