@@ -1,6 +1,5 @@
 """V-trace against a plain Python implementation of the paper's sum form; IMPALA under policies."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
