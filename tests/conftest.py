@@ -27,10 +27,13 @@ def as_numbers(tree):
 
 
 def assert_trees_close(a, b, rtol=1e-5, atol=1e-5):
+    """Same structure, shapes and values (PRNG keys compared through their key data)."""
+    import chex
+
     a, b = as_numbers(a), as_numbers(b)
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b)):
-        np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=jax.tree_util.keystr(path))
+    chex.assert_trees_all_equal_structs(a, b)
+    chex.assert_trees_all_equal_shapes(a, b)
+    chex.assert_trees_all_close(a, b, rtol=rtol, atol=atol)
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
 """DQN: the replay buffer fragment (wrap-around, written slots only), policies, learning."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,7 +48,8 @@ def test_sampling_never_returns_unwritten_slots():
     buffer = algo.insert(buffer, _traj(1))
     for seed in range(20):
         batch = algo.sample(buffer, jax.random.key(seed))
-        assert batch.reward.shape == (3, 16)
+        chex.assert_shape([batch.reward, batch.action], (3, 16))
+        chex.assert_shape([batch.obs, batch.next_obs], (3, 16, 4))
         assert float(batch.reward.min()) >= 0.0
     seen = {float(x) for seed in range(20) for x in np.asarray(algo.sample(buffer, jax.random.key(seed)).reward).ravel()}
     assert len(seen) > 12  # draws cover many written slots, not one

@@ -1,5 +1,6 @@
 """PPO's GAE against a plain Python loop, with terminations and truncations."""
 
+import chex
 import jax.numpy as jnp
 import numpy as np
 
@@ -36,6 +37,7 @@ def test_gae_matches_python_loop():
         terminated=jnp.asarray(terminated), done=jnp.asarray(terminated | truncated),
     )
     adv, targets = gae(traj, 0.99, 0.95)
+    chex.assert_shape([adv, targets], (T, N))
     ref_adv, ref_targets = gae_loop(rewards, values, next_values, terminated, truncated, 0.99, 0.95)
     np.testing.assert_allclose(adv, ref_adv, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(targets, ref_targets, rtol=1e-4, atol=1e-4)
