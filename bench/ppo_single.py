@@ -4,7 +4,11 @@ Both run the same configuration (PureJaxRL's CartPole-v1), scan the same number
 of iterations per dispatch, and are timed alternately in one process
 (A B A B ...), so drift hits both. Prints medians and the ratio; writes JSON.
 
-    python bench/ppo_single.py [--repeats 7] [--iterations 128] [--out bench/results]
+    python bench/ppo_single.py [--repeats 7] [--iterations 128] [--compile-repeats 3] [--out bench/results]
+
+Compile time is measured cold, each compile in a new process (alternating
+sides), because in one process whichever side compiles second finds JAX's
+caches warm.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 
 import jax
@@ -64,25 +70,50 @@ def hand_fused(algo: ppo.PPO, k: int):
     return jax.jit(lambda s: jax.lax.scan(iteration, s, None, k), donate_argnums=0)
 
 
+def compile_seconds(which: str) -> float:
+    """Trace, lower and compile one side in this (fresh) process; what a user waits for at start-up."""
+    algo = ppo.PPO(ppo.Config())
+    state = jax.eval_shape(algo.init, jax.random.key(0))
+    start = time.perf_counter()
+    if which == "fragc":
+        fragc.compile(algo, "single", iterations_per_dispatch=16)
+    else:
+        hand_fused(algo, 16).lower(state).compile()
+    return time.perf_counter() - start
+
+
+def cold_compile_times(repeats: int) -> dict[str, list[float]]:
+    """Each compile in a new process (no warm JAX caches), alternating sides."""
+    times: dict[str, list[float]] = {"fragc": [], "hand_fused": []}
+    for _ in range(repeats):
+        for which in times:
+            out = subprocess.run([sys.executable, __file__, "--compile-only", which], capture_output=True, text=True,
+                                 check=True, env={**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "")})
+            times[which].append(float(out.stdout.strip().splitlines()[-1]))
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--compile-only", choices=("fragc", "hand_fused"), help=argparse.SUPPRESS)
+    parser.add_argument("--compile-repeats", type=int, default=3, help="cold compiles per side, each in a new process")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--iterations", type=int, default=128, help="iterations timed per repeat")
     parser.add_argument("--k", type=int, default=16, help="iterations per dispatch, both sides")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
+    if args.compile_only:
+        print(compile_seconds(args.compile_only))
+        return
 
     algo = ppo.PPO(ppo.Config())
     steps = algo.config.steps_per_iteration
 
-    t0 = time.perf_counter()
     prog = fragc.compile(algo, "single", iterations_per_dispatch=args.k)
-    fragc_compile = time.perf_counter() - t0
-
     state0 = prog.init(0)
-    t0 = time.perf_counter()
     fused = hand_fused(algo, args.k).lower(state0).compile()
-    fused_compile = time.perf_counter() - t0
+    compiles = cold_compile_times(args.compile_repeats)
+    fragc_compile, fused_compile = (statistics.median(compiles[k]) for k in ("fragc", "hand_fused"))
 
     def run_fragc(state):
         state, history = prog.run(state, args.iterations)
@@ -113,11 +144,12 @@ def main() -> None:
         "ratio_median": statistics.median(ratios),
         "ratios": ratios,
         "compile_s": {"fragc": fragc_compile, "hand_fused": fused_compile},
+        "compile_s_each": compiles,
         "compile_ratio": fragc_compile / fused_compile,
     }
-    print(f"{'':12}{'env-steps/s (median)':>22}{'compile s':>12}")
+    print(f"{'':12}{'env-steps/s (median)':>22}{'compile s (cold, median)':>26}")
     for n in ("fragc", "hand_fused"):
-        print(f"{n:12}{result['env_steps_per_s'][n]:>22.0f}{result['compile_s'][n]:>12.2f}")
+        print(f"{n:12}{result['env_steps_per_s'][n]:>22.0f}{result['compile_s'][n]:>26.2f}")
     print(f"throughput ratio fragc/hand-fused: median {result['ratio_median']:.3f} "
           f"(min {min(ratios):.3f}, max {max(ratios):.3f}); compile ratio {result['compile_ratio']:.2f}")
     os.makedirs(args.out, exist_ok=True)
