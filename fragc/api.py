@@ -33,7 +33,7 @@ def compile(
     if mesh is not None and devices is not None:
         raise FragcError("compile: pass devices or mesh, not both")
     if devices is None and mesh is None:
-        devices = _default_device_count(policy)
+        devices = default_device_count(policy)
     devs = list(mesh.devices.flat) if mesh is not None else choose_devices(devices)
     resolved = resolve(policy, len(devs))
     if resolved.num_devices > len(devs):
@@ -46,7 +46,7 @@ def compile(
     return Program(algo, result, devs, resolved)
 
 
-def _default_device_count(policy: Any) -> int:
+def default_device_count(policy: Any) -> int:
     """`single` and populations of it default to one device, other policies to all there are."""
     if isinstance(policy, Policy):
         return policy.num_devices

@@ -82,6 +82,8 @@ def run_pipeline(
 
 
 def _emit(module: Module, print_after_all: bool, dump_dir: str | None, printer: Callable[[str], None]) -> None:
+    if not print_after_all and dump_dir is None:
+        return  # printing a module is not free: skip it when nobody reads it
     text = format_module(module)
     if print_after_all:
         printer(text)

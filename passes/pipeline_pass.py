@@ -12,6 +12,7 @@ import dataclasses
 
 from fragc.ir.errors import FragcError
 from fragc.ir.module import Delay, Module, Run, Use, Value
+from fragc.ir.types import TreeType
 
 from .pipeline import Pass
 
@@ -48,8 +49,6 @@ class Pipeline(Pass):
 
     def _delays(self, uses: tuple[Use, ...], group: str, nodes: list, n: int) -> Value:
         """A chain of `staleness` delays; the delayed values live on the consumer's group."""
-        from fragc.ir.types import TreeType
-
         current = uses
         for step in range(self.staleness):
             leaves = tuple(u.type.replace(group=group) for u in current)

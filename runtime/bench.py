@@ -20,11 +20,12 @@ from fragc.ir.errors import FragcError
 def run_bench(make_algo: Callable[[], Any], policies: list[str], devices: int, iterations: int, repeats: int,
               log: Callable[[str], None] = print) -> dict:
     import fragc
+    from fragc.api import default_device_count
 
     programs, rows = {}, {}
     for name in policies:
         algo = make_algo()
-        one_device = name == "single" or name.startswith("population(single")
+        one_device = default_device_count(name) == 1
         t0 = time.perf_counter()
         prog = fragc.compile(algo, name, devices=None if one_device else devices)
         compile_s = time.perf_counter() - t0

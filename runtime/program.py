@@ -62,6 +62,8 @@ class Program:
             self._stages = [self._compile_fused()]
         else:
             self._stages = [compile_stage(s, module, self.devices, self._frags) for s in plan_stages(module)]
+        self._stage_starts = {s.nodes[0]: s for s in self._stages}  # the per-iteration schedule's lookups
+        self._in_stage = {i for s in self._stages for i in s.nodes}
         self.compile_seconds = time.perf_counter() - t0
 
     # ------------------------------------------------------------ inspection
@@ -227,8 +229,7 @@ class Program:
         leaves, delayed = carry
         graph = self.module.graph
         env: dict[Value, list[Any]] = {graph.inputs[0]: list(leaves)}
-        by_first = {s.nodes[0]: s for s in self._stages}
-        in_stage = {i for s in self._stages for i in s.nodes}
+        by_first, in_stage = self._stage_starts, self._in_stage
         for i, node in enumerate(graph.nodes):
             if i in by_first:
                 s = by_first[i]
