@@ -22,6 +22,7 @@ def compile(
     print_after_all: bool = False,
     dump_dir: str | None = None,
     printer: Callable[[str], None] = print,
+    transfers: str = "auto",
 ) -> Program:
     """Compile `algo` under `policy` on `devices` (a count) or the devices of `mesh`.
 
@@ -29,6 +30,10 @@ def compile(
       whole iteration is one stage.
     print_after_all, dump_dir: print the IR after every pass, or write it to
       numbered files (`001_trace.fir`, ...) in `dump_dir`.
+    transfers: how a staged iteration moves values between device groups:
+      `device_put` between per-group programs (one process only),
+      `collective` inside one SPMD program over all groups (any number of
+      processes), or `auto`: the first within one process, else the second.
     """
     if mesh is not None and devices is not None:
         raise FragcError("compile: pass devices or mesh, not both")
@@ -41,9 +46,21 @@ def compile(
             f"policy '{resolved.name}' uses {resolved.num_devices} devices but the program has {len(devs)}; "
             f"pass devices={resolved.num_devices}"
         )
+    devs = _local_copy_if_it_fits(devs, resolved)
     passes = default_passes(resolved, iterations_per_dispatch)
     result = run_pipeline(trace(algo), passes, print_after_all=print_after_all, dump_dir=dump_dir, printer=printer)
-    return Program(algo, result, devs, resolved)
+    return Program(algo, result, devs, resolved, transfers)
+
+
+def _local_copy_if_it_fits(devs: list, policy: Policy) -> list:
+    """In a multi-process run, a policy whose devices all lie on one process runs as a copy on each
+    process's own devices (every process must take part in every program, and computes the same)."""
+    import jax
+
+    used = devs[: policy.num_devices]
+    if jax.process_count() == 1 or len({d.process_index for d in used}) > 1:
+        return devs
+    return jax.local_devices()[: len(devs)]
 
 
 def default_device_count(policy: Any) -> int:

@@ -63,6 +63,49 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text}")
 
 
+def _process_options(parser: argparse.ArgumentParser) -> None:
+    """Joining a multi-process run; `fragc launch` sets the defaults through the environment."""
+    import os
+
+    from fragc.distributed import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+
+    env = os.environ
+    parser.add_argument("--coordinator", default=env.get(ENV_COORDINATOR), metavar="HOST:PORT",
+                        help="address of process 0 in a multi-process run (jax.distributed); with --num-processes "
+                             "and --process-id, --devices counts this process's devices")
+    parser.add_argument("--num-processes", type=_count, default=_env_int(ENV_NUM_PROCESSES), metavar="N",
+                        help="processes in the run (default: what jax.distributed detects when --coordinator is "
+                             "'auto', else 1)")
+    parser.add_argument("--process-id", type=int, default=_env_int(ENV_PROCESS_ID), metavar="I",
+                        help="this process's index, 0 to N-1")
+
+
+def _env_int(name: str) -> int | None:
+    import os
+
+    value = os.environ.get(name)
+    return int(value) if value else None
+
+
+def _multiprocess(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "coordinator", None)) or (getattr(args, "num_processes", None) or 1) > 1
+
+
+def _join(args: argparse.Namespace) -> None:
+    """Join the multi-process run (before JAX starts), and refuse mismatched configurations."""
+    from fragc import distributed
+
+    auto = args.coordinator == "auto"
+    distributed.initialize(None if auto else args.coordinator, None if auto else args.num_processes,
+                           None if auto else args.process_id, local_devices=args.devices)
+    same = {k: v for k, v in sorted(vars(args).items()) if k not in ("process_id", "coordinator")}
+    distributed.check_same({_flag(k): v for k, v in same.items()})
+
+
+def _flag(dest: str) -> str:
+    return "--" + (dest[4:] if dest.startswith("cfg_") else dest).replace("_", "-")
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("algo", help="algorithm name (fragc.algos)")
     parser.add_argument("--policy", default="single", help="distribution policy (default single)")
@@ -95,6 +138,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="run at most K iterations now (checkpointed), to be continued with --resume")
     run.add_argument("--no-cache", action="store_true",
                      help="do not use the persistent compilation cache (default: on, in FRAGC_CACHE_DIR or ~/.cache/fragc)")
+    _process_options(run)
     ir = sub.add_parser("ir", help="print the traced module, or the module after a pass")
     _common(ir)
     ir.add_argument("--after", default=None, help="print the module after this pass (default: the last)")
@@ -110,10 +154,18 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--iterations", type=_count, default=16, help="iterations per timed repeat (default 16)")
     bench.add_argument("--repeats", type=_count, default=3, help="alternating repeats (default 3)")
     bench.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png (default bench-out)")
+    _process_options(bench)
     _config_options(bench)
     for name, what in (("policies", "built-in distribution policies"), ("algos", "algorithms"),
                        ("envs", "gymnax environments")):
         sub.add_parser(name, help=f"list the {what}, one line each")
+    launch = sub.add_parser("launch", help="run a command as N local processes of one multi-process run",
+                            description="Start N local processes on loopback, each with its own simulated CPU "
+                                        "devices (--devices counts each process's), forward their output with a "
+                                        "[i] prefix, and exit non-zero if any fails. "
+                                        "Example: fragc launch -n 2 -- fragc run ppo --policy anakin --devices 4")
+    launch.add_argument("-n", "--num-processes", type=_count, required=True, help="how many processes")
+    launch.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command every process runs")
     plot = sub.add_parser("plot", help="draw the learning curve of a --metrics file to PNG")
     plot.add_argument("file", help="a JSON-lines file written by fragc run --metrics")
     plot.add_argument("--out", default=None, help="the PNG to write (default: FILE with .png)")
@@ -133,13 +185,18 @@ def _make_algo(args: argparse.Namespace) -> Any:
 
 
 def _compile(args: argparse.Namespace, **kwargs: Any) -> Any:
+    import fragc
     from fragc.devices import devices
 
-    devices(args.devices)  # simulate CPU devices before JAX starts
-    import fragc
+    count = args.devices
+    if _multiprocess(args):
+        import jax
 
+        count = None if count is None else jax.device_count()  # --devices counted this process's
+    else:
+        devices(count)  # simulate CPU devices before JAX starts
     algo = _make_algo(args)
-    return algo, fragc.compile(algo, policy=args.policy, devices=args.devices, **kwargs)
+    return algo, fragc.compile(algo, policy=args.policy, devices=count, **kwargs)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -147,16 +204,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from fragc.runtime.reporting import MetricsWriter, enable_compilation_cache, params_fingerprint
 
+    import jax
+
     if args.resume and not args.checkpoint_dir:
         raise FragcError("--resume needs --checkpoint-dir")
     if not args.no_cache:
         enable_compilation_cache()
+    lead = jax.process_index() == 0  # metrics, progress and output come from process 0
     checkpointer = _checkpointer(args)
     algo, prog = _compile(args, iterations_per_dispatch=args.iterations_per_dispatch)
     iterations = algo.config.iterations
     steps = algo.steps_per_iteration
     out = sys.stderr if args.json else sys.stdout
-    say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=out))
+    quiet = args.quiet or not lead
+    say = (lambda *a: None) if quiet else (lambda *a: print(*a, file=out))
     say(f"fragc run {args.algo}: env {algo.config.env}, policy {prog.policy.name}, {iterations} iterations "
         f"x {steps} env steps, compiled in {prog.compile_seconds:.1f} s")
     meta = {"algo": args.algo, "config": dataclasses.asdict(algo.config), "policy": prog.policy.name,
@@ -165,12 +226,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         state, delays, start_at, saved_return = _resume(checkpointer, prog, state, meta)
         say(f"resumed from the checkpoint at iteration {start_at}")
-    writer = MetricsWriter(args.metrics, append=args.resume) if args.metrics else None
+    writer = MetricsWriter(args.metrics, append=args.resume) if args.metrics and lead else None
     start = time.perf_counter()
 
     last_return = float(saved_return)
 
-    bar = _ProgressBar(iterations, steps, out) if not args.quiet and out.isatty() else None
+    bar = _ProgressBar(iterations, steps, out) if not quiet and out.isatty() else None
 
     def progress(done: int, metrics: dict) -> None:
         nonlocal last_return
@@ -183,7 +244,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             bar.update(done, (done - start_at) * steps / max(now, 1e-9), last_return)
 
     def save(done: int, host_state: Any, host_delays: dict) -> None:
-        checkpointer.save(start_at + done, host_state, host_delays, {**meta, "last_return": last_return})
+        if lead:  # every process holds the whole state on its host; one writes it
+            checkpointer.save(start_at + done, host_state, host_delays, {**meta, "last_return": last_return})
 
     stop_at = min(iterations, start_at + args.stop_after) if args.stop_after else iterations
     try:
@@ -197,6 +259,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             bar.close()
     wall = time.perf_counter() - start
     final = last_return
+    fingerprint = params_fingerprint(state)  # on every process: it may gather across processes
+    if not lead:
+        return 0
     if args.json:
         import json
 
@@ -204,7 +269,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                           "wall_s": round(wall, 3), "compile_s": round(prog.compile_seconds, 3),
                           "policy": prog.policy.name, "devices": len(prog.devices), "algo": args.algo,
                           "env": algo.config.env, "seed": args.seed, "resumed_from": start_at,
-                          "params_fingerprint": params_fingerprint(state)}))
+                          "processes": jax.process_count(), "params_fingerprint": fingerprint}))
     else:
         print(f"final mean episode return {final:.1f} after {stop_at * steps} env steps ({wall:.1f} s)")
     return 0
@@ -359,13 +424,59 @@ def _simulate_devices_early(argv: Sequence[str] | None) -> None:
         simulate_cpu_devices(known.devices)
 
 
+def cmd_launch(args: argparse.Namespace) -> int:
+    from fragc.launch import launch
+
+    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    return launch(args.num_processes, command)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    _simulate_devices_early(argv)
     args = _parser().parse_args(argv)
+    if args.command == "launch":
+        return _guarded(cmd_launch, args)
+    if _multiprocess(args):
+        return _guarded(_multiprocess_command, args)
+    _simulate_devices_early(argv)
+    commands = {"run": cmd_run, "ir": cmd_ir, "policies": cmd_list, "algos": cmd_list, "envs": cmd_list,
+                "plot": cmd_plot, "bench": cmd_bench}
+    return _guarded(commands[args.command], args)
+
+
+def _multiprocess_command(args: argparse.Namespace) -> int:
+    """`run` or `bench` as one process of several: join, run, leave.
+
+    A failing process exits at once rather than through JAX's shutdown barrier,
+    which would wait for processes that may be stuck in a collective with it
+    (their watchdogs then name it). A failure in a collective is most likely a
+    lost process: the watchdog gets time to name it before the error is shown.
+    """
+    import os
+    import traceback
+
+    from fragc import distributed
+
+    _join(args)
     try:
-        commands = {"run": cmd_run, "ir": cmd_ir, "policies": cmd_list, "algos": cmd_list, "envs": cmd_list,
-                    "plot": cmd_plot, "bench": cmd_bench}
-        return commands[args.command](args)
+        code = {"run": cmd_run, "bench": cmd_bench}[args.command](args)
+    except FragcError as err:
+        print(f"fragc: error: {err}", file=sys.stderr)
+        code = 2
+    except Exception:  # noqa: BLE001
+        distributed.wait_for_verdict(distributed.LOST_AFTER_S + 5)
+        traceback.print_exc()
+        code = 1
+    if code == 0:
+        distributed.finish()
+        return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _guarded(command: Any, args: argparse.Namespace) -> int:
+    try:
+        return command(args)
     except FragcError as err:
         print(f"fragc: error: {err}", file=sys.stderr)
         return 2

@@ -47,17 +47,31 @@ fragment_call_p.def_abstract_eval(_fragment_call_abstract_eval)
 
 def pmean(x: Any) -> Any:
     """Mean of `x` over the replicas of the enclosing fragment."""
-    return _collective(lax.pmean, x, "pmean")
+    return _collective(lambda v: jax.tree.map(lambda a: _ordered_sum(a, mean=True), v), x, "pmean")
 
 
 def psum(x: Any) -> Any:
     """Sum of `x` over the replicas of the enclosing fragment."""
-    return _collective(lax.psum, x, "psum")
+    return _collective(lambda v: jax.tree.map(_ordered_sum, v), x, "psum")
 
 
-def _collective(op: Callable[..., Any], x: Any, name: str) -> Any:
+def _ordered_sum(a: Any, mean: bool = False) -> Any:
+    """All replicas' values gathered, then summed in replica order on every device.
+
+    An all-reduce's summation order belongs to its implementation (XLA's
+    in-process one and gloo's across processes differ), so `lax.psum` of
+    floats can change in the last bit when the same devices are spread over
+    processes. Gathering moves the same bytes either way and the sum is then
+    one fixed reduction, so a run's numbers do not depend on its process layout.
+    """
+    gathered = lax.all_gather(a, REPLICA)
+    total = gathered.sum(axis=0, dtype=a.dtype)
+    return total / gathered.shape[0] if mean else total
+
+
+def _collective(op: Callable[[Any], Any], x: Any, name: str) -> Any:
     try:
-        return op(x, REPLICA)
+        return op(x)
     except NameError as err:
         raise FragcError(f"fragc.{name} must be called inside a @fragc.fragment function") from err
 

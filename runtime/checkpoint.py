@@ -7,6 +7,11 @@ orbax writes each checkpoint to a temporary folder and renames it when
 complete, so a run killed at any moment leaves only whole checkpoints; the
 digest catches one damaged afterwards, and `restore_latest` then falls back
 to the previous good one with a warning. No pickle: arrays and JSON only.
+
+In a multi-process run the arrays are gathered to every host first (an RL
+agent's state is small): process 0 writes, every process restores the same
+checkpoint and lays it out on its devices. The folder must be one that every
+process sees (a shared filesystem on a cluster).
 """
 
 from __future__ import annotations
@@ -66,8 +71,12 @@ class Checkpointer:
         except OSError as err:
             raise FragcError(f"cannot write checkpoints to '{directory}': {err.strerror}") from err
         self._ocp = ocp
-        self._manager = ocp.CheckpointManager(
-            self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False))
+        me = jax.process_index()
+        # In a multi-process run every process holds the whole state on its host (`Program.run` gathers it):
+        # process 0 writes, each process reads on its own, so no manager waits for the others.
+        solo = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+        self._manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
+            max_to_keep=keep, enable_async_checkpointing=False, multiprocessing_options=solo))
 
     def steps(self) -> list[int]:
         return sorted(self._manager.all_steps())

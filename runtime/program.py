@@ -1,6 +1,6 @@
 """A compiled program: its stages, the transfers between them, and the loop that dispatches them.
 
-Two shapes of program:
+Three shapes of program:
 
 - one stage, no transfers or delays (`single`, `anakin`, `gspmd`, populations):
   one XLA program scans `iterations_per_dispatch` iterations; iterations past
@@ -10,7 +10,12 @@ Two shapes of program:
   XLA program on its device group; a static schedule dispatches stages,
   `device_put` transfers and delays in order every iteration. Dispatch is
   asynchronous, so stages on disjoint groups that do not depend on each other
-  (rollout k+1 and learn k under staleness 1) overlap without threads.
+  (rollout k+1 and learn k under staleness 1) overlap without threads;
+- the same staged iteration as one SPMD program over the union of its groups
+  (`runtime/spmd.py`), scanning k iterations a dispatch, with collectives for
+  the transfers: what runs when the groups lie on different processes
+  (`transfers="auto"` picks it there), and on request in one process
+  (`transfers="collective"`), where it gives the same bits.
 
 Metrics of a dispatch are fetched only after the next one is queued.
 """
@@ -29,18 +34,26 @@ from fragc.ir.errors import FragcError
 from fragc.ir.interpreter import delay_inputs, run_graph
 from fragc.ir.module import Delay, Transfer, Value
 from fragc.ir.printer import format_module
+from fragc.ir.types import LeafType
 from fragc.passes.pipeline import PipelineResult
 from fragc.passes.policy import Policy
 
 from .cost import fragment_collective_bytes, hlo_collective_bytes, transfer_bytes
 from .lower import group_mesh, leaf_sharding, lower_fragment
+from .multihost import place, spans_processes, to_host
+from .spmd import UnionProgram, union_mesh, unsupported
+from .spmd import sharding as union_sharding
 from .stages import Stage, compile_stage, plan_stages
+
+
+TRANSFERS = ("auto", "device_put", "collective")
 
 
 class Program:
     """`fragc.compile`'s result: inspect the IR and stages, then `init` and `run`."""
 
-    def __init__(self, algo: Any, pipeline: PipelineResult, devices: Sequence[jax.Device], policy: Policy):
+    def __init__(self, algo: Any, pipeline: PipelineResult, devices: Sequence[jax.Device], policy: Policy,
+                 transfers: str = "auto"):
         self.algo, self.pipeline, self.policy = algo, pipeline, policy
         self.module = module = pipeline.final
         self.devices = list(devices)
@@ -52,6 +65,7 @@ class Program:
         if self.population and not self._fused:
             raise FragcError(f"population runs need a policy whose iteration is one stage; '{policy.name}' has "
                              f"{len(module.attrs['stages'])} stages and transfers")
+        self._union = not self._fused and self._choose_union(transfers)
         mesh_of = (lambda f: None) if self.population else (
             lambda f: group_mesh(module, f.placement.group, self.devices))
         self._frags = {name: lower_fragment(f, mesh_of(f)) for name, f in module.fragments.items()}
@@ -60,6 +74,8 @@ class Program:
         self._init = jax.jit(self._init_fn())
         if self._fused:
             self._stages = [self._compile_fused()]
+        elif self._union:
+            self._stages = [self._compile_union()]
         else:
             self._stages = [compile_stage(s, module, self.devices, self._frags) for s in plan_stages(module)]
         self._stage_starts = {s.nodes[0]: s for s in self._stages}  # the per-iteration schedule's lookups
@@ -119,7 +135,7 @@ class Program:
         """A state (for example read from a checkpoint) on the program's devices, leaf by leaf:
         device groups are disjoint device sets, and one jit cannot output to several meshes."""
         leaves = self._check_state(state)
-        return jax.tree.unflatten(self._state_tree, [jax.device_put(x, sh) for x, sh in zip(leaves, self._shardings)])
+        return jax.tree.unflatten(self._state_tree, [place(x, sh) for x, sh in zip(leaves, self._shardings)])
 
     def run(self, state: Any, iterations: int, callback: Callable[[int, dict], None] | None = None,
             checkpoint: Callable[[int, Any, dict], None] | None = None, checkpoint_every: int = 0,
@@ -139,7 +155,12 @@ class Program:
         leaves = self._check_state(state)
         if self._fused:
             leaves = [jnp.copy(x) for x in leaves]  # the loop donates its buffers; keep the caller's
-        dispatch = self._dispatch_fused if self._fused else self._dispatch_staged
+        dispatch = self._dispatch_fused if self._fused else self._dispatch_union if self._union else self._dispatch_staged
+        if self._union:
+            leaves = [jnp.copy(x) for x in leaves]  # the program donates its buffers; keep the caller's
+            delays = self.place_delays(delays) if delays is not None else self.initial_delays(
+                jax.tree.unflatten(self._state_tree, leaves))
+            delays = {i: [jnp.copy(x) for x in xs] for i, xs in delays.items()}
         rows: list[dict] = []
         pending, done, carry, saved = None, 0, (leaves, delays), 0
         while done < iterations:
@@ -152,8 +173,7 @@ class Program:
             if checkpoint is not None and checkpoint_every and (done - saved >= checkpoint_every or done == iterations):
                 self._collect(rows, *pending, callback)
                 pending, saved = None, done
-                checkpoint(done, jax.tree.unflatten(self._state_tree, jax.device_get(carry[0])),
-                           jax.device_get(carry[1] or {}))
+                checkpoint(done, jax.tree.unflatten(self._state_tree, to_host(carry[0])), to_host(carry[1] or {}))
         if pending is not None:
             self._collect(rows, *pending, callback)
         self.last_delays = carry[1]
@@ -167,8 +187,7 @@ class Program:
         for i, node in enumerate(self.module.graph.nodes):
             if isinstance(node, Delay):
                 leaves = node.outputs[0].type.leaves
-                placed[i] = [jax.device_put(x, leaf_sharding(t, self.module, self.devices))
-                             for x, t in zip(delays[i], leaves)]
+                placed[i] = [place(x, self._leaf_sharding(t)) for x, t in zip(delays[i], leaves)]
         return placed
 
     def initial_delays(self, state: Any) -> dict[int, list[Any]]:
@@ -184,6 +203,22 @@ class Program:
         return out
 
     # ------------------------------------------------------------ fused: one stage, k iterations a dispatch
+
+    def _choose_union(self, transfers: str) -> bool:
+        """Staged programs move values with `device_put` within one process, or run as one SPMD
+        program with collectives (`runtime/spmd.py`), which is the only way across processes."""
+        if transfers not in TRANSFERS:
+            raise FragcError(f"transfers must be one of {', '.join(TRANSFERS)}, got {transfers!r}")
+        across = spans_processes(self.devices)
+        if transfers == "device_put" and across:
+            raise FragcError("transfers='device_put' cannot cross processes; use 'collective' or 'auto'")
+        if transfers == "device_put" or (transfers == "auto" and not across):
+            return False
+        reason = unsupported(self.module)
+        if reason is not None:
+            where = "across processes" if across else "with transfers='collective'"
+            raise FragcError(f"policy '{self.policy.name}' cannot run {where}: {reason}")
+        return True
 
     def _is_one_stage(self) -> bool:
         nodes = self.module.graph.nodes
@@ -223,6 +258,19 @@ class Program:
         leaves, metrics = self._stages[0].compiled(carry[0], np.int32(n))
         return (leaves, None), metrics
 
+    # ------------------------------------------------------------ union: one SPMD program over all groups
+
+    def _compile_union(self) -> Stage:
+        self._union_program = UnionProgram(self.module, self.devices, self.k)
+        stage = Stage("iteration", ",".join(m.name for m in self.module.meshes),
+                      tuple(range(len(self.module.graph.nodes))), [], [])
+        stage.lowered, stage.compiled = self._union_program.lowered, self._union_program.compiled
+        return stage
+
+    def _dispatch_union(self, carry: tuple, n: int) -> tuple[tuple, Any]:
+        leaves, delays, metrics = self._union_program(carry[0], carry[1], n)
+        return (leaves, delays), _metrics_dict(jax.tree.unflatten(self.module.graph.out_tree.children()[1], metrics))
+
     # ------------------------------------------------------------ staged: a schedule per iteration
 
     def _dispatch_staged(self, carry: tuple, n: int) -> tuple[tuple, Any]:
@@ -259,17 +307,22 @@ class Program:
         offsets = jnp.asarray(self.population, jnp.uint32)
         return lambda seed: jax.vmap(init)(seed + offsets)
 
+    def _leaf_sharding(self, leaf: LeafType) -> NamedSharding:
+        if self._union:
+            return union_sharding(leaf, union_mesh(self.module, self.devices))
+        return leaf_sharding(leaf, self.module, self.devices)
+
     def _state_shardings(self) -> list[NamedSharding]:
         leaves = self.module.graph.inputs[0].type.leaves
         if not self.population:
-            return [leaf_sharding(t, self.module, self.devices) for t in leaves]
+            return [self._leaf_sharding(t) for t in leaves]
         devices = self.devices if len(self.population) % len(self.devices) == 0 else self.devices[:1]
         mesh = Mesh(np.array(devices), ("population",))
         return [NamedSharding(mesh, P("population")) for _ in leaves]
 
     def _collect(self, rows: list, metrics: Any, n: int, done: int, callback: Any) -> None:
         axis = 1 if self.population else 0
-        host = {k: np.take(np.asarray(v), np.arange(n), axis=axis) for k, v in jax.device_get(metrics).items()}
+        host = {k: np.take(np.asarray(v), np.arange(n), axis=axis) for k, v in to_host(metrics).items()}
         rows.append(host)
         if callback is not None:
             callback(done, host)

@@ -12,6 +12,8 @@ import numpy as np
 
 from fragc.ir.errors import FragcError
 
+from .multihost import to_host
+
 
 def params_fingerprint(state: Any) -> str:
     """SHA-256 of the parameters' bytes (`state.learner.params` if there is one, else the whole state),
@@ -21,7 +23,7 @@ def params_fingerprint(state: Any) -> str:
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             leaf = jax.random.key_data(leaf)
-        array = np.asarray(jax.device_get(leaf))
+        array = np.asarray(to_host(leaf))
         digest.update(jax.tree_util.keystr(path).encode())
         digest.update(str(array.dtype).encode() + str(array.shape).encode())
         digest.update(np.ascontiguousarray(array).tobytes())

@@ -96,6 +96,6 @@ def test_stages_and_hlo_per_stage(algo):
     prog = fragc.compile(algo, "actor_learner", devices=4)
     assert prog.stages == ["actors", "learner"]
     assert "stablehlo" in prog.hlo("learner")
-    assert "all-reduce" in prog.hlo("learner", optimized=True)
+    assert "all-gather" in prog.hlo("learner", optimized=True)
     with pytest.raises(fragc.FragcError, match="no stage 'iteration'; stages: actors, learner"):
         prog.hlo("iteration")

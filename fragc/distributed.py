@@ -1,0 +1,196 @@
+"""Multi-process runs on `jax.distributed`: joining, a start-up check, and a watchdog.
+
+fragc adds no runtime of its own across processes: `initialize` calls
+`jax.distributed.initialize`, every process then compiles the same programs
+over one global mesh, and values cross processes inside those programs.
+What fragc adds is what a user needs around it:
+
+- `check_same(config)`: processes started with different configurations are
+  refused at start-up, naming the option that differs;
+- a watchdog: every process writes a heartbeat to the coordination service's
+  key-value store each second and watches the others'. When one stops (killed,
+  crashed) the others exit with an error naming it, instead of waiting in a
+  collective that will never complete. JAX's own heartbeat is the backstop: it
+  aborts the survivors, less readably, after `JAX_HEARTBEAT_S`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from fragc.ir.errors import FragcError
+
+ENV_COORDINATOR = "FRAGC_COORDINATOR"
+ENV_NUM_PROCESSES = "FRAGC_NUM_PROCESSES"
+ENV_PROCESS_ID = "FRAGC_PROCESS_ID"
+
+LOST_AFTER_S = 20.0
+"""A process whose heartbeat has not changed for this long is taken as lost."""
+JAX_HEARTBEAT_S = 45
+"""jax.distributed's own heartbeat timeout, after which it aborts the survivors."""
+EXIT_LOST = 3
+"""Exit code of a process that stops because another one was lost."""
+
+_watchdog: "_Watchdog | None" = None
+
+
+def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None, local_devices: int | None = None, timeout_s: int = 60,
+               watchdog: bool = True) -> None:
+    """Join a multi-process run; call it in every process before anything else uses JAX.
+
+    coordinator_address, num_processes, process_id: as `jax.distributed.initialize`
+      takes them ("host:port" of process 0); leave them out on a cluster JAX
+      detects (SLURM, Open MPI, Cloud TPU), where it reads them itself.
+    local_devices: simulate this many CPU devices in this process.
+    timeout_s: how long to wait for every process to join.
+    watchdog: stop this process, naming the lost one, when another stops.
+    """
+    import jax
+
+    from fragc.devices import simulate_cpu_devices
+
+    if local_devices is not None and local_devices > 1:
+        simulate_cpu_devices(local_devices)
+    if num_processes is not None and (process_id is None or not 0 <= process_id < num_processes):
+        raise FragcError(f"process id must be between 0 and {num_processes - 1}, got {process_id}")
+    try:
+        jax.distributed.initialize(coordinator_address, num_processes, process_id,
+                                   initialization_timeout=timeout_s, heartbeat_timeout_seconds=JAX_HEARTBEAT_S)
+    except Exception as err:  # noqa: BLE001 - JAX raises RuntimeError or XlaRuntimeError here
+        where = coordinator_address or "the address JAX detects"
+        first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        raise FragcError(f"could not join the run at {where} within {timeout_s} s "
+                         f"(are all {num_processes or ''} processes started?): {first}") from err
+    if watchdog and jax.process_count() > 1:
+        start_watchdog()
+
+
+def is_multiprocess() -> bool:
+    import jax
+
+    return jax.process_count() > 1
+
+
+def _client() -> Any:
+    from jax._src import distributed  # the coordination service's key-value store has no public name
+
+    if distributed.global_state.client is None:
+        raise FragcError("fragc.distributed.initialize has not been called")
+    return distributed.global_state.client
+
+
+def check_same(config: dict[str, Any], timeout_s: float = 60.0) -> None:
+    """Refuse to go on unless every process passed the same `config` (JSON-able)."""
+    import jax
+
+    me, n = jax.process_index(), jax.process_count()
+    if n == 1:
+        return
+    client = _client()
+    mine = json.dumps(config, sort_keys=True, default=str)
+    client.key_value_set(f"fragc/config/{me}", mine)
+    for other in range(n):
+        if other == me:
+            continue
+        try:
+            theirs = client.blocking_key_value_get(f"fragc/config/{other}", int(timeout_s * 1000))
+        except Exception as err:  # noqa: BLE001
+            raise FragcError(f"process {other} did not report its configuration within {timeout_s:.0f} s") from err
+        if theirs != mine:
+            raise FragcError(f"process {other} was started with a different configuration: "
+                             f"{describe_difference(config, json.loads(theirs), other)}; every process must run "
+                             "the same command (only the process id differs)")
+
+
+def describe_difference(mine: dict, theirs: dict, other: int) -> str:
+    keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    return ", ".join(f"{k} is {mine.get(k)!r} here and {theirs.get(k)!r} on process {other}" for k in keys)
+
+
+def finish() -> None:
+    """Leave the run: tell the watchdogs this process is done, then shut JAX's runtime down."""
+    import jax
+
+    if not is_multiprocess():
+        return
+    if _watchdog is not None:
+        _watchdog.finish()
+    jax.distributed.shutdown()
+
+
+def start_watchdog(lost_after_s: float = LOST_AFTER_S, interval_s: float = 1.0) -> None:
+    global _watchdog
+    if _watchdog is None:
+        _watchdog = _Watchdog(lost_after_s, interval_s)
+        _watchdog.start()
+
+
+def wait_for_verdict(seconds: float) -> None:
+    """After a failure in a collective: give the watchdog time to name a lost process (it exits)."""
+    if _watchdog is not None:
+        _watchdog.join(seconds)
+
+
+class _Watchdog(threading.Thread):
+    def __init__(self, lost_after_s: float, interval_s: float):
+        super().__init__(name="fragc-watchdog", daemon=True)
+        import jax
+
+        self.me, self.n = jax.process_index(), jax.process_count()
+        self.lost_after_s, self.interval_s = lost_after_s, interval_s
+        self.client = _client()
+        self._done = threading.Event()
+
+    def finish(self) -> None:
+        try:
+            self.client.key_value_set(f"fragc/done/{self.me}", "1", allow_overwrite=True)
+        except Exception:  # noqa: BLE001 - the run is over either way
+            pass
+        self._done.set()
+
+    def run(self) -> None:
+        started = time.monotonic()
+        seen = {q: ("", started) for q in range(self.n) if q != self.me}
+        beat = 0
+        while not self._done.wait(self.interval_s):
+            beat += 1
+            try:
+                self.client.key_value_set(f"fragc/beat/{self.me}", str(beat), allow_overwrite=True)
+            except Exception as err:  # noqa: BLE001
+                self._lost(0, f"the coordinator on process 0 cannot be reached: {str(err).splitlines()[0][:120]}")
+            now = time.monotonic()
+            for q, (value, since) in list(seen.items()):
+                current = self._get(f"fragc/beat/{q}")
+                if current != value:
+                    seen[q] = (current, now)
+                elif self._get(f"fragc/done/{q}") == "1":
+                    del seen[q]
+                elif now - since > self.lost_after_s:
+                    what = "never sent a heartbeat" if not value else f"sent no heartbeat for {now - since:.0f} s"
+                    self._lost(q, what)
+
+    def _get(self, key: str) -> str:
+        try:
+            return self.client.key_value_try_get(key)
+        except Exception as err:  # noqa: BLE001
+            if "NOT_FOUND" in str(err) or "not found" in str(err).lower():
+                return ""
+            if self._done.is_set():
+                return "1"
+            self._lost(0, f"the coordinator on process 0 cannot be reached: {str(err).splitlines()[0][:120]}")
+            return ""
+
+    def _lost(self, process: int, why: str) -> None:
+        if self._done.is_set():
+            return
+        sys.stdout.flush()
+        sys.stderr.write(f"fragc: error: lost process {process} of {self.n} ({why}); "
+                         f"process {self.me} is stopping\n")
+        sys.stderr.flush()
+        os._exit(EXIT_LOST)

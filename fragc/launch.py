@@ -1,0 +1,114 @@
+"""`fragc launch -n N -- COMMAND ...`: N local processes of one multi-process run.
+
+For trying multi-host behaviour on one machine, and for tests. Each process
+gets the coordinator's address (loopback, a free port), the process count and
+its id in `FRAGC_COORDINATOR`, `FRAGC_NUM_PROCESSES` and `FRAGC_PROCESS_ID`,
+which `fragc run` and `fragc bench` read as the defaults of `--coordinator`,
+`--num-processes` and `--process-id`; it runs on the CPU with its own simulated
+devices (`--devices` counts each process's devices). Output is forwarded line
+by line with a `[i]` prefix. The launcher exits with the first non-zero exit
+code; when one process fails, the others get `grace_s` to stop by themselves
+(their watchdog names the lost process) before they are killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Sequence
+
+from fragc.distributed import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+from fragc.ir.errors import FragcError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(n: int, command: Sequence[str], grace_s: float = 90.0) -> int:
+    """Run `command` as processes 0..n-1 of one run; the first non-zero exit code, or 0."""
+    if n < 1:
+        raise FragcError(f"launch: -n must be at least 1, got {n}")
+    if not command:
+        raise FragcError("launch: give the command after --, e.g. fragc launch -n 2 -- fragc run ppo ...")
+    address = f"127.0.0.1:{free_port()}"
+    procs, pumps = [], []
+    for i in range(n):
+        env = {**os.environ, ENV_COORDINATOR: address, ENV_NUM_PROCESSES: str(n), ENV_PROCESS_ID: str(i),
+               "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+        try:
+            proc = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
+        except OSError as err:
+            _kill(procs)
+            raise FragcError(f"launch: cannot start {command[0]!r}: {err.strerror}") from err
+        procs.append(proc)
+        for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+            pumps.append(threading.Thread(target=_pump, args=(stream, out, f"[{i}] "), daemon=True))
+            pumps[-1].start()
+    print(f"fragc launch: {n} processes, coordinator {address}, pids "
+          + " ".join(str(p.pid) for p in procs), file=sys.stderr, flush=True)
+    try:
+        code = _wait(procs, grace_s)
+    except KeyboardInterrupt:
+        _kill(procs, signal.SIGINT)
+        code = 130
+    for t in pumps:
+        t.join(5)
+    return code
+
+
+def _wait(procs: list[subprocess.Popen], grace_s: float) -> int:
+    first_failure, failed_at, reported = 0, None, set()
+    while True:
+        running = [p.poll() is None for p in procs]
+        for i, p in enumerate(procs):
+            if p.returncode not in (None, 0) and i not in reported:
+                reported.add(i)
+                print(f"fragc launch: process {i} exited with {_describe(p.returncode)}", file=sys.stderr, flush=True)
+                if failed_at is None:
+                    first_failure, failed_at = _code(p.returncode), time.monotonic()
+        if not any(running):
+            return first_failure
+        if failed_at is not None and time.monotonic() - failed_at > grace_s:
+            alive = [i for i, r in enumerate(running) if r]
+            print(f"fragc launch: killing process(es) {alive}, still running {grace_s:.0f} s after a failure",
+                  file=sys.stderr, flush=True)
+            _kill(procs)
+        time.sleep(0.1)
+
+
+def _code(returncode: int) -> int:
+    return returncode if returncode > 0 else 128 - returncode  # killed by signal s -> 128 + s
+
+
+def _describe(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"code {returncode}"
+
+
+def _kill(procs: list[subprocess.Popen], sig: int = signal.SIGKILL) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def _pump(stream: IO[bytes], out: IO[str], prefix: str) -> None:
+    for raw in iter(stream.readline, b""):
+        out.write(prefix + raw.decode(errors="replace").rstrip("\n") + "\n")
+        out.flush()
+    stream.close()

@@ -1,0 +1,199 @@
+"""A staged iteration as one SPMD program over the union of its device groups.
+
+Each device group of the module is one row of a mesh `("group", "replica")`;
+the program is one `shard_map` over that mesh, so every device runs it and
+values cross groups (and processes) inside it. This is how a policy whose
+groups lie on different processes runs: JAX cannot `device_put` between
+processes on the CPU backend, but collectives inside one program over the
+union mesh work (JAX_NOTES.md, section 5).
+
+Inside the program:
+
+- every leaf is held by every row (replicated over `group`, split over
+  `replica` along its batch axis), and only its own group's row is current;
+- a fragment of group g runs under `lax.cond` on row g; the other rows take
+  the branch that returns zeros, so each device computes only its group's
+  fragments;
+- a transfer from group s to group d is `lax.ppermute` over `group`: device
+  (s, r) sends its block to (d, r), the same split on both sides;
+- a delay is loop-carried, as in the reference interpreter;
+- after the dispatch's last iteration every state, delay and metric leaf is
+  gathered from its group's row, so all rows hold it again.
+
+It needs groups of equal size (a mesh is rectangular) that do not overlap,
+fragments lowered with `shard_map`, and glue only on unsplit values.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend import core as jex
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from fragc.ir.interpreter import delay_inputs
+from fragc.ir.module import REPLICA, Delay, Glue, Module, Run, Transfer, Value
+from fragc.ir.types import LeafType
+
+from .lower import spec
+
+GROUP = "group"
+
+
+def unsupported(module: Module) -> str | None:
+    """Why `module` cannot run as one SPMD program over its groups (None when it can)."""
+    sizes = {len(m.devices) for m in module.meshes}
+    if len(sizes) > 1:
+        return "its device groups differ in size (" + ", ".join(f"{m.name}: {len(m.devices)}" for m in module.meshes) + ")"
+    ids = [i for m in module.meshes for i in m.devices]
+    if len(set(ids)) != len(ids):
+        return "its device groups overlap"
+    for fdef in module.fragments.values():
+        p = fdef.placement
+        if p is not None and (p.lowering != "shard_map" or p.replicas != len(module.meshes[0].devices)):
+            return f"fragment '{fdef.name}' is not one shard_map replica per device of its group"
+    for node in module.graph.nodes:
+        if isinstance(node, Glue) and any(t.axis is not None for u in node.inputs for t in [u.type]):
+            return "glue between fragments reads a value split over devices"
+    return None
+
+
+def union_mesh(module: Module, devices: Sequence[jax.Device]) -> Mesh:
+    return Mesh(np.array([[devices[i] for i in m.devices] for m in module.meshes]), (GROUP, REPLICA))
+
+
+def sharding(leaf: LeafType, mesh: Mesh, extra_leading: int = 0) -> NamedSharding:
+    return NamedSharding(mesh, _spec(leaf, extra_leading))
+
+
+def _spec(leaf: LeafType, extra_leading: int = 0) -> P:
+    return spec(None if leaf.axis is None else leaf.axis + extra_leading)
+
+
+class UnionProgram:
+    """`k` iterations a dispatch of `module` as one jitted shard_map over the union mesh."""
+
+    def __init__(self, module: Module, devices: Sequence[jax.Device], k: int):
+        self.module, self.k = module, k
+        self.mesh = union_mesh(module, devices)
+        self.row = {m.name: i for i, m in enumerate(module.meshes)}
+        graph = module.graph
+        self.delay_nodes = [i for i, n in enumerate(graph.nodes) if isinstance(n, Delay)]
+        self.state_types = list(graph.inputs[0].type.leaves)
+        self.delay_types = [list(graph.nodes[i].outputs[0].type.leaves) for i in self.delay_nodes]
+        n_state = len(self.state_types)
+        self.metric_types = [u.type for u in graph.outputs][n_state:]
+        self.state_shardings = [sharding(t, self.mesh) for t in self.state_types]
+        self.delay_shardings = [[sharding(t, self.mesh) for t in ts] for ts in self.delay_types]
+        self.lowered = self._lower()
+        self.compiled = self.lowered.compile()
+
+    def __call__(self, state: list[Any], delays: dict[int, list[Any]], n: int) -> tuple[list, dict, Any]:
+        flat = [x for i in self.delay_nodes for x in delays[i]]
+        state, flat, metrics = self.compiled(state, flat, np.int32(n))
+        return state, self._unflatten_delays(flat), metrics
+
+    # ------------------------------------------------------------ the program
+
+    def _lower(self) -> Any:
+        state_specs = [_spec(t) for t in self.state_types]
+        delay_specs = [_spec(t) for ts in self.delay_types for t in ts]
+        metric_specs = [_spec(t, 1) for t in self.metric_types]
+        program = jax.jit(jax.shard_map(
+            self._chunk, mesh=self.mesh, in_specs=(state_specs, delay_specs, P()),
+            out_specs=(state_specs, delay_specs, metric_specs), check_vma=False), donate_argnums=(0, 1))
+        structs = [jax.ShapeDtypeStruct(t.shape, t.dtype, sharding=s)
+                   for t, s in zip(self.state_types, self.state_shardings)]
+        delay_structs = [jax.ShapeDtypeStruct(t.shape, t.dtype, sharding=s)
+                         for ts, ss in zip(self.delay_types, self.delay_shardings) for t, s in zip(ts, ss)]
+        return program.lower(structs, delay_structs, jax.ShapeDtypeStruct((), jnp.int32))
+
+    def _chunk(self, state: list[Any], flat_delays: list[Any], n: jax.Array) -> tuple[list, list, list]:
+        """Up to `k` iterations (those past `n` are skipped), then every leaf back on every row."""
+        row = lax.axis_index(GROUP)
+        metric_zeros = [jnp.zeros(self._local(t).shape, t.dtype) for t in self.metric_types]
+
+        def body(carry: tuple, i: jax.Array) -> tuple[tuple, list]:
+            def step(carry: tuple) -> tuple[tuple, list]:
+                state, delays = carry
+                new_state, new_delays, metrics = self._iteration(row, state, self._unflatten_delays(delays))
+                return (new_state, [x for j in self.delay_nodes for x in new_delays[j]]), metrics
+
+            return lax.cond(i < n, step, lambda c: (c, metric_zeros), carry)
+
+        (state, flat_delays), metrics = lax.scan(body, (state, flat_delays), jnp.arange(self.k))
+        flat_delay_types = [t for ts in self.delay_types for t in ts]
+        return ([_from_row(x, self._row_of(t)) for x, t in zip(state, self.state_types)],
+                [_from_row(x, self._row_of(t)) for x, t in zip(flat_delays, flat_delay_types)],
+                [_from_row(x, self._row_of(t)) for x, t in zip(metrics, self.metric_types)])
+
+    def _iteration(self, row: jax.Array, state: list[Any], delayed: dict[int, list[Any]]
+                   ) -> tuple[list, dict, list]:
+        graph, env = self.module.graph, {}
+        env[graph.inputs[0]] = list(state)
+
+        def read(uses: Any) -> list[Any]:
+            return [env[u.value][u.index] for u in uses]
+
+        for i, node in enumerate(graph.nodes):
+            if isinstance(node, Run):
+                outs = self._run(row, node, read(node.inputs))
+            elif isinstance(node, Glue):
+                outs = jex.jaxpr_as_fun(node.body)(*read(node.inputs))
+            elif isinstance(node, Transfer):
+                pairs = [(self.row[node.src], self.row[node.dst])]
+                outs = [lax.ppermute(x, GROUP, pairs) for x in read(node.inputs)]
+            else:  # Delay
+                outs = delayed[i]
+            _assign(env, node.outputs, outs)
+        outs = read(graph.outputs)
+        n_state = len(self.state_types)
+        return outs[:n_state], delay_inputs(self.module, env), outs[n_state:]
+
+    def _run(self, row: jax.Array, node: Run, ins: list[Any]) -> list[Any]:
+        fdef = self.module.fragments[node.fragment]
+        body = fdef.body_for(fdef.placement.replicas)
+        zeros = [jnp.zeros(a.shape, a.dtype) for a in body.out_avals]
+        return lax.cond(row == self.row[fdef.placement.group],
+                        lambda xs: list(jex.jaxpr_as_fun(body)(*xs)), lambda xs: zeros, ins)
+
+    # ------------------------------------------------------------ helpers
+
+    def _row_of(self, leaf: LeafType) -> int | None:
+        return None if leaf.group is None else self.row[leaf.group]
+
+    def _local(self, leaf: LeafType) -> LeafType:
+        if leaf.axis is None:
+            return leaf
+        shape = list(leaf.shape)
+        shape[leaf.axis] //= self.mesh.shape[REPLICA]
+        return leaf.replace(shape=tuple(shape))
+
+    def _unflatten_delays(self, flat: list[Any]) -> dict[int, list[Any]]:
+        out, offset = {}, 0
+        for i, ts in zip(self.delay_nodes, self.delay_types):
+            out[i] = list(flat[offset : offset + len(ts)])
+            offset += len(ts)
+        return out
+
+
+def _from_row(x: jax.Array, row: int | None) -> jax.Array:
+    """`x` as row `row` holds it, on every row (unplaced leaves are the same everywhere)."""
+    if row is None:
+        return x
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        impl = jax.random.key_impl(x)
+        return jax.random.wrap_key_data(_from_row(jax.random.key_data(x), row), impl=impl)
+    return lax.all_gather(x, GROUP)[row]
+
+
+def _assign(env: dict[Value, list[Any]], values: Sequence[Value], outs: Sequence[Any]) -> None:
+    offset = 0
+    for value in values:
+        n = len(value.type.leaves)
+        env[value] = list(outs[offset : offset + n])
+        offset += n
