@@ -461,10 +461,12 @@ def _multiprocess_command(args: argparse.Namespace) -> int:
         code = {"run": cmd_run, "bench": cmd_bench}[args.command](args)
     except FragcError as err:
         print(f"fragc: error: {err}", file=sys.stderr)
+        distributed.fail(str(err))
         code = 2
-    except Exception:  # noqa: BLE001
+    except Exception as err:  # noqa: BLE001
         distributed.wait_for_verdict(distributed.LOST_AFTER_S + 5)
         traceback.print_exc()
+        distributed.fail(f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200] if str(err).strip() else ''}")
         code = 1
     if code == 0:
         distributed.finish()

@@ -110,7 +110,11 @@ def check_same(config: dict[str, Any], timeout_s: float = 60.0) -> None:
 
 def describe_difference(mine: dict, theirs: dict, other: int) -> str:
     keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-    return ", ".join(f"{k} is {mine.get(k)!r} here and {theirs.get(k)!r} on process {other}" for k in keys)
+    return ", ".join(f"{k} is {_shown(mine.get(k))} here and {_shown(theirs.get(k))} on process {other}" for k in keys)
+
+
+def _shown(value: Any) -> str:
+    return "not given" if value is None else repr(value)
 
 
 def finish() -> None:
@@ -122,6 +126,21 @@ def finish() -> None:
     if _watchdog is not None:
         _watchdog.finish()
     jax.distributed.shutdown()
+
+
+def fail(message: str) -> None:
+    """Tell the other processes why this one is stopping, so their watchdogs say it; give them time
+    to read it if this process hosts the coordination service (they lose it when it exits)."""
+    import jax
+
+    if _watchdog is None:
+        return
+    try:
+        _watchdog.client.key_value_set(f"fragc/failed/{_watchdog.me}", message[:500], allow_overwrite=True)
+    except Exception:  # noqa: BLE001 - stopping anyway
+        return
+    if jax.process_index() == 0:
+        time.sleep(3 * _watchdog.interval_s)
 
 
 def start_watchdog(lost_after_s: float = LOST_AFTER_S, interval_s: float = 1.0) -> None:
@@ -166,6 +185,8 @@ class _Watchdog(threading.Thread):
                 self._lost(0, f"the coordinator on process 0 cannot be reached: {str(err).splitlines()[0][:120]}")
             now = time.monotonic()
             for q, (value, since) in list(seen.items()):
+                if failed := self._get(f"fragc/failed/{q}"):
+                    self._lost(q, f"it stopped with: {failed}")
                 current = self._get(f"fragc/beat/{q}")
                 if current != value:
                     seen[q] = (current, now)

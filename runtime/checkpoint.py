@@ -64,7 +64,7 @@ class Checkpointer:
         self.directory = os.path.abspath(directory)
         try:
             os.makedirs(self.directory, exist_ok=True)
-            probe = os.path.join(self.directory, ".fragc-write-test")
+            probe = os.path.join(self.directory, f".fragc-write-test-{os.getpid()}")
             with open(probe, "w"):
                 pass
             os.remove(probe)
@@ -76,7 +76,7 @@ class Checkpointer:
         # process 0 writes, each process reads on its own, so no manager waits for the others.
         solo = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
         self._manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
-            max_to_keep=keep, enable_async_checkpointing=False, multiprocessing_options=solo))
+            max_to_keep=keep, enable_async_checkpointing=False, multiprocessing_options=solo, create=False))
 
     def steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
