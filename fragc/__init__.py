@@ -13,13 +13,14 @@ from fragc.ir import (
     psum,
     trace,
 )
+from fragc import distributed
 from fragc.api import compile
 from fragc.passes import Policy, RolePlacement, population
 from fragc.ir.interpreter import run_iterations
 from fragc.runtime.program import Program
 
 __all__ = [
-    "Policy", "Program", "RolePlacement", "compile", "population", "run_iterations", "REPLICA", "FragcError", "FragmentError", "Module", "VerifyError", "fragment", "interpret", "pmean", "psum",
+    "Policy", "Program", "RolePlacement", "compile", "distributed", "population", "run_iterations", "REPLICA", "FragcError", "FragmentError", "Module", "VerifyError", "fragment", "interpret", "pmean", "psum",
     "trace",
 ]
 __version__ = "0.1.0"

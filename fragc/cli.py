@@ -351,25 +351,35 @@ def cmd_bench(args: argparse.Namespace) -> int:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:
         raise FragcError("--policies names no policy")
-    devices(args.devices)
+    if _multiprocess(args):
+        import jax
+
+        count = jax.device_count()  # --devices counted this process's
+    else:
+        devices(args.devices)  # simulate CPU devices before JAX starts
+        count = args.devices
     for p in policies:
-        resolve(p, args.devices)  # unknown names fail here, before any compilation
-    _fit_env_count(args, policies)
+        resolve(p, count)  # unknown names fail here, before any compilation
+    _fit_env_count(args, policies, count)
     make = lambda: _make_algo(args)  # noqa: E731
     algo = make()
-    rows = run_bench(make, policies, args.devices, args.iterations, args.repeats,
-                     log=lambda line: print(line, file=sys.stderr))
     import jax
 
-    config = {"algo": args.algo, "env": algo.config.env, "devices": args.devices, "iterations": args.iterations,
-              "repeats": args.repeats, "backend": jax.default_backend(), "config": dataclasses.asdict(algo.config)}
+    lead = jax.process_index() == 0
+    log = (lambda line: print(line, file=sys.stderr)) if lead else (lambda line: None)
+    rows = run_bench(make, policies, count, args.iterations, args.repeats, log=log)
+    if not lead:
+        return 0
+    config = {"algo": args.algo, "env": algo.config.env, "devices": count, "processes": jax.process_count(),
+              "iterations": args.iterations, "repeats": args.repeats, "backend": jax.default_backend(),
+              "config": dataclasses.asdict(algo.config)}
     print(format_table(rows))
     json_path, png_path = write_outputs(rows, config, args.out)
     print(f"wrote {json_path} and {png_path}")
     return 0
 
 
-def _fit_env_count(args: argparse.Namespace, policies: list[str]) -> None:
+def _fit_env_count(args: argparse.Namespace, policies: list[str], count: int) -> None:
     """Every policy must divide the environments; unless --num-envs was given, round the
     algorithm's default up to a multiple of the device count, and say so."""
     import math
@@ -379,7 +389,7 @@ def _fit_env_count(args: argparse.Namespace, policies: list[str]) -> None:
     if args.cfg_num_envs is not None:
         return
     default = next(f.default for f in dataclasses.fields(algos.load(args.algo)[1]) if f.name == "num_envs")
-    wanted = math.lcm(default, args.devices, 2 if args.devices > 1 else 1)
+    wanted = math.lcm(default, count, 2 if count > 1 else 1)
     if wanted != default and any(p not in ("single", "gspmd") for p in policies):
         args.cfg_num_envs = wanted
         print(f"bench: num_envs {default} -> {wanted} so that every policy's replica count divides it "

@@ -59,6 +59,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         simulate_cpu_devices(local_devices)
     if num_processes is not None and (process_id is None or not 0 <= process_id < num_processes):
         raise FragcError(f"process id must be between 0 and {num_processes - 1}, got {process_id}")
+    if coordinator_address and process_id:
+        _wait_for_coordinator(coordinator_address, timeout_s)
     try:
         jax.distributed.initialize(coordinator_address, num_processes, process_id,
                                    initialization_timeout=timeout_s, heartbeat_timeout_seconds=JAX_HEARTBEAT_S)
@@ -69,6 +71,26 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
                          f"(are all {num_processes or ''} processes started?): {first}") from err
     if watchdog and jax.process_count() > 1:
         start_watchdog()
+
+
+def _wait_for_coordinator(address: str, timeout_s: float) -> None:
+    """Refuse clearly when process 0 cannot be reached: JAX would abort this process after its
+    timeout with a C++ stack trace."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise FragcError(f"--coordinator must be HOST:PORT, got {address!r}")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
+                return
+        except OSError as err:
+            if time.monotonic() > deadline:
+                raise FragcError(f"cannot reach the coordinator {address} (process 0) within {timeout_s:.0f} s: "
+                                 f"{err.strerror or err}") from err
+            time.sleep(0.5)
 
 
 def is_multiprocess() -> bool:

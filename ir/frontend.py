@@ -17,6 +17,7 @@ import warnings
 from typing import Any, Callable
 
 import jax
+import numpy as np
 from jax import lax
 from jax.extend import core as jex
 
@@ -47,26 +48,43 @@ fragment_call_p.def_abstract_eval(_fragment_call_abstract_eval)
 
 def pmean(x: Any) -> Any:
     """Mean of `x` over the replicas of the enclosing fragment."""
-    return _collective(lambda v: jax.tree.map(lambda a: _ordered_sum(a, mean=True), v), x, "pmean")
+    return _collective(lambda v: _ordered_sum(v, mean=True), x, "pmean")
 
 
 def psum(x: Any) -> Any:
     """Sum of `x` over the replicas of the enclosing fragment."""
-    return _collective(lambda v: jax.tree.map(_ordered_sum, v), x, "psum")
+    return _collective(_ordered_sum, x, "psum")
 
 
-def _ordered_sum(a: Any, mean: bool = False) -> Any:
+def _ordered_sum(tree: Any, mean: bool = False) -> Any:
     """All replicas' values gathered, then summed in replica order on every device.
 
     An all-reduce's summation order belongs to its implementation (XLA's
     in-process one and gloo's across processes differ), so `lax.psum` of
     floats can change in the last bit when the same devices are spread over
     processes. Gathering moves the same bytes either way and the sum is then
-    one fixed reduction, so a run's numbers do not depend on its process layout.
+    one fixed reduction, so a run's numbers do not depend on its process
+    layout. The leaves of one dtype travel as one vector: one collective per
+    call, not one per leaf (each costs a round trip between processes).
     """
-    gathered = lax.all_gather(a, REPLICA)
-    total = gathered.sum(axis=0, dtype=a.dtype)
-    return total / gathered.shape[0] if mean else total
+    leaves, treedef = jax.tree.flatten(tree)
+    out: list[Any] = [None] * len(leaves)
+    by_dtype: dict[Any, list[int]] = {}
+    for i, leaf in enumerate(leaves):
+        by_dtype.setdefault(jax.numpy.result_type(leaf), []).append(i)
+    for dtype, idx in by_dtype.items():
+        flat = jax.numpy.concatenate([jax.numpy.ravel(jax.numpy.asarray(leaves[i], dtype)) for i in idx])
+        gathered = lax.all_gather(flat, REPLICA)
+        total = gathered.sum(axis=0, dtype=dtype)
+        if mean:
+            total = total / gathered.shape[0]
+        offset = 0
+        for i in idx:
+            shape = jax.numpy.shape(leaves[i])
+            size = int(np.prod(shape, dtype=np.int64))
+            out[i] = total[offset : offset + size].reshape(shape)
+            offset += size
+    return jax.tree.unflatten(treedef, out)
 
 
 def _collective(op: Callable[[Any], Any], x: Any, name: str) -> Any:

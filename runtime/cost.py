@@ -1,8 +1,8 @@
 """Bytes that cross devices per iteration: collectives inside fragments, and transfers between groups.
 
-Collective bytes are the payload of each `psum` over `replica` in a
-shard_map fragment's per-replica body (what one replica contributes to the
-all-reduce), multiplied by the trip counts of the scans around it. For `jit`
+Collective bytes are the payload of each collective over `replica` in a
+shard_map fragment's per-replica body (what one replica contributes; for
+`fragc.pmean`, an all-gather), multiplied by the trip counts of the scans around it. For `jit`
 (GSPMD) fragments XLA chooses the collectives; their payload is read from the
 optimised HLO, each instruction counted once (loop trip counts unknown there).
 """

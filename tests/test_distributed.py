@@ -14,6 +14,7 @@ import pytest
 
 import fragc
 from fragc.algos import make
+from fragc.launch import free_port
 from fragc.runtime.reporting import params_fingerprint
 
 # PPO with 8 environments x 128 steps: 1024 env steps an iteration.
@@ -152,3 +153,10 @@ def test_launch_without_a_command_is_a_usage_error():
                           timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("fragc: error: launch: give the command after --")
+
+
+def test_unreachable_coordinator_is_a_clear_error():
+    port = free_port()  # nothing listens there
+    with pytest.raises(fragc.FragcError, match=rf"cannot reach the coordinator 127.0.0.1:{port} \(process 0\) "
+                                               r"within 2 s"):
+        fragc.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=1, timeout_s=2)
