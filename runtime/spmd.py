@@ -57,7 +57,7 @@ def unsupported(module: Module) -> str | None:
         if p is not None and (p.lowering != "shard_map" or p.replicas != len(module.meshes[0].devices)):
             return f"fragment '{fdef.name}' is not one shard_map replica per device of its group"
     for node in module.graph.nodes:
-        if isinstance(node, Glue) and any(t.axis is not None for u in node.inputs for t in [u.type]):
+        if isinstance(node, Glue) and any(u.type.axis is not None for u in node.inputs):
             return "glue between fragments reads a value split over devices"
     return None
 
