@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from jax.sharding import Mesh
 
@@ -16,7 +16,7 @@ from fragc.runtime.program import Program
 def compile(
     algo: Any,
     policy: str | Policy | Population = "single",
-    devices: int | None = None,
+    devices: int | Sequence[Any] | None = None,
     mesh: Mesh | None = None,
     iterations_per_dispatch: int = 16,
     print_after_all: bool = False,
@@ -24,7 +24,8 @@ def compile(
     printer: Callable[[str], None] = print,
     transfers: str = "auto",
 ) -> Program:
-    """Compile `algo` under `policy` on `devices` (a count) or the devices of `mesh`.
+    """Compile `algo` under `policy` on `devices` (a count, or the devices themselves) or the
+    devices of `mesh`.
 
     iterations_per_dispatch: how many iterations one dispatch scans, where the
       whole iteration is one stage.
@@ -39,7 +40,12 @@ def compile(
         raise FragcError("compile: pass devices or mesh, not both")
     if devices is None and mesh is None:
         devices = default_device_count(policy)
-    devs = list(mesh.devices.flat) if mesh is not None else choose_devices(devices)
+    if mesh is not None:
+        devs = list(mesh.devices.flat)
+    elif devices is not None and not isinstance(devices, int):
+        devs = list(devices)
+    else:
+        devs = choose_devices(devices)
     resolved = resolve(policy, len(devs))
     if resolved.num_devices > len(devs):
         raise FragcError(

@@ -88,7 +88,9 @@ def _env_int(name: str) -> int | None:
 
 
 def _multiprocess(args: argparse.Namespace) -> bool:
-    return bool(getattr(args, "coordinator", None)) or (getattr(args, "num_processes", None) or 1) > 1
+    """Whether any of the process options was given (then all are needed, see `_join`)."""
+    return bool(getattr(args, "coordinator", None)) or (getattr(args, "num_processes", None) or 1) > 1 or (
+        getattr(args, "process_id", None) is not None)
 
 
 def _join(args: argparse.Namespace) -> None:
@@ -96,6 +98,9 @@ def _join(args: argparse.Namespace) -> None:
     from fragc import distributed
 
     auto = args.coordinator == "auto"
+    if not auto and not (args.coordinator and args.num_processes and args.process_id is not None):
+        raise FragcError("a multi-process run needs --coordinator HOST:PORT, --num-processes N and --process-id I "
+                         "(or --coordinator auto where jax.distributed detects them, e.g. under SLURM)")
     distributed.initialize(None if auto else args.coordinator, None if auto else args.num_processes,
                            None if auto else args.process_id, local_devices=args.devices)
     same = {k: v for k, v in sorted(vars(args).items()) if k not in ("process_id", "coordinator")}
@@ -188,15 +193,20 @@ def _compile(args: argparse.Namespace, **kwargs: Any) -> Any:
     import fragc
     from fragc.devices import devices
 
-    count = args.devices
     if _multiprocess(args):
-        import jax
-
-        count = None if count is None else jax.device_count()  # --devices counted this process's
+        chosen = _devices_of_every_process(args)
     else:
-        devices(count)  # simulate CPU devices before JAX starts
+        devices(args.devices)  # simulate CPU devices before JAX starts
+        chosen = args.devices
     algo = _make_algo(args)
-    return algo, fragc.compile(algo, policy=args.policy, devices=count, **kwargs)
+    return algo, fragc.compile(algo, policy=args.policy, devices=chosen, **kwargs)
+
+
+def _devices_of_every_process(args: argparse.Namespace) -> Any:
+    """In a multi-process run `--devices N` counts each process's devices: the first N of each."""
+    from fragc.devices import per_process_devices
+
+    return None if args.devices is None else per_process_devices(args.devices)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -352,12 +362,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not policies:
         raise FragcError("--policies names no policy")
     if _multiprocess(args):
+        chosen = _devices_of_every_process(args) or None
         import jax
 
-        count = jax.device_count()  # --devices counted this process's
+        count = len(chosen) if chosen else jax.device_count()
     else:
         devices(args.devices)  # simulate CPU devices before JAX starts
-        count = args.devices
+        chosen = count = args.devices
     for p in policies:
         resolve(p, count)  # unknown names fail here, before any compilation
     _fit_env_count(args, policies, count)
@@ -367,7 +378,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     lead = jax.process_index() == 0
     log = (lambda line: print(line, file=sys.stderr)) if lead else (lambda line: None)
-    rows = run_bench(make, policies, count, args.iterations, args.repeats, log=log)
+    rows = run_bench(make, policies, chosen, args.iterations, args.repeats, log=log)
     if not lead:
         return 0
     config = {"algo": args.algo, "env": algo.config.env, "devices": count, "processes": jax.process_count(),
@@ -392,8 +403,11 @@ def _fit_env_count(args: argparse.Namespace, policies: list[str], count: int) ->
     wanted = math.lcm(default, count, 2 if count > 1 else 1)
     if wanted != default and any(p not in ("single", "gspmd") for p in policies):
         args.cfg_num_envs = wanted
-        print(f"bench: num_envs {default} -> {wanted} so that every policy's replica count divides it "
-              "(pass --num-envs to choose)", file=sys.stderr)
+        import jax
+
+        if jax.process_index() == 0:
+            print(f"bench: num_envs {default} -> {wanted} so that every policy's replica count divides it "
+                  "(pass --num-envs to choose)", file=sys.stderr)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -473,8 +487,15 @@ def _multiprocess_command(args: argparse.Namespace) -> int:
         print(f"fragc: error: {err}", file=sys.stderr)
         distributed.fail(str(err))
         code = 2
+    except KeyboardInterrupt:
+        print("fragc: interrupted", file=sys.stderr)
+        distributed.fail("interrupted")
+        code = 130
     except Exception as err:  # noqa: BLE001
-        distributed.wait_for_verdict(distributed.LOST_AFTER_S + 5)
+        import jax
+
+        if isinstance(err, jax.errors.JaxRuntimeError):  # most likely a collective whose peer is gone
+            distributed.wait_for_verdict(distributed.LOST_AFTER_S + 5)
         traceback.print_exc()
         distributed.fail(f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200] if str(err).strip() else ''}")
         code = 1

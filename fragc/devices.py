@@ -15,6 +15,21 @@ def simulate_cpu_devices(n: int) -> None:
         pass  # the backend has started; `devices()` reports what exists
 
 
+def per_process_devices(n: int) -> list[jax.Device]:
+    """The first `n` devices of every process, in `jax.devices()` order: what `--devices n` means
+    in a multi-process run (simulated CPU devices are made `n` per process before JAX starts)."""
+    local = jax.local_devices()
+    if len(local) < n:
+        raise FragcError(f"--devices {n}: process {jax.process_index()} has only {len(local)} devices")
+    taken: dict[int, int] = {}
+    out = []
+    for d in jax.devices():
+        if taken.get(d.process_index, 0) < n:
+            out.append(d)
+            taken[d.process_index] = taken.get(d.process_index, 0) + 1
+    return out
+
+
 def devices(n: int | None = None) -> list[jax.Device]:
     """The first `n` devices (all when `None`), simulating CPU devices if needed."""
     if n is None:

@@ -59,8 +59,10 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         simulate_cpu_devices(local_devices)
     if num_processes is not None and (process_id is None or not 0 <= process_id < num_processes):
         raise FragcError(f"process id must be between 0 and {num_processes - 1}, got {process_id}")
-    if coordinator_address and process_id:
-        _wait_for_coordinator(coordinator_address, timeout_s)
+    if coordinator_address:
+        _check_address(coordinator_address)
+        if process_id:
+            _wait_for_coordinator(coordinator_address, timeout_s)
     try:
         jax.distributed.initialize(coordinator_address, num_processes, process_id,
                                    initialization_timeout=timeout_s, heartbeat_timeout_seconds=JAX_HEARTBEAT_S)
@@ -79,8 +81,6 @@ def _wait_for_coordinator(address: str, timeout_s: float) -> None:
     import socket
 
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise FragcError(f"--coordinator must be HOST:PORT, got {address!r}")
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -91,6 +91,12 @@ def _wait_for_coordinator(address: str, timeout_s: float) -> None:
                 raise FragcError(f"cannot reach the coordinator {address} (process 0) within {timeout_s:.0f} s: "
                                  f"{err.strerror or err}") from err
             time.sleep(0.5)
+
+
+def _check_address(address: str) -> None:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise FragcError(f"the coordinator address must be HOST:PORT, got {address!r}")
 
 
 def is_multiprocess() -> bool:
@@ -161,6 +167,7 @@ def fail(message: str) -> None:
         _watchdog.client.key_value_set(f"fragc/failed/{_watchdog.me}", message[:500], allow_overwrite=True)
     except Exception:  # noqa: BLE001 - stopping anyway
         return
+    _watchdog.stop()  # this process's own error is the one to report, not the others'
     if jax.process_index() == 0:
         time.sleep(3 * _watchdog.interval_s)
 
@@ -193,6 +200,9 @@ class _Watchdog(threading.Thread):
             self.client.key_value_set(f"fragc/done/{self.me}", "1", allow_overwrite=True)
         except Exception:  # noqa: BLE001 - the run is over either way
             pass
+        self.stop()
+
+    def stop(self) -> None:
         self._done.set()
 
     def run(self) -> None:

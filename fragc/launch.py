@@ -8,7 +8,9 @@ which `fragc run` and `fragc bench` read as the defaults of `--coordinator`,
 devices (`--devices` counts each process's devices). Output is forwarded line
 by line with a `[i]` prefix. The launcher exits with the first non-zero exit
 code; when one process fails, the others get `grace_s` to stop by themselves
-(their watchdog names the lost process) before they are killed.
+(their watchdog names the lost process) before they are killed. Ctrl-C,
+SIGTERM and SIGHUP are passed on to every process, which is killed if it has
+not stopped 10 s later; no process outlives the launcher.
 """
 
 from __future__ import annotations
@@ -39,30 +41,58 @@ def launch(n: int, command: Sequence[str], grace_s: float = 90.0) -> int:
     if not command:
         raise FragcError("launch: give the command after --, e.g. fragc launch -n 2 -- fragc run ppo ...")
     address = f"127.0.0.1:{free_port()}"
-    procs, pumps = [], []
-    for i in range(n):
-        env = {**os.environ, ENV_COORDINATOR: address, ENV_NUM_PROCESSES: str(n), ENV_PROCESS_ID: str(i),
-               "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-        try:
-            proc = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True)
-        except OSError as err:
-            _kill(procs)
-            raise FragcError(f"launch: cannot start {command[0]!r}: {err.strerror}") from err
-        procs.append(proc)
-        for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
-            pumps.append(threading.Thread(target=_pump, args=(stream, out, f"[{i}] "), daemon=True))
-            pumps[-1].start()
-    print(f"fragc launch: {n} processes, coordinator {address}, pids "
-          + " ".join(str(p.pid) for p in procs), file=sys.stderr, flush=True)
+    procs: list[subprocess.Popen] = []
+    pumps: list[threading.Thread] = []
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        code = _wait(procs, grace_s)
-    except KeyboardInterrupt:
-        _kill(procs, signal.SIGINT)
-        code = 130
-    for t in pumps:
-        t.join(5)
-    return code
+        for i in range(n):
+            env = {**os.environ, ENV_COORDINATOR: address, ENV_NUM_PROCESSES: str(n), ENV_PROCESS_ID: str(i),
+                   "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+            try:
+                proc = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        start_new_session=True)
+            except OSError as err:
+                raise FragcError(f"launch: cannot start {command[0]!r}: {err.strerror}") from err
+            procs.append(proc)
+            for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+                pumps.append(threading.Thread(target=_pump, args=(stream, out, f"[{i}] "), daemon=True))
+                pumps[-1].start()
+        print(f"fragc launch: {n} processes, coordinator {address}, pids "
+              + " ".join(str(p.pid) for p in procs), file=sys.stderr, flush=True)
+        return _wait(procs, grace_s)
+    except (KeyboardInterrupt, _Stop) as stop:
+        sig = stop.signum if isinstance(stop, _Stop) else signal.SIGINT
+        print(f"fragc launch: {signal.Signals(sig).name}, stopping the processes", file=sys.stderr, flush=True)
+        _stop(procs, sig)
+        return 128 + sig
+    finally:
+        _stop(procs, signal.SIGKILL)  # nothing outlives the launcher
+        for t in pumps:
+            t.join(5)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class _Stop(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _Stop(signum)
+
+
+def _stop(procs: list[subprocess.Popen], sig: int, wait_s: float = 10.0) -> None:
+    """Send `sig` to every process still running (and its children), then SIGKILL what is left
+    after `wait_s`, and reap them all."""
+    _signal(procs, sig)
+    deadline = time.monotonic() + wait_s
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    _signal(procs, signal.SIGKILL)
+    for p in procs:
+        p.wait()
 
 
 def _wait(procs: list[subprocess.Popen], grace_s: float) -> int:
@@ -81,7 +111,7 @@ def _wait(procs: list[subprocess.Popen], grace_s: float) -> int:
             alive = [i for i, r in enumerate(running) if r]
             print(f"fragc launch: killing process(es) {alive}, still running {grace_s:.0f} s after a failure",
                   file=sys.stderr, flush=True)
-            _kill(procs)
+            _signal(procs, signal.SIGKILL)
         time.sleep(0.1)
 
 
@@ -98,7 +128,7 @@ def _describe(returncode: int) -> str:
     return f"code {returncode}"
 
 
-def _kill(procs: list[subprocess.Popen], sig: int = signal.SIGKILL) -> None:
+def _signal(procs: list[subprocess.Popen], sig: int) -> None:
     for p in procs:
         if p.poll() is None:
             try:

@@ -17,7 +17,7 @@ import numpy as np
 from fragc.ir.errors import FragcError
 
 
-def run_bench(make_algo: Callable[[], Any], policies: list[str], devices: int, iterations: int, repeats: int,
+def run_bench(make_algo: Callable[[], Any], policies: list[str], devices: Any, iterations: int, repeats: int,
               log: Callable[[str], None] = print) -> dict:
     import fragc
     from fragc.api import default_device_count

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import socket
 import warnings
 from typing import Any
 
@@ -64,7 +65,7 @@ class Checkpointer:
         self.directory = os.path.abspath(directory)
         try:
             os.makedirs(self.directory, exist_ok=True)
-            probe = os.path.join(self.directory, f".fragc-write-test-{os.getpid()}")
+            probe = os.path.join(self.directory, f".fragc-write-test-{socket.gethostname()}-{os.getpid()}")
             with open(probe, "w"):
                 pass
             os.remove(probe)

@@ -68,7 +68,8 @@ class Program:
         self._union = not self._fused and self._choose_union(transfers)
         mesh_of = (lambda f: None) if self.population else (
             lambda f: group_mesh(module, f.placement.group, self.devices))
-        self._frags = {name: lower_fragment(f, mesh_of(f)) for name, f in module.fragments.items()}
+        self._frags = {} if self._union else {  # the union program runs the bodies itself
+            name: lower_fragment(f, mesh_of(f)) for name, f in module.fragments.items()}
         self._shardings = self._state_shardings()
         t0 = time.perf_counter()
         self._init = jax.jit(self._init_fn())
@@ -117,7 +118,7 @@ class Program:
             per_iter_collectives += coll
             out[s.name] = {"flops": float(analysis.get("flops", 0.0)),
                            "bytes": float(analysis.get("bytes accessed", 0.0)),
-                           "iterations_per_dispatch": self.k if self._fused else 1,
+                           "iterations_per_dispatch": self.k if self._fused or self._union else 1,
                            "collective_bytes": coll}
         out["total"] = {"collective_bytes": per_iter_collectives, "transfer_bytes": float(transfer_bytes(self.module))}
         return out

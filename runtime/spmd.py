@@ -66,8 +66,9 @@ def union_mesh(module: Module, devices: Sequence[jax.Device]) -> Mesh:
     return Mesh(np.array([[devices[i] for i in m.devices] for m in module.meshes]), (GROUP, REPLICA))
 
 
-def sharding(leaf: LeafType, mesh: Mesh, extra_leading: int = 0) -> NamedSharding:
-    return NamedSharding(mesh, _spec(leaf, extra_leading))
+def sharding(leaf: LeafType, mesh: Mesh) -> NamedSharding:
+    """Where a leaf lives between dispatches: on every row, split over `replica` along its batch axis."""
+    return NamedSharding(mesh, _spec(leaf))
 
 
 def _spec(leaf: LeafType, extra_leading: int = 0) -> P:

@@ -22,12 +22,32 @@ STEPS = 1024
 RUN = ["run", "ppo", "--num-envs", "8", "--devices", "4", "--no-cache"]
 
 
+_LAUNCHED = []
+
+
 def launch(*argv, n=2):
     """`fragc launch -n N -- fragc run ...` as a child process, with text pipes."""
     env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
     command = [sys.executable, "-m", "fragc.cli", "launch", "-n", str(n), "--", sys.executable, "-m", "fragc.cli"]
-    return subprocess.Popen(command + list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(command + list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, start_new_session=True)
+    _LAUNCHED.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def _stop_launchers():
+    """A failed test leaves no run behind: SIGTERM makes the launcher stop its processes."""
+    yield
+    while _LAUNCHED:
+        proc = _LAUNCHED.pop()
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
 
 
 def summary(stdout):
@@ -160,3 +180,41 @@ def test_unreachable_coordinator_is_a_clear_error():
     with pytest.raises(fragc.FragcError, match=rf"cannot reach the coordinator 127.0.0.1:{port} \(process 0\) "
                                                r"within 2 s"):
         fragc.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=1, timeout_s=2)
+
+
+def test_an_error_every_process_hits_is_reported_as_itself():
+    proc = launch(*RUN, "--policy", "anakinn", "--total-steps", "3072")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err[-3000:]
+    assert "[0] fragc: error: unknown policy 'anakinn' (did you mean 'anakin'?)" in err
+    assert "lost process" not in err
+
+
+def test_sigterm_to_the_launcher_stops_every_process():
+    proc = launch(*RUN, "--policy", "anakin", "--total-steps", str(100_000 * STEPS))
+    pids = child_pids(proc)
+    for line in proc.stdout:  # wait until process 0 trains
+        if line.startswith("[0] fragc run ppo"):
+            break
+    proc.terminate()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "fragc launch: SIGTERM, stopping the processes" in err
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_ctrl_c_in_one_process_stops_the_others():
+    proc = launch(*RUN, "--policy", "anakin", "--total-steps", str(100_000 * STEPS))
+    pids = child_pids(proc)
+    for line in proc.stdout:  # wait until process 0 trains
+        if line.startswith("[0] fragc run ppo"):
+            break
+    os.kill(pids[1], signal.SIGINT)
+    interrupted = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "[1] fragc: interrupted" in err
+    assert "[0] fragc: error: lost process 1 of 2 (it stopped with: interrupted)" in err, err[-3000:]
+    assert time.monotonic() - interrupted < 30
