@@ -214,7 +214,7 @@ def test_ctrl_c_in_one_process_stops_the_others():
     os.kill(pids[1], signal.SIGINT)
     interrupted = time.monotonic()
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-3000:]
+    assert proc.returncode in (3, 130), err[-3000:]  # whichever exit the launcher saw first
     assert "[1] fragc: interrupted" in err
     assert "[0] fragc: error: lost process 1 of 2 (it stopped with: interrupted)" in err, err[-3000:]
     assert time.monotonic() - interrupted < 30
