@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 from typing import Any, Sequence
@@ -65,8 +66,6 @@ def _bool(text: str) -> bool:
 
 def _process_options(parser: argparse.ArgumentParser) -> None:
     """Joining a multi-process run; `fragc launch` sets the defaults through the environment."""
-    import os
-
     from fragc.distributed import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 
     env = os.environ
@@ -81,8 +80,6 @@ def _process_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _env_int(name: str) -> int | None:
-    import os
-
     value = os.environ.get(name)
     return int(value) if value else None
 
@@ -475,7 +472,6 @@ def _multiprocess_command(args: argparse.Namespace) -> int:
     (their watchdogs then name it). A failure in a collective is most likely a
     lost process: the watchdog gets time to name it before the error is shown.
     """
-    import os
     import traceback
 
     from fragc import distributed

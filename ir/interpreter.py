@@ -74,11 +74,16 @@ def eval_nodes(module: Module, indices: Any, env: dict[Value, list[Any]], run_fr
             outs = delayed[i] if delayed and i in delayed else read(node.initial)
         else:
             raise FragcError(f"unknown node kind {type(node).__name__}")
-        offset = 0
-        for value in node.outputs:
-            n = len(value.type.leaves)
-            env[value] = list(outs[offset : offset + n])
-            offset += n
+        assign_outputs(env, node.outputs, outs)
+
+
+def assign_outputs(env: dict[Value, list[Any]], values: Any, outs: Any) -> None:
+    """A node's flat results into `env`, value by value."""
+    offset = 0
+    for value in values:
+        n = len(value.type.leaves)
+        env[value] = list(outs[offset : offset + n])
+        offset += n
 
 
 def delay_inputs(module: Module, env: dict[Value, list[Any]]) -> dict[int, list[Any]]:

@@ -66,6 +66,7 @@ class Program:
             raise FragcError(f"population runs need a policy whose iteration is one stage; '{policy.name}' has "
                              f"{len(module.attrs['stages'])} stages and transfers")
         self._union = not self._fused and self._choose_union(transfers)
+        self._union_mesh = union_mesh(module, self.devices) if self._union else None
         mesh_of = (lambda f: None) if self.population else (
             lambda f: group_mesh(module, f.placement.group, self.devices))
         self._frags = {} if self._union else {  # the union program runs the bodies itself
@@ -154,11 +155,10 @@ class Program:
         if not isinstance(iterations, (int, np.integer)) or isinstance(iterations, bool) or iterations < 1:
             raise FragcError(f"iterations must be a positive int, got {iterations!r}")
         leaves = self._check_state(state)
-        if self._fused:
-            leaves = [jnp.copy(x) for x in leaves]  # the loop donates its buffers; keep the caller's
-        dispatch = self._dispatch_fused if self._fused else self._dispatch_union if self._union else self._dispatch_staged
-        if self._union:
+        if self._fused or self._union:
             leaves = [jnp.copy(x) for x in leaves]  # the program donates its buffers; keep the caller's
+        dispatch = self._dispatch_fused if self._fused else self._dispatch_union if self._union else self._dispatch_staged
+        if self._union:  # delays are explicit (and donated) program arguments
             delays = self.place_delays(delays) if delays is not None else self.initial_delays(
                 jax.tree.unflatten(self._state_tree, leaves))
             delays = {i: [jnp.copy(x) for x in xs] for i, xs in delays.items()}
@@ -203,7 +203,7 @@ class Program:
                 env[node.outputs[0]] = out[i]
         return out
 
-    # ------------------------------------------------------------ fused: one stage, k iterations a dispatch
+    # ------------------------------------------------------------ choosing the lowering of a staged program
 
     def _choose_union(self, transfers: str) -> bool:
         """Staged programs move values with `device_put` within one process, or run as one SPMD
@@ -220,6 +220,8 @@ class Program:
             where = "across processes" if across else "with transfers='collective'"
             raise FragcError(f"policy '{self.policy.name}' cannot run {where}: {reason}")
         return True
+
+    # ------------------------------------------------------------ fused: one stage, k iterations a dispatch
 
     def _is_one_stage(self) -> bool:
         nodes = self.module.graph.nodes
@@ -262,7 +264,7 @@ class Program:
     # ------------------------------------------------------------ union: one SPMD program over all groups
 
     def _compile_union(self) -> Stage:
-        self._union_program = UnionProgram(self.module, self.devices, self.k)
+        self._union_program = UnionProgram(self.module, self._union_mesh, self.k)
         stage = Stage("iteration", ",".join(m.name for m in self.module.meshes),
                       tuple(range(len(self.module.graph.nodes))), [], [])
         stage.lowered, stage.compiled = self._union_program.lowered, self._union_program.compiled
@@ -310,7 +312,7 @@ class Program:
 
     def _leaf_sharding(self, leaf: LeafType) -> NamedSharding:
         if self._union:
-            return union_sharding(leaf, union_mesh(self.module, self.devices))
+            return union_sharding(leaf, self._union_mesh)
         return leaf_sharding(leaf, self.module, self.devices)
 
     def _state_shardings(self) -> list[NamedSharding]:

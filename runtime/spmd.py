@@ -35,8 +35,8 @@ from jax import lax
 from jax.extend import core as jex
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fragc.ir.interpreter import delay_inputs
-from fragc.ir.module import REPLICA, Delay, Glue, Module, Run, Transfer, Value
+from fragc.ir.interpreter import assign_outputs, delay_inputs
+from fragc.ir.module import REPLICA, Delay, Glue, Module, Run, Transfer
 from fragc.ir.types import LeafType
 
 from .lower import spec
@@ -78,9 +78,8 @@ def _spec(leaf: LeafType, extra_leading: int = 0) -> P:
 class UnionProgram:
     """`k` iterations a dispatch of `module` as one jitted shard_map over the union mesh."""
 
-    def __init__(self, module: Module, devices: Sequence[jax.Device], k: int):
-        self.module, self.k = module, k
-        self.mesh = union_mesh(module, devices)
+    def __init__(self, module: Module, mesh: Mesh, k: int):
+        self.module, self.k, self.mesh = module, k, mesh
         self.row = {m.name: i for i, m in enumerate(module.meshes)}
         graph = module.graph
         self.delay_nodes = [i for i, n in enumerate(graph.nodes) if isinstance(n, Delay)]
@@ -150,7 +149,7 @@ class UnionProgram:
                 outs = [lax.ppermute(x, GROUP, pairs) for x in read(node.inputs)]
             else:  # Delay
                 outs = delayed[i]
-            _assign(env, node.outputs, outs)
+            assign_outputs(env, node.outputs, outs)
         outs = read(graph.outputs)
         n_state = len(self.state_types)
         return outs[:n_state], delay_inputs(self.module, env), outs[n_state:]
@@ -190,11 +189,3 @@ def _from_row(x: jax.Array, row: int | None) -> jax.Array:
         impl = jax.random.key_impl(x)
         return jax.random.wrap_key_data(_from_row(jax.random.key_data(x), row), impl=impl)
     return lax.all_gather(x, GROUP)[row]
-
-
-def _assign(env: dict[Value, list[Any]], values: Sequence[Value], outs: Sequence[Any]) -> None:
-    offset = 0
-    for value in values:
-        n = len(value.type.leaves)
-        env[value] = list(outs[offset : offset + n])
-        offset += n

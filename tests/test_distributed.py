@@ -65,6 +65,18 @@ def reference_fingerprint(policy, iterations):
     return params_fingerprint(state)
 
 
+def training_run(policy):
+    """A long launched run, once process 0 trains -> (launcher, [pid of process 0, pid of process 1])."""
+    proc = launch(*RUN, "--policy", policy, "--total-steps", str(100_000 * STEPS))
+    pids = child_pids(proc)
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:
+        if line.startswith("[0] fragc run ppo"):
+            return proc, pids
+        assert time.monotonic() < deadline, "process 0 did not start training"
+    raise AssertionError(f"the run ended before training: {proc.stderr.read()[-3000:]}")
+
+
 def child_pids(proc):
     """The launched processes' pids, from the launcher's first stderr line."""
     line = proc.stderr.readline()
@@ -106,13 +118,7 @@ def test_collective_transfers_need_equal_groups():
 
 
 def test_lost_process_stops_the_other_with_a_clear_error():
-    proc = launch(*RUN, "--policy", "actor_learner", "--total-steps", str(100_000 * STEPS))
-    pids = child_pids(proc)
-    deadline = time.monotonic() + 120
-    for line in proc.stdout:  # wait until process 0 trains
-        if line.startswith("[0] fragc run ppo"):
-            break
-        assert time.monotonic() < deadline
+    proc, pids = training_run("actor_learner")
     time.sleep(2)
     os.kill(pids[1], signal.SIGKILL)
     killed = time.monotonic()
@@ -191,11 +197,7 @@ def test_an_error_every_process_hits_is_reported_as_itself():
 
 
 def test_sigterm_to_the_launcher_stops_every_process():
-    proc = launch(*RUN, "--policy", "anakin", "--total-steps", str(100_000 * STEPS))
-    pids = child_pids(proc)
-    for line in proc.stdout:  # wait until process 0 trains
-        if line.startswith("[0] fragc run ppo"):
-            break
+    proc, pids = training_run("anakin")
     proc.terminate()
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
@@ -206,11 +208,7 @@ def test_sigterm_to_the_launcher_stops_every_process():
 
 
 def test_ctrl_c_in_one_process_stops_the_others():
-    proc = launch(*RUN, "--policy", "anakin", "--total-steps", str(100_000 * STEPS))
-    pids = child_pids(proc)
-    for line in proc.stdout:  # wait until process 0 trains
-        if line.startswith("[0] fragc run ppo"):
-            break
+    proc, pids = training_run("anakin")
     os.kill(pids[1], signal.SIGINT)
     interrupted = time.monotonic()
     _, err = proc.communicate(timeout=120)
