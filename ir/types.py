@@ -29,7 +29,11 @@ def short_dtype(dtype: Any) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class LeafType:
-    """One array: shape, dtype, batch axis (`None`: replicated) and placement."""
+    """One array: shape, dtype, batch axis (`None`: replicated) and placement.
+
+    Printed `f32[8@env,3]@actors`: the batch axis marked `@env`, then the device
+    group; the batch axis is split over the group's devices.
+    """
 
     shape: tuple[int, ...]
     dtype: Any
@@ -53,7 +57,8 @@ class LeafType:
 
     def __str__(self) -> str:
         dims = [f"{d}@env" if i == self.axis else str(d) for i, d in enumerate(self.shape)]
-        return f"{short_dtype(self.dtype)}[{','.join(dims)}]"
+        where = f"@{self.group}" if self.group is not None else ""
+        return f"{short_dtype(self.dtype)}[{','.join(dims)}]{where}"
 
 
 def _is_key(dtype: Any) -> bool:

@@ -47,7 +47,7 @@ def test_async_policy_equals_pipelined_interpreter(algo):
     prog = fragc.compile(algo, "actor_learner_async", devices=8)
     state = prog.init(0)
     out, _ = prog.run(state, ITERATIONS)
-    ref, _ = fragc.run_iterations(prog.pipeline.after("pipeline"), state, ITERATIONS)
+    ref, _ = fragc.run_iterations(prog.pipeline.after("insert_delays"), state, ITERATIONS)
     assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
 
 

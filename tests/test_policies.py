@@ -67,7 +67,7 @@ def test_actor_learner_equals_interpreter_with_matching_replicas(algo, module):
 
 def test_actor_learner_async_equals_its_pipelined_module_and_repeats(algo):
     prog, state, out, history = run_program(algo, "actor_learner_async")
-    pipelined = prog.pipeline.after("pipeline")
+    pipelined = prog.pipeline.after("insert_delays")
     assert any(n.kind == "delay" for n in pipelined.graph.nodes)
     ref, ref_history = fragc.run_iterations(pipelined, state, ITERATIONS)
     assert_trees_close(out, ref, rtol=1e-4, atol=1e-5)
