@@ -40,5 +40,5 @@ def test_bodies_are_printed_on_request():
     from fragc.ir import format_module
 
     text = format_module(fragc.trace(Regression()), bodies=True)
-    assert "all_gather[" in text  # the pmean inside @learn: gathered, then summed in replica order
+    assert "psum[" in text  # the pmean inside @learn, traced with one replica (ir/collectives.py)
     assert "random_split" in text
