@@ -1,8 +1,9 @@
 """fragc.ir: the fragmented dataflow graph, its frontend, printer, verifier and interpreter."""
 
+from .collectives import pmean, psum
 from .dot import to_dot
 from .errors import FragcError, FragmentError, VerifyError
-from .frontend import Fragment, fragment, pmean, psum, trace
+from .frontend import Fragment, fragment, trace
 from .interpreter import interpret
 from .module import (
     REPLICA, Delay, FragmentDef, Glue, Graph, Mesh, Module, Placement, Run, Schedule, Stage, Transfer, Use, Value,
