@@ -8,12 +8,13 @@ from .interpreter import interpret
 from .module import (
     REPLICA, Delay, FragmentDef, Glue, Graph, Mesh, Module, Placement, Run, Schedule, Stage, Transfer, Use, Value,
 )
+from .parser import ParseError, parse
 from .printer import format_module
 from .types import LeafType, TreeType
 from .verifier import verify
 
 __all__ = [
     "REPLICA", "Delay", "FragcError", "Fragment", "FragmentDef", "FragmentError", "Glue", "Graph", "LeafType",
-    "Mesh", "Module", "Placement", "Run", "Schedule", "Stage", "Transfer", "TreeType", "Use", "Value", "VerifyError", "format_module",
-    "fragment", "interpret", "pmean", "psum", "to_dot", "trace", "verify",
+    "Mesh", "Module", "ParseError", "Placement", "Run", "Schedule", "Stage", "Transfer", "TreeType", "Use", "Value", "VerifyError", "format_module",
+    "fragment", "interpret", "parse", "pmean", "psum", "to_dot", "trace", "verify",
 ]

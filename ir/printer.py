@@ -92,11 +92,12 @@ def _fragment_lines(fdef: FragmentDef, aliases: _Aliases, bodies: bool) -> list[
     if fdef.placement is not None:
         p = fdef.placement
         where = f" on @{p.group} {p.lowering} replicas={p.replicas}"
+    eqns = len(fdef.body.jaxpr.eqns) if fdef.body is not None else "?"
     lines = [
-        f"fragment @{fdef.name} role={fdef.role}{where} eqns={len(fdef.body.jaxpr.eqns)}   // {fdef.source}",
+        f"fragment @{fdef.name} role={fdef.role}{where} eqns={eqns}   // {fdef.source}",
         f"    ({args}) -> ({results})",
     ]
-    if bodies:  # the body that is compiled: per-replica shapes once placed
+    if bodies and fdef.body is not None:  # the body that is compiled: per-replica shapes once placed
         body = fdef.body_for(fdef.placement.replicas) if fdef.placement else fdef.body
         lines += ["    " + line for line in str(body).splitlines()]
     return lines
@@ -126,6 +127,8 @@ def _graph_lines(module: Module, aliases: _Aliases) -> list[str]:
 
 def _tree_operand(uses: Sequence[Use], tree: object) -> str:
     """Operands of a returned pytree, field by field where one name does not cover them."""
+    if len(uses) == 1 and tree.num_nodes == 1:
+        return _leaf_name(uses[0])  # a leaf, even where it is all of a one-leaf pytree value
     text = operand(uses)
     children = tree.children()
     if not text.startswith("[") or not children:
@@ -145,7 +148,7 @@ def _node_line(node: object, module: Module, aliases: _Aliases) -> str:
         fdef = module.fragments[node.fragment]
         return f"{outs} = run @{node.fragment}({', '.join(_arg_operands(node.inputs, fdef))})"
     if isinstance(node, Glue):
-        kinds = sorted({e.primitive.name for e in node.body.jaxpr.eqns})
+        kinds = sorted({e.primitive.name for e in node.body.jaxpr.eqns}) if node.body is not None else ["?"]
         what = " ".join(kinds) if kinds else "const"
         ins = ", ".join(operand([u]) for u in node.inputs)
         types = ", ".join(str(t) for t in node.outputs[0].type.leaves)
@@ -154,7 +157,9 @@ def _node_line(node: object, module: Module, aliases: _Aliases) -> str:
         return (f"{outs} = transfer {operand(node.inputs)} @{node.src} -> @{node.dst} via {node.carrier}"
                 f"   // {_human_bytes(node.nbytes)}")
     if isinstance(node, Delay):
-        return f"{outs} = delay {operand(node.inputs)} init {operand(node.initial)}"
+        group = node.outputs[0].type.leaves[0].group if node.outputs[0].type.leaves else None
+        where = f" on @{group}" if group else ""
+        return f"{outs} = delay {operand(node.inputs)} init {operand(node.initial)}{where}"
     raise TypeError(f"unknown node kind {type(node).__name__}")
 
 
@@ -214,8 +219,9 @@ def operand(uses: Sequence[Use], expected: TreeType | None = None) -> str:
 
 
 def _leaf_name(use: Use) -> str:
+    """`%v.path.to.leaf`; `%v` where the value is one bare leaf."""
     path = _parts(use.value)[use.index]
-    return f"%{use.value.name}" + "".join(f".{p}" for p in path) if path else f"%{use.value.name}#{use.index}"
+    return f"%{use.value.name}" + "".join(f".{p}" for p in path)
 
 
 def _subtree_name(value: Value, indices: list[int], expected: TreeType | None) -> str | None:

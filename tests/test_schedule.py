@@ -4,7 +4,7 @@ import pytest
 
 import fragc
 from fragc.passes import BUILTIN, default_passes, resolve, run_pipeline
-from test_algorithms_x_policies import ALGOS
+from shared_programs import ALGOS, traced
 from toy_algos import Regression
 
 DEVICES = 8
@@ -25,8 +25,8 @@ STAGED = {
 
 
 @pytest.fixture(scope="module", params=sorted(ALGOS))
-def traced(request):
-    return request.param, fragc.trace(ALGOS[request.param]())
+def algo_module(request):
+    return request.param, traced(request.param)
 
 
 def final(module, policy, carrier="device_put"):
@@ -38,8 +38,8 @@ def counts(module):
 
 
 @pytest.mark.parametrize("policy", sorted(BUILTIN))
-def test_stages_and_transfers_of_every_algorithm_under_every_builtin_policy(traced, policy):
-    name, module = traced
+def test_stages_and_transfers_of_every_algorithm_under_every_builtin_policy(algo_module, policy):
+    name, module = algo_module
     module = final(module, policy)
     if policy.startswith("actor_learner"):
         expected = STAGED[name][policy == "actor_learner_async"]
@@ -51,8 +51,8 @@ def test_stages_and_transfers_of_every_algorithm_under_every_builtin_policy(trac
         assert module.schedule == fragc.ir.Schedule("fused", K)
 
 
-def test_collective_transfers_make_one_spmd_program_of_k_iterations(traced):
-    _, module = traced
+def test_collective_transfers_make_one_spmd_program_of_k_iterations(algo_module):
+    _, module = algo_module
     for policy in ("actor_learner", "actor_learner_async"):
         spmd = final(module, policy, "collective")
         assert spmd.schedule == fragc.ir.Schedule("spmd", K)
