@@ -227,14 +227,6 @@ class Graph:
         """The index of the node that defines each value (graph inputs are absent)."""
         return {v: i for i, node in enumerate(self.nodes) for v in node.outputs}
 
-    def consumers(self) -> dict[Value, list[int]]:
-        """The indices of the nodes that read each value, in order (a delay's initial value included)."""
-        users: dict[Value, list[int]] = {}
-        for i, node in enumerate(self.nodes):
-            for value in dict.fromkeys(u.value for u in node.operands):
-                users.setdefault(value, []).append(i)
-        return users
-
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Mesh:

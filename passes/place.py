@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from fragc.ir.module import Glue, Graph, Mesh, Module, Placement, Run, Use, Value
+from fragc.ir.module import Graph, Mesh, Module, Placement, Run, Use, Value
 from fragc.ir.replicas import check_divides
 
 from .pipeline import Pass
@@ -50,7 +50,7 @@ def _place_values(module: Module) -> Graph:
     first_reader = _first_readers(module)
     node_group: dict[int, str] = {i: module.fragments[n.fragment].placement.group
                                   for i, n in enumerate(graph.nodes) if isinstance(n, Run)}
-    producer = {v: i for i, node in enumerate(graph.nodes) for v in node.outputs}
+    producer = graph.producers()
     n_state = graph.out_tree.children()[0].num_leaves
     returned = dict(enumerate(graph.outputs[:n_state]))
 

@@ -37,7 +37,7 @@ class FusedProgram:
         self.state_shardings = self._state_shardings()
         lowered = self._lower()
         self.stages = [CompiledStage("iteration", stage_fragments(module, range(len(module.graph.nodes))),
-                                     lowered, lowered.compile())]
+                                     lowered, lowered.compile(), self.k)]
 
     def leaf_sharding(self, leaf: Any) -> Any:
         return leaf_sharding(leaf, self.module, self.devices)

@@ -76,8 +76,10 @@ class Program:
         return s.compiled.as_text() if optimized else s.lowered.as_text()
 
     def cost(self) -> dict[str, dict[str, float]]:
-        """Per stage: flops and bytes accessed per dispatch (XLA's cost analysis), and the
-        collective and transfer bytes per iteration; `"total"` sums the per-iteration bytes."""
+        """Per compiled stage: flops and bytes accessed per call of its program (XLA's cost analysis),
+        the iterations one call runs (`iterations_per_dispatch`: k for a fused or SPMD program, 1 for
+        a stage of a staged one), and the collective and transfer bytes per iteration; `"total"` sums
+        the per-iteration bytes."""
         out: dict[str, dict[str, float]] = {}
         per_iter_collectives = 0.0
         for s in self._executor.stages:
@@ -89,7 +91,7 @@ class Program:
             per_iter_collectives += coll
             out[s.name] = {"flops": float(analysis.get("flops", 0.0)),
                            "bytes": float(analysis.get("bytes accessed", 0.0)),
-                           "iterations_per_dispatch": self.k,
+                           "iterations_per_dispatch": s.iterations,
                            "collective_bytes": coll}
         out["total"] = {"collective_bytes": per_iter_collectives, "transfer_bytes": float(transfer_bytes(self.module))}
         return out

@@ -75,7 +75,7 @@ class SpmdProgram(Interpreter):
         self.delay_shardings = [[self.leaf_sharding(t) for t in ts] for ts in self.delay_types]
         lowered = self._lower()
         self.stages = [CompiledStage("iteration", stage_fragments(module, range(len(graph.nodes))),
-                                     lowered, lowered.compile())]
+                                     lowered, lowered.compile(), self.k)]
 
     def leaf_sharding(self, leaf: LeafType) -> NamedSharding:
         """Where a leaf lives between dispatches: on every row, split over `replica` along its batch axis."""

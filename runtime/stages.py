@@ -31,6 +31,8 @@ class CompiledStage:
     fragments: tuple[str, ...]
     lowered: Any
     compiled: Any
+    iterations: int = 1
+    """Iterations one call of the program runs."""
 
 
 def stage_fragments(module: Module, nodes: Sequence[int]) -> tuple[str, ...]:

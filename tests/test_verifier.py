@@ -11,7 +11,7 @@ import pytest
 
 import fragc
 from fragc.algos import ppo
-from fragc.ir import Glue, Mesh, Schedule, Transfer, Use, Value, verify
+from fragc.ir import Mesh, Schedule, Use, Value, verify
 from fragc.ir.verifier import MODULE_RULES, NODE_RULES
 from fragc.passes import default_passes, resolve, run_pipeline
 from toy_algos import Regression
