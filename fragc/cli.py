@@ -99,6 +99,7 @@ def _join(args: argparse.Namespace) -> None:
                          "(or --coordinator auto where jax.distributed detects them, e.g. under SLURM)")
     distributed.initialize(None if auto else args.coordinator, None if auto else args.num_processes,
                            None if auto else args.process_id, local_devices=args.devices)
+    distributed.keep_native_output_off_stdout()
     same = {k: v for k, v in sorted(vars(args).items()) if k not in ("process_id", "coordinator")}
     distributed.check_same({_flag(k): v for k, v in same.items()})
 
@@ -382,6 +383,14 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # while starting: building the parser imports JAX and every algorithm
+        print("fragc: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "launch":
         return _guarded(cmd_launch, args)
