@@ -3,9 +3,8 @@
 Three shapes of program:
 
 - one stage, no transfers or delays (`single`, `anakin`, `gspmd`, populations):
-  one XLA program scans `iterations_per_dispatch` iterations; iterations past
-  the requested count in the last dispatch are skipped with `lax.cond`, so
-  one compilation serves any run length;
+  one XLA program loops over up to `iterations_per_dispatch` iterations, the
+  count given at run time, so one compilation serves any run length;
 - several stages (`actor_learner`, `actor_learner_async`): each stage is one
   XLA program on its device group; a static schedule dispatches stages,
   `device_put` transfers and delays in order every iteration. Dispatch is
@@ -239,13 +238,17 @@ class Program:
         _, metrics_shape = jax.eval_shape(self._iteration, structs)
 
         def chunk(leaves: list[Any], n: jax.Array) -> tuple[list[Any], Any]:
-            def skip(carry: list[Any]) -> tuple[list[Any], Any]:
-                return carry, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metrics_shape)
+            # A loop of n <= k iterations (n known at run time) writing each iteration's metrics into
+            # row i of a [k, ...] buffer: no `lax.cond` around the iteration, no stacked scan outputs.
+            # Both made XLA's program slower than plain jit of the same iteration when the metrics
+            # are large (PureJaxRL's per-step info dict: bench/lowering.py).
+            def body(i: jax.Array, carry: tuple[list[Any], Any]) -> tuple[list[Any], Any]:
+                leaves, rows = carry
+                leaves, metrics = self._iteration(leaves)
+                return leaves, jax.tree.map(lambda r, m: r.at[i].set(m), rows, metrics)
 
-            def body(carry: list[Any], i: jax.Array) -> tuple[list[Any], Any]:
-                return jax.lax.cond(i < n, self._iteration, skip, carry)
-
-            return jax.lax.scan(body, leaves, jnp.arange(k))
+            rows = jax.tree.map(lambda s: jnp.zeros((k,) + s.shape, s.dtype), metrics_shape)
+            return jax.lax.fori_loop(0, n, body, (leaves, rows))
 
         if self.population:
             chunk = jax.vmap(chunk, in_axes=(0, None), out_axes=(0, 0))  # metrics [seeds, k]
