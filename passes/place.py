@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from fragc.ir.module import Graph, Mesh, Module, Placement, Run, Use, Value
+from fragc.ir.module import Glue, Graph, Mesh, Module, Placement, Run, Use, Value
 from fragc.ir.replicas import check_divides
 
 from .pipeline import Pass
@@ -57,17 +57,20 @@ def _place_values(module: Module) -> Graph:
     def state_group(k: int) -> str | None:
         """Where the next value of state leaf k is made (once known), else where a fragment first reads it."""
         made_by = producer.get(returned[k].value) if k in returned else None
-        return node_group.get(made_by) or first_reader.get((state, k))
+        return node_group.get(made_by) or first_reader.get(Use(state, k))
 
     def group_of(use: Use) -> str | None:
         return state_group(use.index) if use.value is state else node_group.get(producer[use.value])
 
+    def glue_group(i: int, node: Glue) -> str:
+        """Beside the leaves it reads, else where its results are first read, else in the stage before it."""
+        beside = _most_common(g for g in map(group_of, node.inputs) if g)
+        read_on = next((first_reader[u] for v in node.outputs for u in v.uses() if u in first_reader), None)
+        return beside or read_on or node_group.get(i - 1, default)
+
     for i, node in enumerate(graph.nodes):
-        if i not in node_group:  # glue: beside the leaves it reads, else where its results are read first,
-            node_group[i] = (_most_common(g for g in map(group_of, node.inputs) if g)  # else in the stage before it
-                             or next((first_reader[(v, j)] for v in node.outputs for j in range(len(v.type.leaves))
-                                      if (v, j) in first_reader), None)
-                             or node_group.get(i - 1, default))
+        if i not in node_group:
+            node_group[i] = glue_group(i, node)
     renamed = {state: _placed(state, [state_group(k) or default for k in range(len(state.type.leaves))])}
     for i, node in enumerate(graph.nodes):
         for v in node.outputs:
@@ -75,14 +78,14 @@ def _place_values(module: Module) -> Graph:
     return _substitute(graph, renamed)
 
 
-def _first_readers(module: Module) -> dict[tuple[Value, int], str]:
+def _first_readers(module: Module) -> dict[Use, str]:
     """For each leaf read by a fragment, the group of the first fragment that reads it."""
-    readers: dict[tuple[Value, int], str] = {}
+    readers: dict[Use, str] = {}
     for node in module.graph.nodes:
         if isinstance(node, Run):
             group = module.fragments[node.fragment].placement.group
             for u in node.inputs:
-                readers.setdefault((u.value, u.index), group)
+                readers.setdefault(u, group)
     return readers
 
 
