@@ -11,24 +11,59 @@ from typing import Any, Sequence
 from fragc.ir.errors import FragcError
 
 
-def _config_options(parser: argparse.ArgumentParser) -> None:
-    """Every config field of every algorithm as `--field-name`, its docstring as help;
-    `_make_algo` refuses fields the chosen algorithm lacks."""
-    from fragc.algos import ALGOS, load
+def _config_options(parser: argparse.ArgumentParser, algo: str) -> None:
+    """The fields of `algo`'s config as `--field-name` options, their docstrings as help."""
+    from fragc.algos import load
 
-    fields, docs = {}, {}
-    for name in ALGOS:
-        config_cls = load(name)[1]
-        for cls in config_cls.__mro__:  # the most derived docstring, first algorithm first
-            for key, doc in _field_docs(cls).items():
-                docs.setdefault(key, doc)
-        for field in dataclasses.fields(config_cls):
-            fields.setdefault(field.name, field)
-    for field in fields.values():
-        flag = "--" + field.name.replace("_", "-")
-        kind = {"bool": _bool, "int": _count, "float": float}.get(str(field.type), str)
-        parser.add_argument(flag, dest=f"cfg_{field.name}", type=kind, default=None, metavar=field.name.upper(),
-                            help=docs.get(field.name, "") + (" (algorithm's default if not given)"))
+    config_cls = load(algo)[1]
+    if config_cls is None:
+        return
+    docs: dict[str, str] = {}
+    for cls in reversed(config_cls.__mro__):  # a field's most derived docstring wins
+        docs.update(_field_docs(cls))
+    group = parser.add_argument_group(f"options of {algo}",
+                                      f"fields of {config_cls.__module__}.{config_cls.__qualname__}; "
+                                      "the algorithm's default where not given")
+    for field in dataclasses.fields(config_cls):
+        if not field.init:
+            continue
+        kind, what = _option_type(field)
+        group.add_argument("--" + field.name.replace("_", "-"), dest=f"cfg_{field.name}", type=kind, default=None,
+                           metavar=field.name.upper(), help=(docs.get(field.name, "") + what).strip())
+
+
+def _option_type(field: dataclasses.Field) -> tuple[Any, str]:
+    """How an option's text becomes the field's value, and what to add to its help."""
+    name = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
+    simple = {"bool": _bool, "int": _integer, "float": float, "str": str}
+    if name in simple:
+        return simple[name], ""
+    if name.replace(" ", "") in ("str|None", "Optional[str]", "None|str"):
+        return str, ""
+    return _literal, f" (a Python literal, type {name})"
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)  # accepts 5e5
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text}") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text}")
+    return int(value)
+
+
+def _literal(text: str) -> Any:
+    import ast
+
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise argparse.ArgumentTypeError(f"expected a Python literal, got {text}") from None
 
 
 def _field_docs(cls: type) -> dict[str, str]:
@@ -90,7 +125,7 @@ def _multiprocess(args: argparse.Namespace) -> bool:
 
 
 def _join(args: argparse.Namespace) -> None:
-    """Join the multi-process run (before JAX starts), and refuse mismatched configurations."""
+    """Join the multi-process run: before JAX starts, so before an algorithm's module is imported."""
     from fragc import distributed
 
     auto = args.coordinator == "auto"
@@ -100,6 +135,12 @@ def _join(args: argparse.Namespace) -> None:
     distributed.initialize(None if auto else args.coordinator, None if auto else args.num_processes,
                            None if auto else args.process_id, local_devices=args.devices)
     distributed.keep_native_output_off_stdout()
+
+
+def _check_same_options(args: argparse.Namespace) -> None:
+    """Refuse a multi-process run whose processes were given different options."""
+    from fragc import distributed
+
     same = {k: v for k, v in sorted(vars(args).items()) if k not in ("process_id", "coordinator")}
     distributed.check_same({_flag(k): v for k, v in same.items()})
 
@@ -108,11 +149,19 @@ def _flag(dest: str) -> str:
     return "--" + (dest[4:] if dest.startswith("cfg_") else dest).replace("_", "-")
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("algo", help="algorithm name (fragc.algos)")
+def _algo_argument(parser: argparse.ArgumentParser, algo: str | None) -> None:
+    """The ALGO argument, and the options of that algorithm's config (when it is known)."""
+    parser.add_argument("algo", metavar="ALGO", help="a built-in algorithm (fragc algos), or your own class as "
+                        "path/to/file.py:Class or package.module:Class; its config's fields are options, "
+                        f"listed by {parser.prog} ALGO --help")
+    if algo is not None:
+        _config_options(parser, algo)
+
+
+def _common(parser: argparse.ArgumentParser, algo: str | None) -> None:
+    _algo_argument(parser, algo)
     parser.add_argument("--policy", default="single", help="distribution policy (default single)")
     parser.add_argument("--devices", type=_count, default=None, help="devices to use; simulated on CPU if needed")
-    _config_options(parser)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -122,11 +171,26 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="fragc", description="Compile and run RL training loops as fragmented dataflow graphs.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+class _Unparsed(Exception):
+    pass
+
+
+class _EarlyParser(_Parser):
+    """For a first look at the command line: a usage error raises `_Unparsed` and prints nothing."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _Unparsed(message)
+
+
+ALGO_COMMANDS = ("run", "ir", "bench")
+
+
+def _parser(algo: str | None = None, parser_class: type = _Parser) -> argparse.ArgumentParser:
+    """The command line; `run`, `ir` and `bench` offer the config options of `algo`."""
+    parser = parser_class(prog="fragc", description="Compile and run RL training loops as fragmented dataflow graphs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=parser_class)
     run = sub.add_parser("run", help="train an algorithm and print progress and the final mean return")
-    _common(run)
+    _common(run, algo)
     run.add_argument("--seed", type=int, default=0, help="PRNG seed (default 0)")
     run.add_argument("--iterations-per-dispatch", type=_count, default=16, help="iterations scanned per dispatch")
     run.add_argument("--quiet", action="store_true", help="print only the final line")
@@ -142,14 +206,14 @@ def _parser() -> argparse.ArgumentParser:
                      help="do not use the persistent compilation cache (default: on, in FRAGC_CACHE_DIR or ~/.cache/fragc)")
     _process_options(run)
     ir = sub.add_parser("ir", help="print the traced module, or the module after a pass")
-    _common(ir)
+    _common(ir, algo)
     ir.add_argument("--after", default=None, help="print the module after this pass (default: the last)")
     ir.add_argument("--print-after-all", action="store_true", help="print the module after every pass")
     ir.add_argument("--dump-dir", default=None, help="write the module after every pass to numbered .fir files")
     ir.add_argument("--dot", action="store_true", help="print the graph in Graphviz DOT instead")
     ir.add_argument("--bodies", action="store_true", help="print fragment bodies (jaxprs) too")
     bench = sub.add_parser("bench", help="compare distribution policies on one algorithm configuration")
-    bench.add_argument("algo", help="algorithm name (fragc.algos)")
+    _algo_argument(bench, algo)
     bench.add_argument("--policies", default="single,anakin,gspmd,actor_learner,actor_learner_async",
                        help="comma-separated policies (default: all built-in)")
     bench.add_argument("--devices", type=_count, default=8, help="devices for the distributed policies (default 8)")
@@ -157,7 +221,6 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=_count, default=3, help="alternating repeats (default 3)")
     bench.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png (default bench-out)")
     _process_options(bench)
-    _config_options(bench)
     for name, what in (("policies", "built-in distribution policies"), ("algos", "algorithms"),
                        ("envs", "gymnax environments")):
         sub.add_parser(name, help=f"list the {what}, one line each")
@@ -178,12 +241,22 @@ def _make_algo(args: argparse.Namespace) -> Any:
     from fragc import algos
 
     config = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_") and v is not None}
-    _, config_cls = algos.load(args.algo)
-    known = {f.name for f in dataclasses.fields(config_cls)}
-    unknown = sorted(set(config) - known)
-    if unknown:
-        raise FragcError(f"{args.algo} has no option(s) {', '.join('--' + u.replace('_', '-') for u in unknown)}")
     return algos.make(args.algo, **config)
+
+
+def _run_length(algo: Any, name: str) -> int:
+    """How many iterations `fragc run` trains: the config's `iterations` (a field or property)."""
+    iterations = getattr(getattr(algo, "config", None), "iterations", None)
+    if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:
+        raise FragcError(f"{name}: fragc run needs the run length as a positive int `iterations` on the "
+                         f"algorithm's config (a field, or a property such as total_steps // steps_per_iteration); "
+                         f"got {iterations!r}")
+    return iterations
+
+
+def _env_name(algo: Any) -> str:
+    config = getattr(algo, "config", None)
+    return str(getattr(config, "env", None) or getattr(config, "env_name", None) or "?")
 
 
 def _compile(args: argparse.Namespace, **kwargs: Any) -> Any:
@@ -211,7 +284,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import jax
 
     from fragc.runtime.reporting import enable_compilation_cache, params_fingerprint
-    from fragc.training import train
+    from fragc.training import steps_per_iteration, train
 
     if args.resume and not args.checkpoint_dir:
         raise FragcError("--resume needs --checkpoint-dir")
@@ -220,25 +293,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     lead = jax.process_index() == 0  # progress and output come from process 0
     checkpoints = _open_checkpoints(args.checkpoint_dir)  # an unwritable folder fails before compiling
     algo, prog = _compile(args, iterations_per_dispatch=args.iterations_per_dispatch)
+    iterations, steps, env = _run_length(algo, args.algo), steps_per_iteration(algo), _env_name(algo)
     out = sys.stderr if args.json else sys.stdout
     progress = None if args.quiet or not lead else out
     if progress is not None:
-        print(f"fragc run {args.algo}: env {algo.config.env}, policy {prog.policy.name}, {algo.config.iterations} "
-              f"iterations x {algo.steps_per_iteration} env steps, compiled in {prog.compile_seconds:.1f} s", file=out)
-    result = train(prog, prog.init(args.seed), algo.config.iterations, checkpoint_dir=checkpoints,
+        print(f"fragc run {args.algo}: env {env}, policy {prog.policy.name}, {iterations} "
+              f"iterations x {steps} env steps, compiled in {prog.compile_seconds:.1f} s", file=out)
+    result = train(prog, prog.init(args.seed), iterations, checkpoint_dir=checkpoints,
                    checkpoint_every=args.checkpoint_every, resume=args.resume, metrics=args.metrics,
                    progress=progress, stop_after=args.stop_after, run_info={"algo": args.algo, "seed": args.seed})
     fingerprint = params_fingerprint(result.state)  # on every process: it may gather across processes
     if not lead:
         return 0
-    env_steps = result.iterations * algo.steps_per_iteration
+    env_steps = result.iterations * steps
     if args.json:
         import json
 
         print(json.dumps({"final_return": result.final_return, "env_steps": env_steps,
                           "iterations": result.iterations, "wall_s": round(result.wall_s, 3),
                           "compile_s": round(prog.compile_seconds, 3), "policy": prog.policy.name,
-                          "devices": len(prog.devices), "algo": args.algo, "env": algo.config.env, "seed": args.seed,
+                          "devices": len(prog.devices), "algo": args.algo, "env": env, "seed": args.seed,
                           "resumed_from": result.resumed_from, "processes": jax.process_count(),
                           "params_fingerprint": fingerprint}))
     else:
@@ -284,6 +358,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from fragc.devices import devices
     from fragc.passes.policy import resolve
     from fragc.runtime.bench import format_table, run_bench, write_outputs
+    from fragc.training import config_dict
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:
@@ -308,9 +383,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     rows = run_bench(make, policies, chosen, args.iterations, args.repeats, log=log)
     if not lead:
         return 0
-    config = {"algo": args.algo, "env": algo.config.env, "devices": count, "processes": jax.process_count(),
+    config = {"algo": args.algo, "env": _env_name(algo), "devices": count, "processes": jax.process_count(),
               "iterations": args.iterations, "repeats": args.repeats, "backend": jax.default_backend(),
-              "config": dataclasses.asdict(algo.config)}
+              "config": config_dict(algo)}
     print(format_table(rows))
     json_path, png_path = write_outputs(rows, config, args.out)
     print(f"wrote {json_path} and {png_path}")
@@ -324,9 +399,11 @@ def _fit_env_count(args: argparse.Namespace, policies: list[str], count: int) ->
 
     from fragc import algos
 
-    if args.cfg_num_envs is not None:
+    config_cls = algos.load(args.algo)[1]
+    fields = {f.name: f for f in dataclasses.fields(config_cls)} if config_cls else {}
+    if getattr(args, "cfg_num_envs", None) is not None or not isinstance(getattr(fields.get("num_envs"), "default", None), int):
         return
-    default = next(f.default for f in dataclasses.fields(algos.load(args.algo)[1]) if f.name == "num_envs")
+    default = fields["num_envs"].default
     wanted = math.lcm(default, count, 2 if count > 1 else 1)
     if wanted != default and any(p not in ("single", "gspmd") for p in policies):
         args.cfg_num_envs = wanted
@@ -364,15 +441,25 @@ def cmd_ir(args: argparse.Namespace) -> int:
     return 0
 
 
-def _simulate_devices_early(argv: Sequence[str] | None) -> None:
-    """`--devices N` must reach JAX before anything starts its backend (importing gymnax does)."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--devices", type=int, default=None)
-    known, _ = pre.parse_known_args(argv)
-    if known.devices and known.devices > 1:
+def _first_look(argv: list[str]) -> argparse.Namespace:
+    """The command line read without the algorithm's options (which depend on the algorithm):
+    the algorithm to load, and what must act before JAX starts: `--devices` and the process
+    options. Empty if it does not parse; the full parse then reports why."""
+    try:
+        known, _ = _parser(None, _EarlyParser).parse_known_args([a for a in argv if a not in ("-h", "--help")])
+    except _Unparsed:
+        return argparse.Namespace()
+    return known
+
+
+def _simulate_devices_early(args: argparse.Namespace) -> None:
+    """`--devices N` must reach JAX before anything starts its backend (importing gymnax does,
+    and so may importing a user's algorithm)."""
+    count = getattr(args, "devices", None)
+    if count and count > 1:
         from fragc.devices import simulate_cpu_devices
 
-        simulate_cpu_devices(known.devices)
+        simulate_cpu_devices(count)
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -380,6 +467,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     return launch(args.num_processes, command)
+
+
+COMMANDS = {"run": cmd_run, "ir": cmd_ir, "policies": cmd_list, "algos": cmd_list, "envs": cmd_list,
+            "plot": cmd_plot, "bench": cmd_bench, "launch": cmd_launch}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -391,19 +482,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    args = _parser().parse_args(argv)
-    if args.command == "launch":
-        return _guarded(cmd_launch, args)
-    if _multiprocess(args):
-        return _guarded(_multiprocess_command, args)
-    _simulate_devices_early(argv)
-    commands = {"run": cmd_run, "ir": cmd_ir, "policies": cmd_list, "algos": cmd_list, "envs": cmd_list,
-                "plot": cmd_plot, "bench": cmd_bench}
-    return _guarded(commands[args.command], args)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    early = _first_look(argv)
+    if getattr(early, "command", None) != "launch" and _multiprocess(early):
+        return _guarded(_multiprocess_command, early, argv)
+    _simulate_devices_early(early)
+    try:
+        args = _parse(argv, getattr(early, "algo", None))
+    except FragcError as err:
+        return _usage_error(err)
+    return _guarded(COMMANDS[args.command], args)
 
 
-def _multiprocess_command(args: argparse.Namespace) -> int:
-    """`run` or `bench` as one process of several: join, run, leave.
+def _parse(argv: list[str], algo: str | None) -> argparse.Namespace:
+    """The whole command line, with the options of `algo` (whose module this imports)."""
+    args, unknown = _parser(algo).parse_known_args(argv)
+    if unknown:
+        options = [u for u in unknown if u.startswith("-")]
+        if options and getattr(args, "algo", None):
+            raise FragcError(f"{args.algo} has no option {', '.join(options)} "
+                             f"(see fragc {args.command} {args.algo} --help)")
+        raise FragcError(f"unrecognized arguments: {' '.join(unknown)} (see fragc --help)")
+    return args
+
+
+def _multiprocess_command(early: argparse.Namespace, argv: list[str]) -> int:
+    """`run` or `bench` as one process of several: join, parse, run, leave.
+
+    Joining comes first: importing the algorithm may start JAX.
 
     A failing process exits at once rather than through JAX's shutdown barrier,
     which would wait for processes that may be stuck in a collective with it
@@ -414,7 +520,9 @@ def _multiprocess_command(args: argparse.Namespace) -> int:
 
     from fragc import distributed
 
-    _join(args)
+    _join(early)
+    args = _parse(argv, early.algo)
+    _check_same_options(args)
     try:
         code = {"run": cmd_run, "bench": cmd_bench}[args.command](args)
     except FragcError as err:
@@ -441,12 +549,17 @@ def _multiprocess_command(args: argparse.Namespace) -> int:
     os._exit(code)
 
 
-def _guarded(command: Any, args: argparse.Namespace) -> int:
+def _usage_error(err: FragcError) -> int:
+    print(f"fragc: error: {err}", file=sys.stderr)
+    return 2
+
+
+def _guarded(command: Any, *args: Any) -> Any:
+    """`command(*args)`, with a user's mistake reported as one line and exit code 2."""
     try:
-        return command(args)
+        return command(*args)
     except FragcError as err:
-        print(f"fragc: error: {err}", file=sys.stderr)
-        return 2
+        return _usage_error(err)
     except KeyboardInterrupt:
         print("fragc: interrupted", file=sys.stderr)
         return 130

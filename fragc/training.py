@@ -94,7 +94,7 @@ class _Training:
         self.prog, self.iterations, self.checkpointer = prog, int(iterations), checkpointer
         self.checkpoint_every = checkpoint_every
         self.lead = jax.process_index() == 0  # metrics, progress and checkpoints come from process 0
-        self.steps = int(getattr(prog.algo, "steps_per_iteration", 0) or 0)
+        self.steps = steps_per_iteration(prog.algo)
         self.meta = _run_meta(prog, run_info)
         self.metrics_path = metrics if self.lead else None
         self.out = (sys.stderr if progress is True else progress or None) if self.lead else None
@@ -156,12 +156,26 @@ class _Training:
                                    {**self.meta, "last_return": self.last_return})
 
 
-def _run_meta(prog: Any, run_info: dict | None) -> dict:
-    """What a checkpoint records about its run, as it reads back from JSON (tuples become lists)."""
-    algo = prog.algo
+def steps_per_iteration(algo: Any) -> int:
+    """Environment steps per iteration: the algorithm's or its config's `steps_per_iteration`, else 0
+    (unknown; metric lines then count 0 env steps)."""
+    steps = getattr(algo, "steps_per_iteration", None) or getattr(getattr(algo, "config", None),
+                                                                   "steps_per_iteration", None)
+    return int(steps or 0)
+
+
+def config_dict(algo: Any) -> dict | None:
+    """The algorithm's config as it reads back from JSON (tuples become lists), None without one."""
     config = getattr(algo, "config", None)
-    meta = {"algo": f"{type(algo).__module__}.{type(algo).__qualname__}",
-            "config": dataclasses.asdict(config) if dataclasses.is_dataclass(config) else None,
+    if not (dataclasses.is_dataclass(config) and not isinstance(config, type)):
+        return None
+    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+
+
+def _run_meta(prog: Any, run_info: dict | None) -> dict:
+    """What a checkpoint records about its run."""
+    algo = prog.algo
+    meta = {"algo": f"{type(algo).__module__}.{type(algo).__qualname__}", "config": config_dict(algo),
             "policy": prog.policy.name, "devices": len(prog.devices), **(run_info or {})}
     return json.loads(json.dumps(meta, default=str))
 

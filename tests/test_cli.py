@@ -38,12 +38,15 @@ def test_bad_input_is_one_line_and_exit_code_2(capsys, argv, message):
     assert err.count("\n") == 1 and message in err, err
 
 
-def test_non_positive_counts_are_refused_by_the_parser(capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(["run", "ppo", "--total-steps", "0"])
+def test_non_positive_counts_are_refused(capsys):
+    with pytest.raises(SystemExit) as exc:  # the driver's counts by the parser
+        main(["run", "ppo", "--iterations-per-dispatch", "0"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "must be positive" in err and err.count("\n") == 1, err
+    assert main(["run", "ppo", "--total-steps", "0"]) == 2  # the config's by the config
+    err = capsys.readouterr().err
+    assert "ppo: total_steps must be positive, got 0" in err and err.count("\n") == 1, err
 
 
 def test_run_under_a_distributed_policy(capsys):
