@@ -23,10 +23,12 @@ from fragc.algos.run_length import RunLength
 class Config(RunLength):
     env: str = "CartPole-v1"
     """gymnax environment id (discrete action space)."""
-    num_envs: int = 16
+    num_envs: int = 8
     """Environments stepped in parallel."""
-    num_steps: int = 32
-    """Steps per environment in one rollout (the n of n-step returns)."""
+    num_steps: int = 8
+    """Steps per environment in one rollout (the n of n-step returns). A2C takes one gradient step per
+    rollout, so small rollouts mean many steps: 8 x 8 gives 15,625 steps in 1e6 env steps (16 x 32 gave
+    1,953, and 6 of 10 seeds stalled near a return of 200)."""
     total_steps: int = 1_000_000
     """Environment steps over the whole run."""
     lr: float = 7e-4
@@ -37,8 +39,9 @@ class Config(RunLength):
     """Discount factor."""
     gae_lambda: float = 0.95
     """GAE lambda; 1.0 gives plain n-step returns."""
-    ent_coef: float = 0.01
-    """Entropy bonus weight."""
+    ent_coef: float = 0.0
+    """Entropy bonus weight (0, as RL Baselines3 Zoo's CartPole A2C: 0.01 kept the policy's entropy near
+    0.5 nats of at most 0.69, and returns drifted down late in training)."""
     vf_coef: float = 0.5
     """Value loss weight."""
     max_grad_norm: float = 0.5

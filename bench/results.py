@@ -1,10 +1,16 @@
-"""Full-length learning runs of every algorithm, one seed each, for docs/results.md.
+"""Full-length learning runs of every algorithm over several seeds, for docs/results.md.
 
-    python bench/results.py [--seed 0] [--out bench/results]
+    python bench/results.py [--seeds 0-9] [--only ppo,a2c] [--out bench/results]
 
-Prints, per run: algorithm, policy, environment, seed, env steps, wall time
-(compile included), final mean episode return (mean over environments of
-each one's last completed episode, at the end of training).
+Per run: the final return (mean over environments of each one's last
+completed episode, at the end of training). Per algorithm: every seed's
+final return, how many reach the algorithm's threshold, the interquartile
+mean (IQM) over seeds and its 95% percentile-bootstrap confidence interval
+(the rliable convention: Agarwal et al. 2021, 2,000 resamples of the seeds).
+
+Algorithms whose policy is `single` run all seeds at once as one
+`population(single, seeds)` program (member i starts from seed i, the same
+run as `--seed i` alone); the others run seed by seed.
 """
 
 from __future__ import annotations
@@ -14,38 +20,85 @@ import json
 import os
 import time
 
-RUNS = [  # (algorithm, policy, devices, config overrides)
-    ("ppo", "single", 1, {}),
-    ("a2c", "single", 1, {}),
-    ("dqn", "single", 1, {}),
-    ("impala", "actor_learner_async", 8, {}),
-    ("ppo_continuous", "single", 1, {}),
+import numpy as np
+
+RUNS = [  # (algorithm, policy, devices, threshold on the final return, config overrides)
+    ("ppo", "single", 1, 475.0, {}),
+    ("a2c", "single", 1, 400.0, {}),
+    ("dqn", "single", 1, 400.0, {}),
+    ("impala", "actor_learner_async", 8, 400.0, {}),
+    ("ppo_continuous", "single", 1, -200.0, {}),
 ]
+
+
+def seed_list(text: str) -> list[int]:
+    """'0-9' or '0,3,5' -> the seeds."""
+    if "-" in text:
+        lo, hi = (int(x) for x in text.split("-"))
+        return list(range(lo, hi + 1))
+    return [int(x) for x in text.split(",")]
+
+
+def iqm(x: np.ndarray) -> float:
+    """Mean of the middle 50% (rliable's interquartile mean: trim 25% each side)."""
+    x = np.sort(np.asarray(x, np.float64))
+    n = len(x)
+    cut = int(np.floor(0.25 * n))
+    return float(x[cut: n - cut].mean()) if n - 2 * cut > 0 else float(x.mean())
+
+
+def bootstrap_ci(x: np.ndarray, stat=iqm, resamples: int = 2000, level: float = 0.95, seed: int = 0) -> tuple:
+    """Percentile bootstrap confidence interval of `stat` over runs."""
+    rng = np.random.default_rng(seed)
+    x = np.asarray(x, np.float64)
+    stats = [stat(x[rng.integers(0, len(x), len(x))]) for _ in range(resamples)]
+    return float(np.quantile(stats, (1 - level) / 2)), float(np.quantile(stats, (1 + level) / 2))
+
+
+def final_returns(name: str, policy: str, devices: int, overrides: dict, seeds: list[int]) -> list[float]:
+    import fragc
+    from fragc import algos
+
+    algo = algos.make(name, **overrides)
+    iterations = algo.config.iterations
+    if policy == "single" and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
+        prog = fragc.compile(algo, fragc.population("single", len(seeds)), devices=1, iterations_per_dispatch=32)
+        _, history = prog.run(prog.init(seeds[0]), iterations)
+        return [float(r) for r in history["episode_return"][:, -1]]  # [seeds, iterations]
+    out = []
+    prog = fragc.compile(algo, policy, devices=devices, iterations_per_dispatch=32)
+    for seed in seeds:
+        _, history = prog.run(prog.init(seed), iterations)
+        out.append(float(history["episode_return"][-1]))
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default="0", help="'0-9' or '0,1,2'")
+    parser.add_argument("--only", default="", help="comma-separated algorithm names (default: all)")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     import jax
 
     jax.config.update("jax_num_cpu_devices", 8)
-    import fragc
-    from fragc import algos
-
+    seeds = seed_list(args.seeds)
+    only = set(filter(None, args.only.split(",")))
     rows = []
-    for name, policy, devices, overrides in RUNS:
-        algo = algos.make(name, **overrides)
+    for name, policy, devices, threshold, overrides in RUNS:
+        if only and name not in only:
+            continue
         start = time.perf_counter()
-        prog = fragc.compile(algo, policy, devices=devices, iterations_per_dispatch=32)
-        _, history = prog.run(prog.init(args.seed), algo.config.iterations)
-        wall = time.perf_counter() - start
-        row = {"algo": name, "policy": policy, "env": algo.config.env, "seed": args.seed,
-               "env_steps": algo.config.iterations * algo.steps_per_iteration, "wall_s": round(wall, 1),
-               "final_return": round(float(history["episode_return"][-1]), 1)}
+        returns = final_returns(name, policy, devices, overrides, seeds)
+        lo, hi = bootstrap_ci(returns)
+        row = {"algo": name, "policy": policy, "seeds": seeds, "threshold": threshold,
+               "final_returns": [round(r, 1) for r in returns],
+               "at_threshold": int(sum(r >= threshold for r in returns)),
+               "iqm": round(iqm(returns), 1), "iqm_ci95": [round(lo, 1), round(hi, 1)],
+               "wall_s": round(time.perf_counter() - start, 1)}
         rows.append(row)
-        print(" | ".join(str(v) for v in row.values()), flush=True)
+        print(f"{name:15} {policy:20} {row['at_threshold']}/{len(seeds)} >= {threshold:g}  IQM {row['iqm']:.1f} "
+              f"[{lo:.1f}, {hi:.1f}]  {row['wall_s']:.0f} s  returns {row['final_returns']}", flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(rows, f, indent=2)
