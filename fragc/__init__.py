@@ -18,9 +18,11 @@ from fragc.api import compile
 from fragc.passes import Policy, RolePlacement, population
 from fragc.ir.interpreter import run_iterations
 from fragc.runtime.program import Program
+from fragc.training import TrainResult, train
 
 __all__ = [
-    "Policy", "Program", "RolePlacement", "compile", "distributed", "population", "run_iterations", "REPLICA", "FragcError", "FragmentError", "Module", "VerifyError", "fragment", "interpret", "pmean", "psum",
-    "trace",
+    "Policy", "Program", "RolePlacement", "TrainResult", "compile", "distributed", "population", "run_iterations",
+    "REPLICA", "FragcError", "FragmentError", "Module", "VerifyError", "fragment", "interpret", "pmean", "psum",
+    "trace", "train",
 ]
 __version__ = "0.1.0"

@@ -10,7 +10,8 @@ from fragc.devices import devices as choose_devices
 from fragc.ir.errors import FragcError
 from fragc.ir.frontend import trace
 from fragc.passes import Policy, Population, default_passes, resolve, run_pipeline
-from fragc.runtime.program import TRANSFERS, Program
+from fragc.runtime.multihost import spans_processes
+from fragc.runtime.program import Program
 
 
 def compile(
@@ -36,7 +37,7 @@ def compile(
       `collective` inside one SPMD program over all groups (any number of
       processes), or `auto`: the first within one process, else the second.
     """
-    _check_arguments(devices, mesh, iterations_per_dispatch, transfers)
+    _check_arguments(devices, mesh, iterations_per_dispatch)
     if mesh is not None and devices is not None:
         raise FragcError("compile: pass devices or mesh, not both")
     if devices is None and mesh is None:
@@ -54,13 +55,29 @@ def compile(
             f"pass devices={resolved.num_devices}"
         )
     devs = _local_copy_if_it_fits(devs, resolved)
-    passes = default_passes(resolved, iterations_per_dispatch)
+    passes = default_passes(resolved, iterations_per_dispatch, carrier(transfers, devs))
     result = run_pipeline(trace(algo), passes, print_after_all=print_after_all, dump_dir=dump_dir, printer=printer)
-    return Program(algo, result, devs, resolved, transfers)
+    return Program(algo, result, devs, resolved)
 
 
-def _check_arguments(devices: Any, mesh: Any, iterations_per_dispatch: Any, transfers: Any) -> None:
-    """Refuse malformed arguments before anything is traced or compiled."""
+TRANSFERS = ("auto", "device_put", "collective")
+
+
+def carrier(transfers: str, devices: Sequence[Any]) -> str:
+    """The carrier of the transfers `insert_transfers` inserts: `auto` is `device_put` within one
+    process and `collective` across processes (JAX cannot `device_put` to another process)."""
+    if transfers not in TRANSFERS:
+        raise FragcError(f"transfers must be one of {', '.join(TRANSFERS)}, got {transfers!r}")
+    across = spans_processes(devices)
+    if transfers == "device_put" and across:
+        raise FragcError("transfers='device_put' cannot cross processes; use 'collective' or 'auto'")
+    if transfers == "auto":
+        return "collective" if across else "device_put"
+    return transfers
+
+
+def _check_arguments(devices: Any, mesh: Any, iterations_per_dispatch: Any) -> None:
+    """Refuse malformed arguments before anything is traced or compiled (`carrier` checks `transfers`)."""
     import jax
 
     is_count = lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 1  # noqa: E731
@@ -74,8 +91,6 @@ def _check_arguments(devices: Any, mesh: Any, iterations_per_dispatch: Any, tran
         raise FragcError(f"compile: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
     if not is_count(iterations_per_dispatch):
         raise FragcError(f"compile: iterations_per_dispatch must be a positive int, got {iterations_per_dispatch!r}")
-    if transfers not in TRANSFERS:
-        raise FragcError(f"compile: transfers must be one of {', '.join(TRANSFERS)}, got {transfers!r}")
 
 
 def _local_copy_if_it_fits(devs: list, policy: Policy) -> list:

@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 import os
 import sys
-import time
 from typing import Any, Sequence
 
 from fragc.ir.errors import FragcError
@@ -100,6 +99,7 @@ def _join(args: argparse.Namespace) -> None:
                          "(or --coordinator auto where jax.distributed detects them, e.g. under SLURM)")
     distributed.initialize(None if auto else args.coordinator, None if auto else args.num_processes,
                            None if auto else args.process_id, local_devices=args.devices)
+    distributed.keep_native_output_off_stdout()
     same = {k: v for k, v in sorted(vars(args).items()) if k not in ("process_id", "coordinator")}
     distributed.check_same({_flag(k): v for k, v in same.items()})
 
@@ -207,122 +207,52 @@ def _devices_of_every_process(args: argparse.Namespace) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from fragc.runtime.reporting import MetricsWriter, enable_compilation_cache, params_fingerprint
-
+    """Parse, train, print: the training itself is `fragc.train`."""
     import jax
+
+    from fragc.runtime.reporting import enable_compilation_cache, params_fingerprint
+    from fragc.training import train
 
     if args.resume and not args.checkpoint_dir:
         raise FragcError("--resume needs --checkpoint-dir")
     if not args.no_cache:
         enable_compilation_cache()
-    lead = jax.process_index() == 0  # metrics, progress and output come from process 0
-    checkpointer = _checkpointer(args)
+    lead = jax.process_index() == 0  # progress and output come from process 0
+    checkpoints = _open_checkpoints(args.checkpoint_dir)  # an unwritable folder fails before compiling
     algo, prog = _compile(args, iterations_per_dispatch=args.iterations_per_dispatch)
-    iterations = algo.config.iterations
-    steps = algo.steps_per_iteration
     out = sys.stderr if args.json else sys.stdout
-    quiet = args.quiet or not lead
-    say = (lambda *a: None) if quiet else (lambda *a: print(*a, file=out))
-    say(f"fragc run {args.algo}: env {algo.config.env}, policy {prog.policy.name}, {iterations} iterations "
-        f"x {steps} env steps, compiled in {prog.compile_seconds:.1f} s")
-    meta = {"algo": args.algo, "config": dataclasses.asdict(algo.config), "policy": prog.policy.name,
-            "devices": len(prog.devices), "seed": args.seed}
-    state, delays, start_at, saved_return = prog.init(args.seed), None, 0, float("nan")
-    if args.resume:
-        state, delays, start_at, saved_return = _resume(checkpointer, prog, state, meta)
-        say(f"resumed from the checkpoint at iteration {start_at}")
-    writer = MetricsWriter(args.metrics, append=args.resume) if args.metrics and lead else None
-    start = time.perf_counter()
-
-    last_return = float(saved_return)
-
-    bar = _ProgressBar(iterations, steps, out) if not quiet and out.isatty() else None
-
-    def progress(done: int, metrics: dict) -> None:
-        nonlocal last_return
-        done += start_at
-        last_return = float(np.mean(np.asarray(metrics["episode_return"])[..., -1]))
-        now = time.perf_counter() - start
-        if writer is not None:
-            writer.write(done, done * steps, now, metrics)
-        if bar is not None:
-            bar.update(done, (done - start_at) * steps / max(now, 1e-9), last_return)
-
-    def save(done: int, host_state: Any, host_delays: dict) -> None:
-        if lead:  # every process holds the whole state on its host; one writes it
-            checkpointer.save(start_at + done, host_state, host_delays, {**meta, "last_return": last_return})
-
-    stop_at = min(iterations, start_at + args.stop_after) if args.stop_after else iterations
-    try:
-        if start_at < stop_at:
-            state, _ = prog.run(state, stop_at - start_at, callback=progress, delays=delays,
-                                checkpoint=save if checkpointer else None, checkpoint_every=args.checkpoint_every)
-    finally:
-        if writer is not None:
-            writer.close()
-        if bar is not None:
-            bar.close()
-    wall = time.perf_counter() - start
-    final = last_return
-    fingerprint = params_fingerprint(state)  # on every process: it may gather across processes
+    progress = None if args.quiet or not lead else out
+    if progress is not None:
+        print(f"fragc run {args.algo}: env {algo.config.env}, policy {prog.policy.name}, {algo.config.iterations} "
+              f"iterations x {algo.steps_per_iteration} env steps, compiled in {prog.compile_seconds:.1f} s", file=out)
+    result = train(prog, prog.init(args.seed), algo.config.iterations, checkpoint_dir=checkpoints,
+                   checkpoint_every=args.checkpoint_every, resume=args.resume, metrics=args.metrics,
+                   progress=progress, stop_after=args.stop_after, run_info={"algo": args.algo, "seed": args.seed})
+    fingerprint = params_fingerprint(result.state)  # on every process: it may gather across processes
     if not lead:
         return 0
+    env_steps = result.iterations * algo.steps_per_iteration
     if args.json:
         import json
 
-        print(json.dumps({"final_return": final, "env_steps": stop_at * steps, "iterations": stop_at,
-                          "wall_s": round(wall, 3), "compile_s": round(prog.compile_seconds, 3),
-                          "policy": prog.policy.name, "devices": len(prog.devices), "algo": args.algo,
-                          "env": algo.config.env, "seed": args.seed, "resumed_from": start_at,
-                          "processes": jax.process_count(), "params_fingerprint": fingerprint}))
+        print(json.dumps({"final_return": result.final_return, "env_steps": env_steps,
+                          "iterations": result.iterations, "wall_s": round(result.wall_s, 3),
+                          "compile_s": round(prog.compile_seconds, 3), "policy": prog.policy.name,
+                          "devices": len(prog.devices), "algo": args.algo, "env": algo.config.env, "seed": args.seed,
+                          "resumed_from": result.resumed_from, "processes": jax.process_count(),
+                          "params_fingerprint": fingerprint}))
     else:
-        print(f"final mean episode return {final:.1f} after {stop_at * steps} env steps ({wall:.1f} s)")
+        print(f"final mean episode return {result.final_return:.1f} after {env_steps} env steps "
+              f"({result.wall_s:.1f} s)")
     return 0
 
 
-class _ProgressBar:
-    """One terminal line, redrawn at most twice a second, shown once a run has lasted 2 seconds."""
-
-    def __init__(self, iterations: int, steps: int, out: Any):
-        self.iterations, self.steps, self.out = iterations, steps, out
-        self.start, self.last, self.shown = time.perf_counter(), 0.0, False
-
-    def update(self, done: int, steps_per_s: float, recent_return: float) -> None:
-        now = time.perf_counter() - self.start
-        if now < 2.0 or (now - self.last < 0.5 and done < self.iterations):
-            return
-        self.last, self.shown = now, True
-        width = 24
-        filled = int(width * done / self.iterations)
-        self.out.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.iterations} it  "
-                       f"{done * self.steps} env steps  {steps_per_s:,.0f} steps/s  return {recent_return:.1f}  ")
-        self.out.flush()
-
-    def close(self) -> None:
-        if self.shown:
-            self.out.write("\n")
-
-
-def _checkpointer(args: argparse.Namespace) -> Any:
-    if not args.checkpoint_dir:
+def _open_checkpoints(directory: str | None) -> Any:
+    if not directory:
         return None
     from fragc.runtime.checkpoint import Checkpointer
 
-    return Checkpointer(args.checkpoint_dir)
-
-
-def _resume(checkpointer: Any, prog: Any, fresh_state: Any, meta: dict) -> tuple[Any, Any, int, float]:
-    """The latest good checkpoint's state and delays, placed on the program's devices."""
-    like_delays = prog.initial_delays(fresh_state)
-    state, delays, saved = checkpointer.restore_latest(fresh_state, like_delays)
-    for key in ("algo", "config", "policy", "devices"):
-        if saved.get(key) != meta[key]:
-            raise FragcError(f"--resume: the checkpoint was written with a different {key} "
-                             f"({saved.get(key)!r}, this run has {meta[key]!r})")
-    delays = prog.place_delays(delays) if delays else None
-    return prog.place_state(state), delays, int(saved["iteration"]), float(saved.get("last_return", float("nan")))
+    return Checkpointer(directory)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -453,6 +383,14 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # while starting: building the parser imports JAX and every algorithm
+        print("fragc: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "launch":
         return _guarded(cmd_launch, args)
