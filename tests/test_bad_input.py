@@ -6,11 +6,18 @@ validation, before anything is compiled. Only the cases that need a fresh proces
 count is fixed once its backend starts) spawn one.
 """
 
+import io
+import json
 import os
+import shutil
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
+from flax import struct
 
 import fragc
 from fragc.algos import a2c, dqn, impala, ppo, ppo_continuous
@@ -165,3 +172,92 @@ def test_impossible_device_count_is_refused_at_once():
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == ["fragc: error: 100000 devices were asked for but only 1 exist, and fragc simulates at most "
                      "1024 CPU devices"], proc.stderr
+
+
+# ---------------------------------------------------------------- divergence and resumed runs (fragc.train)
+
+
+@struct.dataclass
+class Walk:
+    w: jax.Array  # [3]
+    step: jax.Array
+
+
+class Diverging:
+    """w shrinks by 0.9 an iteration, and is NaN from the iteration after step `nan_at` on; the
+    `loss` metric is |w|^2 of the iteration's incoming w, so NaN shows in the metrics one
+    iteration after it reaches the state, as a parameter's would in a loss."""
+
+    def __init__(self, nan_at=None):
+        self.nan_at = nan_at
+
+    def init(self, key):
+        return Walk(jax.random.normal(key, (3,)), jnp.int32(0))
+
+    @fragc.fragment(role="learner", in_axes=(None,), out_axes=(None, None))
+    def learn(self, state):
+        w = 0.9 * state.w
+        if self.nan_at is not None:
+            w = jnp.where(state.step >= self.nan_at, jnp.nan, w)
+        return Walk(w, state.step + 1), {"loss": jnp.sum(state.w**2)}
+
+    def iteration(self, state):
+        return self.learn(state)
+
+
+ITERATIONS, EVERY = 12, 4  # 2 iterations a dispatch: checkpoints after iterations 4, 8, 12
+
+
+def compiled(nan_at=None):
+    return fragc.compile(Diverging(nan_at), devices=1, iterations_per_dispatch=2)
+
+
+@pytest.fixture(scope="module")
+def healthy():
+    return compiled()
+
+
+def train(prog, directory, **kw):
+    return fragc.train(prog, prog.init(0), ITERATIONS, checkpoint_dir=directory, checkpoint_every=EVERY, **kw)
+
+
+@pytest.mark.parametrize("nan_at,line", [
+    (4, "training diverged: metric 'loss' is nan in iteration 6"),  # the metrics show it first
+    (7, "training diverged: the state's w is not finite after iteration 8"),  # the state, just before its checkpoint
+])
+def test_a_run_that_diverges_stops_and_its_latest_checkpoint_is_finite_and_resumable(tmp_path, healthy, nan_at,
+                                                                                      line):
+    from fragc.runtime.checkpoint import Checkpointer
+    from fragc.runtime.divergence import Diverged
+
+    with pytest.raises(Diverged, match="^" + line) as err:
+        train(compiled(nan_at), tmp_path)
+    assert err.value.exit_code == 3 and "\n" not in str(err.value)
+    assert Checkpointer(str(tmp_path)).steps() == [4]
+    resumed = train(healthy, tmp_path, resume=True)
+    assert resumed.resumed_from == 4
+    w0 = healthy.init(0).w
+    np.testing.assert_allclose(resumed.state.w, w0 * 0.9**ITERATIONS, rtol=1e-5)  # a plain loop's result
+
+
+def test_a_resumed_run_writes_the_metrics_file_of_an_uninterrupted_one(tmp_path, healthy):
+    train(healthy, None, metrics=tmp_path / "whole.jsonl")
+    resumed = tmp_path / "resumed.jsonl"
+    train(healthy, tmp_path / "ck", metrics=resumed, stop_after=6)
+    shutil.rmtree(tmp_path / "ck" / "6")  # killed after iteration 6's metrics, before its checkpoint
+    train(healthy, tmp_path / "ck", metrics=resumed, resume=True)
+
+    def rows(name):
+        return [{k: v for k, v in json.loads(line).items() if k != "wall_s"}
+                for line in (tmp_path / name).read_text().splitlines()]
+
+    assert [r["iteration"] for r in rows("whole.jsonl")] == [2, 4, 6, 8, 10, 12]
+    assert rows("resumed.jsonl") == rows("whole.jsonl")
+
+
+def test_resume_before_the_first_checkpoint_starts_fresh_with_a_notice(tmp_path, healthy):
+    progress = io.StringIO()
+    result = train(healthy, tmp_path / "empty", resume=True, progress=progress)
+    assert result.resumed_from == 0 and result.iterations == ITERATIONS
+    assert f"no checkpoint in '{tmp_path / 'empty'}' yet: starting afresh" in progress.getvalue()
+    np.testing.assert_allclose(result.state.w, healthy.init(0).w * 0.9**ITERATIONS, rtol=1e-5)
