@@ -50,7 +50,7 @@ class Config(RunLength):
     """Width of the two hidden layers of the actor and of the critic."""
 
     def __post_init__(self) -> None:
-        self.require_positive("a2c", "hidden")
+        self.check_fields()
 
 
 class A2C(ppo.PPO):

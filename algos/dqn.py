@@ -60,7 +60,7 @@ class Config(RunLength):
     """Width of the Q-network's hidden layers (PureJaxRL: 120, 84)."""
 
     def __post_init__(self) -> None:
-        self.require_positive("dqn", "buffer_size", "batch_size", "hidden", "eps_decay_steps", "target_update_interval")
+        self.check_fields()
         if self.buffer_size < self.num_envs * self.num_steps:
             raise FragcError("dqn: buffer_size must hold at least one rollout (num_envs * num_steps)")
 

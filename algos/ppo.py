@@ -59,7 +59,7 @@ class Config(RunLength):
     """Width of the two hidden layers of the actor and of the critic."""
 
     def __post_init__(self) -> None:
-        self.require_positive("ppo", "update_epochs", "num_minibatches", "hidden")
+        self.check_fields()
         if (self.num_envs * self.num_steps) % self.num_minibatches:
             raise FragcError(
                 f"ppo: num_envs * num_steps ({self.num_envs * self.num_steps}) must divide by "

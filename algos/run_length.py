@@ -1,8 +1,8 @@
-"""What every algorithm's config shares: its run length and the check of its counts."""
+"""What every algorithm's config shares: its run length and the check of its fields."""
 
 from __future__ import annotations
 
-from fragc.ir.errors import FragcError
+from fragc.algos.validation import check_config
 
 
 class RunLength:
@@ -20,7 +20,6 @@ class RunLength:
     def iterations(self) -> int:
         return max(1, self.total_steps // self.steps_per_iteration)
 
-    def require_positive(self, algo: str, *fields: str) -> None:
-        for field in ("num_envs", "num_steps", "total_steps", *fields):
-            if getattr(self, field) <= 0:
-                raise FragcError(f"{algo}: {field} must be positive, got {getattr(self, field)}")
+    def check_fields(self) -> None:
+        """Each field's type and range (`validation.check_config`); `__post_init__` calls it."""
+        check_config(self)

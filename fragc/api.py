@@ -37,6 +37,7 @@ def compile(
       `collective` inside one SPMD program over all groups (any number of
       processes), or `auto`: the first within one process, else the second.
     """
+    _check_arguments(devices, mesh, iterations_per_dispatch)
     if mesh is not None and devices is not None:
         raise FragcError("compile: pass devices or mesh, not both")
     if devices is None and mesh is None:
@@ -73,6 +74,23 @@ def carrier(transfers: str, devices: Sequence[Any]) -> str:
     if transfers == "auto":
         return "collective" if across else "device_put"
     return transfers
+
+
+def _check_arguments(devices: Any, mesh: Any, iterations_per_dispatch: Any) -> None:
+    """Refuse malformed arguments before anything is traced or compiled (`carrier` checks `transfers`)."""
+    import jax
+
+    is_count = lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 1  # noqa: E731
+    if devices is not None and not is_count(devices):
+        if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence) or not devices or not all(
+                isinstance(d, jax.Device) for d in devices):
+            raise FragcError(f"compile: devices must be a positive int or a list of jax devices, got {devices!r}")
+        if len(set(devices)) != len(devices):
+            raise FragcError("compile: devices lists a device twice")
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise FragcError(f"compile: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
+    if not is_count(iterations_per_dispatch):
+        raise FragcError(f"compile: iterations_per_dispatch must be a positive int, got {iterations_per_dispatch!r}")
 
 
 def _local_copy_if_it_fits(devs: list, policy: Policy) -> list:

@@ -52,9 +52,16 @@ def fragment(*, role: str, in_axes: Any = 0, out_axes: Any = 0) -> Callable[[Cal
       policies place fragments by role.
     in_axes, out_axes: as in `jax.vmap`: per argument (result) the index of its
       environment (batch) axis, `None` for replicated values, or a pytree prefix.
+      Axes count from the front (no negative axes: one entry may cover leaves of
+      different ranks).
     """
     if not isinstance(role, str) or not role:
         raise FragmentError(f"fragment role must be a non-empty string, got {role!r}")
+    for what, axes in (("in_axes", in_axes), ("out_axes", out_axes)):
+        for axis in jax.tree.leaves(axes):
+            if not isinstance(axis, int) or isinstance(axis, bool) or axis < 0:
+                raise FragmentError(f"fragment {what} entries are axis indices from 0 (counted from the front: one "
+                                    f"entry may cover leaves of different ranks) or None, got {axis!r}")
     return lambda fn: Fragment(fn, role, in_axes, out_axes)
 
 
@@ -179,12 +186,12 @@ def _normalise_axis(frag: Fragment, axis: Any, leaf: Any, name: str, what: str, 
     if axis is None:
         return None
     ndim = len(leaf.shape)
-    if not isinstance(axis, int) or not -ndim <= axis < ndim:
+    if not isinstance(axis, int) or not 0 <= axis < ndim:
         raise FragmentError(
             f"fragment '{frag.name}', {kind} '{name}': {what} entry {axis!r} is not a valid axis "
             f"of a leaf of shape {tuple(leaf.shape)}"
         )
-    return axis % ndim
+    return axis
 
 
 def _check_axes(frag: Fragment, leaf_types: list[LeafType], args: tuple, names: tuple[str, ...]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import numbers
 import re
 from typing import Callable, Mapping, Sequence
 
@@ -42,14 +43,7 @@ class Policy:
     """Seed offsets of independent runs vectorised in one program (empty: one run)."""
 
     def __post_init__(self) -> None:
-        for role, placement in self.roles.items():
-            if placement.group not in self.groups:
-                raise FragcError(f"policy '{self.name}': role '{role}' names unknown device group '{placement.group}'")
-            if placement.lowering not in LOWERINGS:
-                raise FragcError(f"policy '{self.name}': lowering '{placement.lowering}' is not one of {LOWERINGS}")
-        for group, devices in self.groups.items():
-            if not devices:
-                raise FragcError(f"policy '{self.name}': device group '{group}' is empty")
+        check_policy(self)
 
     def placement(self, role: str) -> RolePlacement:
         if role in self.roles:
@@ -65,6 +59,47 @@ class Policy:
     @property
     def num_devices(self) -> int:
         return max(i for devices in self.groups.values() for i in devices) + 1
+
+
+def check_policy(policy: Policy) -> None:
+    """Refuse a policy that cannot mean anything: device groups must be non-empty, disjoint sets of
+    non-negative device indices, and each role names a group, a positive replica count and a lowering."""
+    name = policy.name
+    if not isinstance(policy.groups, Mapping) or not isinstance(policy.roles, Mapping) or not policy.groups:
+        raise FragcError(f"policy '{name}': groups (name -> device indices) and roles (role -> RolePlacement) "
+                         "must be non-empty mappings")
+    owner: dict[int, str] = {}
+    for group, devices in policy.groups.items():
+        if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence) or not devices:
+            raise FragcError(f"policy '{name}': device group '{group}' must be a non-empty tuple of device "
+                             f"indices, got {devices!r}")
+        for index in devices:
+            if not _is_count(index, 0):
+                raise FragcError(f"policy '{name}': device group '{group}' holds {index!r}; device indices are "
+                                 "ints from 0")
+            if index in owner:
+                where = f"twice in group '{group}'" if owner[index] == group else (
+                    f"in both group '{owner[index]}' and group '{group}'")
+                raise FragcError(f"policy '{name}': device {index} is {where}; device groups are disjoint sets "
+                                 "of devices (to share devices, place several roles on one group)")
+            owner[index] = group
+    for role, placement in policy.roles.items():
+        if not isinstance(placement, RolePlacement):
+            raise FragcError(f"policy '{name}': role '{role}' must be placed by a RolePlacement, got {placement!r}")
+        if placement.group not in policy.groups:
+            raise FragcError(f"policy '{name}': role '{role}' names unknown device group '{placement.group}'")
+        if placement.lowering not in LOWERINGS:
+            raise FragcError(f"policy '{name}': lowering '{placement.lowering}' is not one of {LOWERINGS}")
+        replicas = placement.replicas
+        if replicas is not None and not _is_count(replicas, 1):
+            raise FragcError(f"policy '{name}': role '{role}' has replicas={replicas!r}; replicas are a positive "
+                             "int (or None: one per device of the group)")
+    if not _is_count(policy.staleness, 0):
+        raise FragcError(f"policy '{name}': staleness must be an int from 0, got {policy.staleness!r}")
+
+
+def _is_count(value: object, least: int) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= least
 
 
 def single(num_devices: int = 1) -> Policy:

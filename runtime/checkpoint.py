@@ -20,10 +20,13 @@ process sees (a shared filesystem on a cluster).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
+import re
+import shutil
 import socket
 import warnings
 from typing import Any
@@ -141,9 +144,24 @@ class Checkpointer:
         meta = {**meta, "iteration": int(iteration), "format": FORMAT, "arrays_digest": digest(arrays)}
         meta["digest"] = meta_digest(meta)
         ocp = self._ocp
-        self._manager.save(int(iteration), args=ocp.args.Composite(
-            arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)), force=True)
-        self._manager.wait_until_finished()
+        self._require_space(iteration, arrays)
+        try:
+            self._manager.save(int(iteration), args=ocp.args.Composite(
+                arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)), force=True)
+            self._manager.wait_until_finished()
+        except Exception as err:  # noqa: BLE001 - orbax reports a full disk as ValueError or RuntimeError
+            raise FragcError(f"cannot write the checkpoint of iteration {iteration} to '{self.directory}': "
+                             f"{_os_reason(err)}; the earlier checkpoints are kept") from err
+
+    def _require_space(self, iteration: int, arrays: dict) -> None:
+        """Refuse before orbax starts: a disk that fills mid-write leaves its threads printing tracebacks.
+        A checkpoint takes up to about twice its arrays' bytes on disk, plus orbax's files."""
+        need = 2 * sum(np.asarray(x).nbytes for x in jax.tree.leaves(arrays)) + 2**20
+        free = shutil.disk_usage(self.directory).free
+        if free < need:
+            raise FragcError(f"cannot write the checkpoint of iteration {iteration} to '{self.directory}': "
+                             f"{os.strerror(errno.ENOSPC)} ({free / 2**20:.2f} MiB free, about "
+                             f"{need / 2**20:.2f} MiB needed); the earlier checkpoints are kept")
 
     def restore_latest(self, like_state: Any, like_delays: dict, run: dict | None = None) -> tuple[Any, dict, dict]:
         """(state, delays, meta) of the newest checkpoint that reads back intact.
@@ -223,3 +241,13 @@ class Checkpointer:
 def _first_line(err: Exception) -> str:
     text = str(err).strip()
     return text.splitlines()[0][:200] if text else type(err).__name__
+
+
+def _os_reason(err: BaseException) -> str:
+    """The operating system's reason behind an error from orbax's writers (which wrap it in text),
+    else its first line."""
+    for cause in (err, err.__cause__, err.__context__):
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror
+    code = re.search(r"os_error_code='(\d+)'", str(err))
+    return os.strerror(int(code.group(1))) if code else _first_line(err)

@@ -3,21 +3,37 @@
 from __future__ import annotations
 
 import json
+import numbers
+import os
 
 from fragc.ir.errors import FragcError
 
 
 def read_metrics(path: str) -> list[dict]:
+    """The rows of a metrics file; a clear error naming the first line that is not a metric row."""
     try:
-        with open(path) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
+        with open(path, encoding="utf-8") as f:
+            lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
     except OSError as err:
         raise FragcError(f"cannot read metrics file '{path}': {err.strerror}") from err
-    except json.JSONDecodeError as err:
-        raise FragcError(f"'{path}' is not a fragc metrics file (line {err.lineno}: {err.msg})") from err
-    if not rows or "env_steps" not in rows[0]:
+    except UnicodeDecodeError as err:
+        raise FragcError(f"'{path}' is not a fragc metrics file (not UTF-8 text: {err.reason} at byte "
+                         f"{err.start})") from err
+    if not lines:
         raise FragcError(f"'{path}' has no metric lines (write one with fragc run --metrics FILE)")
-    return rows
+    return [_metric_row(path, n, line) for n, line in lines]
+
+
+def _metric_row(path: str, n: int, line: str) -> dict:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise FragcError(f"'{path}' is not a fragc metrics file (line {n}: {err.msg})") from err
+    if not isinstance(row, dict):
+        raise FragcError(f"'{path}' is not a fragc metrics file (line {n} is not a JSON object)")
+    if not isinstance(row.get("env_steps"), numbers.Real):
+        raise FragcError(f"'{path}' is not a fragc metrics file (line {n} has no numeric env_steps)")
+    return row
 
 
 def plot_learning_curve(path: str, out: str) -> None:
@@ -26,10 +42,12 @@ def plot_learning_curve(path: str, out: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    check_figure_path(out)
     rows = read_metrics(path)
     steps = [r["env_steps"] for r in rows]
+    returns = [r.get("episode_return") for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, [r.get("episode_return", float("nan")) for r in rows], color="tab:blue")
+    ax.plot(steps, [r if isinstance(r, numbers.Real) else float("nan") for r in returns], color="tab:blue")
     ax.set_xlabel("environment steps")
     ax.set_ylabel("mean episode return")
     ax.set_title(path.rsplit("/", 1)[-1])
@@ -37,12 +55,24 @@ def plot_learning_curve(path: str, out: str) -> None:
     save_figure(fig, out)
 
 
+def check_figure_path(path: str) -> None:
+    """Refuse an image format matplotlib cannot write, before anything is drawn (no suffix: PNG)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = os.path.splitext(path)[1][1:].lower()
+    supported = FigureCanvasBase.get_supported_filetypes()
+    if suffix and suffix not in supported:
+        raise FragcError(f"cannot write plot '{path}': unknown image format '.{suffix}' (known: "
+                         f"{', '.join(sorted(supported))})")
+
+
 def save_figure(fig, path: str) -> None:
     """Write a matplotlib figure to PNG and free it; a clear error if the path is unwritable."""
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
     try:
+        check_figure_path(path)
+        fig.tight_layout()
         fig.savefig(path, dpi=100)
     except OSError as err:
         raise FragcError(f"cannot write plot '{path}': {err.strerror}") from err

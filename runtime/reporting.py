@@ -31,22 +31,60 @@ def params_fingerprint(state: Any) -> str:
 
 
 class MetricsWriter:
-    """One JSON line per reporting interval: iteration, env steps, wall time and each metric's mean."""
+    """One JSON line per reporting interval: iteration, env steps, wall time and each metric's mean.
 
-    def __init__(self, path: str, append: bool = False):
+    A resumed run passes `resume_from`, the iteration of the checkpoint it continues from: the
+    rows after it (written before a crash, and about to be written again) are dropped, so the
+    file reads as one uninterrupted run's.
+    """
+
+    def __init__(self, path: str, append: bool = False, resume_from: int | None = None):
+        self.path = path
         try:
-            self._file: TextIO = open(path, "a" if append else "w")
+            if resume_from is not None:
+                _keep_rows_until(path, resume_from)
+            self._file: TextIO = open(path, "a" if append or resume_from is not None else "w")
         except OSError as err:
             raise FragcError(f"cannot write metrics to '{path}': {err.strerror}") from err
 
     def write(self, iteration: int, env_steps: int, wall_s: float, metrics: dict[str, np.ndarray]) -> None:
         row = {"iteration": iteration, "env_steps": env_steps, "wall_s": round(wall_s, 3)}
         row.update({k: float(np.mean(v)) for k, v in metrics.items()})
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
+        except OSError as err:
+            raise FragcError(f"cannot write metrics to '{self.path}': {err.strerror}") from err
 
     def close(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError:  # the failed write was reported; what did not reach the file is lost either way
+            pass
+
+
+def _keep_rows_until(path: str, iteration: int) -> None:
+    """Rewrite the metrics file at `path` (if any) with only its rows up to `iteration`, atomically."""
+    if not os.path.isfile(path):  # nothing yet, or not a file to rewrite (a pipe, /dev/stdout)
+        return
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.readlines()
+    rows = [(line.rstrip("\n") + "\n", _row_iteration(line)) for line in lines]
+    kept = [line for line, at in rows if at is not None and at <= iteration]
+    partial = f"{path}.{os.getpid()}.tmp"
+    with open(partial, "w", encoding="utf-8") as f:
+        f.writelines(kept)
+    os.replace(partial, path)
+
+
+def _row_iteration(line: str) -> int | None:
+    """The iteration of a metric row; None for a line that is not one (e.g. cut short by a crash)."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    iteration = row.get("iteration") if isinstance(row, dict) else None
+    return iteration if isinstance(iteration, int) else None
 
 
 def default_cache_dir() -> str:

@@ -2,8 +2,11 @@
 
 import json
 
+import jax
+import numpy as np
 import pytest
 
+from fragc import FragcError
 from fragc.cli import main
 
 SHORT = ["run", "ppo", "--total-steps", "8192", "--iterations-per-dispatch", "4"]
@@ -71,3 +74,63 @@ def test_bench_table_json_and_plot(capsys, tmp_path):
 def test_bench_unknown_policy_fails_before_compiling(capsys):
     assert main(["bench", "ppo", "--policies", "single,anakn"]) == 2
     assert "unknown policy 'anakn' (did you mean 'anakin'?)" in capsys.readouterr().err
+
+
+def metric_rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_metrics_writer_resuming_drops_the_rows_after_the_checkpoint(tmp_path):
+    """A run killed after writing rows past its last checkpoint writes them again when resumed:
+    the file keeps the rows up to the checkpoint, then the resumed run's, as one run's would."""
+    from fragc.runtime.reporting import MetricsWriter
+
+    path = tmp_path / "m.jsonl"
+    first = MetricsWriter(str(path))
+    for it in (2, 4, 6, 8):
+        first.write(it, it * 10, 0.0, {"loss": np.full(2, it / 10)})
+    first.close()
+    with open(path, "a") as f:
+        f.write('{"iteration": 10, "env_st')  # killed mid-line
+    resumed = MetricsWriter(str(path), resume_from=4)
+    for it in (6, 8, 10):
+        resumed.write(it, it * 10, 0.0, {"loss": np.full(2, it / 10)})
+    resumed.close()
+    assert [(r["iteration"], r["env_steps"], r["loss"]) for r in metric_rows(path)] == [
+        (it, it * 10, pytest.approx(it / 10)) for it in (2, 4, 6, 8, 10)]
+
+
+def test_metrics_writer_resuming_without_a_file_starts_one(tmp_path):
+    from fragc.runtime.reporting import MetricsWriter
+
+    writer = MetricsWriter(str(tmp_path / "new.jsonl"), resume_from=4)
+    writer.write(6, 60, 0.0, {})
+    writer.close()
+    assert [r["iteration"] for r in metric_rows(tmp_path / "new.jsonl")] == [6]
+
+
+def test_metrics_writer_on_a_full_disk_is_one_line():
+    from fragc.runtime.reporting import MetricsWriter
+
+    writer = MetricsWriter("/dev/full")
+    with pytest.raises(FragcError, match=r"^cannot write metrics to '/dev/full': No space left on device$"):
+        writer.write(1, 1, 0.0, {"loss": np.zeros(1)})
+    writer.close()
+
+
+def test_divergence_names_the_first_non_finite_metric_and_its_iteration():
+    from fragc.runtime.divergence import Diverged, check_metrics, check_state
+
+    check_metrics({"loss": np.ones(4), "episodes": np.arange(4)}, done=8)  # finite: nothing happens
+    metrics = {"entropy": np.array([1.0, 1.0, np.inf, np.nan]), "loss": np.array([[0.0, 1.0], [np.nan, 0.0],
+                                                                                  [0.0, 0.0], [0.0, 0.0]])}
+    with pytest.raises(Diverged, match=r"^training diverged: metric 'loss' is nan in iteration 6$") as err:
+        check_metrics(metrics, done=8)  # rows are iterations 5..8; the first bad one is 6
+    assert err.value.exit_code == 3 and err.value.iteration == 6
+    population = {"loss": np.ones((3, 4))}
+    population["loss"][2, 3] = -np.inf  # seed 2, last iteration of the dispatch
+    with pytest.raises(Diverged, match=r"metric 'loss' is -inf in iteration 8$"):
+        check_metrics(population, done=8, population=True)
+    check_state({"params": np.ones(3), "key": jax.random.key(0), "count": np.int32(3)}, 8)
+    with pytest.raises(Diverged, match=r"^training diverged: the state's params.w is not finite after iteration 8$"):
+        check_state({"params": {"w": np.array([1.0, np.nan])}}, 8)

@@ -1,0 +1,63 @@
+"""Stopping a run that diverged: the first non-finite metric or state value ends it (exit code 3).
+
+The checks cost no extra synchronisation: metrics reach the host one dispatch
+late anyway (`Program.run`'s callback), and the state is checked where it is
+already on the host, before a checkpoint is written, so a non-finite state is
+never saved as the latest checkpoint. Parameters that go non-finite show in
+the next iteration's losses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from fragc.ir.errors import FragcError
+
+EXIT_CODE = 3
+"""`fragc run`'s exit code for a run that diverged (2 is a usage error)."""
+
+
+class Diverged(FragcError):
+    """A metric or a state value became NaN or infinite; the message names which, and when."""
+
+    exit_code = EXIT_CODE
+
+    def __init__(self, what: str, iteration: int, when: str = "in"):
+        super().__init__(f"training diverged: {what} {when} iteration {iteration}")
+        self.what, self.iteration = what, iteration
+
+
+def check_metrics(metrics: dict[str, Any], done: int, population: bool = False) -> None:
+    """Raise `Diverged` for the first non-finite metric of a dispatch whose last iteration is `done`.
+
+    metrics: metric -> host array with one row per iteration of the dispatch (axis 1 for a
+    population, whose axis 0 is the seed)."""
+    axis = 1 if population else 0
+    first: tuple[int, str, float] | None = None
+    for name, values in metrics.items():
+        values = np.asarray(values)
+        if not np.issubdtype(values.dtype, np.inexact):
+            continue
+        bad_rows = ~np.isfinite(values).reshape(values.shape[: axis + 1] + (-1,)).all(axis=-1)
+        if population:
+            bad_rows = bad_rows.any(axis=0)
+        if bad_rows.any():
+            row = int(np.argmax(bad_rows))
+            if first is None or row < first[0]:
+                taken = np.moveaxis(values, axis, 0)[row]
+                first = (row, name, float(taken[~np.isfinite(taken)].flat[0]))
+    if first is not None:
+        row, name, value = first
+        rows = next(iter(metrics.values())).shape[axis]
+        raise Diverged(f"metric '{name}' is {value}", done - rows + row + 1)
+
+
+def check_state(state: Any, iteration: int) -> None:
+    """Raise `Diverged` if a floating-point leaf of a host `state` holds NaN or infinity."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        if jax.dtypes.issubdtype(leaf.dtype, np.inexact) and not np.isfinite(np.asarray(leaf)).all():
+            raise Diverged(f"the state's {jax.tree_util.keystr(path, simple=True, separator='.')} is not finite",
+                           iteration, when="after")
