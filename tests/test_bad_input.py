@@ -96,7 +96,6 @@ def program():
     return fragc.compile(Regression(), devices=1, iterations_per_dispatch=1)
 
 
-@pytest.mark.xfail(strict=True, reason="needs Program.init to call fragc.runtime.seeds.check_seed (runtime/program.py)")
 @pytest.mark.parametrize("seed", ["abc", -1, 2**32, 2**70, 1.5])
 def test_program_init_refuses_a_bad_seed(program, seed):
     with pytest.raises(fragc.FragcError, match=r"seed must be an int from 0 to 4294967295"):
