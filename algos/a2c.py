@@ -17,6 +17,7 @@ import optax
 import fragc
 from fragc.algos import ppo
 from fragc.algos.run_length import RunLength
+from fragc.ir.errors import FragcError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,9 +49,13 @@ class Config(RunLength):
     """Global gradient-norm clip."""
     hidden: int = 64
     """Width of the two hidden layers of the actor and of the critic."""
+    activation: str = "tanh"
+    """Hidden-layer activation: "tanh" or "relu"."""
 
     def __post_init__(self) -> None:
         self.check_fields()
+        if self.activation not in ppo.ACTIVATIONS:
+            raise FragcError(f"a2c: activation must be one of {', '.join(ppo.ACTIVATIONS)}, got {self.activation!r}")
 
 
 class A2C(ppo.PPO):

@@ -25,6 +25,9 @@ from fragc.algos.run_length import RunLength
 from fragc.ir.errors import FragcError
 
 
+ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
+
+
 @dataclasses.dataclass(frozen=True)
 class Config(RunLength):
     env: str = "CartPole-v1"
@@ -57,9 +60,13 @@ class Config(RunLength):
     """Global gradient-norm clip."""
     hidden: int = 64
     """Width of the two hidden layers of the actor and of the critic."""
+    activation: str = "tanh"
+    """Hidden-layer activation: "tanh" (PureJaxRL's CartPole network) or "relu" (its MinAtar one)."""
 
     def __post_init__(self) -> None:
         self.check_fields()
+        if self.activation not in ACTIVATIONS:
+            raise FragcError(f"ppo: activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
         if (self.num_envs * self.num_steps) % self.num_minibatches:
             raise FragcError(
                 f"ppo: num_envs * num_steps ({self.num_envs * self.num_steps}) must divide by "
@@ -75,16 +82,18 @@ def dense(n: int, scale: float) -> nn.Dense:
 
 
 class MLP(nn.Module):
-    """Two tanh hidden layers and a linear head, orthogonal init."""
+    """Two hidden layers and a linear head, orthogonal init."""
 
     hidden: int
     out: int
     out_scale: float
+    activation: str = "tanh"
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = nn.tanh(dense(self.hidden, np.sqrt(2))(x))
-        x = nn.tanh(dense(self.hidden, np.sqrt(2))(x))
+        act = ACTIVATIONS[self.activation]
+        x = act(dense(self.hidden, np.sqrt(2))(x))
+        x = act(dense(self.hidden, np.sqrt(2))(x))
         return dense(self.out, self.out_scale)(x)
 
 
@@ -98,10 +107,11 @@ class ActorCritic(nn.Module):
 
     num_actions: int
     hidden: int = 64
+    activation: str = "tanh"
 
     def setup(self) -> None:
-        self.actor = MLP(self.hidden, self.num_actions, 0.01)
-        self.critic = MLP(self.hidden, 1, 1.0)
+        self.actor = MLP(self.hidden, self.num_actions, 0.01, self.activation)
+        self.critic = MLP(self.hidden, 1, 1.0, self.activation)
 
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
         return self.actor(obs), self.value(obs)
@@ -187,7 +197,7 @@ class PPO:
 
     @functools.cached_property
     def network(self) -> ActorCritic:
-        return ActorCritic(self.env.action_space.n, self.config.hidden)
+        return ActorCritic(self.env.action_space.n, self.config.hidden, self.config.activation)
 
     @functools.cached_property
     def optimizer(self) -> optax.GradientTransformation:

@@ -48,11 +48,12 @@ class GaussianActorCritic(nn.Module):
 
     action_dim: int
     hidden: int = 64
+    activation: str = "tanh"
 
     def setup(self) -> None:
-        self.actor = ppo.MLP(self.hidden, self.action_dim, 0.01)
+        self.actor = ppo.MLP(self.hidden, self.action_dim, 0.01, self.activation)
         self.log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
-        self.critic = ppo.MLP(self.hidden, 1, 1.0)
+        self.critic = ppo.MLP(self.hidden, 1, 1.0, self.activation)
 
     def __call__(self, obs: jax.Array) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
         mean = self.actor(obs)
@@ -83,7 +84,8 @@ class PPOContinuous(ppo.PPO):
 
     @functools.cached_property
     def network(self) -> GaussianActorCritic:
-        return GaussianActorCritic(int(np.prod(self.env.action_space.shape)), self.config.hidden)
+        return GaussianActorCritic(int(np.prod(self.env.action_space.shape)), self.config.hidden,
+                                   self.config.activation)
 
     def act(self, params: Any, obs: jax.Array, keys: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         (mean, log_std), value = self.network.apply(params, obs)

@@ -1,12 +1,16 @@
 """Full-length learning runs of every algorithm over several seeds, for docs/results.md.
 
     python bench/results.py [--seeds 0-9] [--only ppo,a2c] [--out bench/results]
+    python bench/results.py --seeds 0 --only ppo_breakout_minatar,ppo_spaceinvaders_minatar,...
 
 Per run: the final return (mean over environments of each one's last
 completed episode, at the end of training). Per algorithm: every seed's
 final return, how many reach the algorithm's threshold, the interquartile
 mean (IQM) over seeds and its 95% percentile-bootstrap confidence interval
 (the rliable convention: Agarwal et al. 2021, 2,000 resamples of the seeds).
+
+The MinAtar runs are PPO with PureJaxRL's MinAtar configuration (1e7 steps
+each), a bench with no threshold, run only when named with `--only`.
 
 Algorithms whose policy is `single` run all seeds at once as one
 `population(single, seeds)` program (member i starts from seed i, the same
@@ -22,13 +26,21 @@ import time
 
 import numpy as np
 
-RUNS = [  # (algorithm, policy, devices, threshold on the final return, config overrides)
-    ("ppo", "single", 1, 475.0, {}),
-    ("a2c", "single", 1, 400.0, {}),
-    ("dqn", "single", 1, 400.0, {}),
-    ("impala", "actor_learner_async", 8, 400.0, {}),
-    ("ppo_continuous", "single", 1, -200.0, {}),
+RUNS = [  # (name, algorithm, policy, devices, threshold on the final return, config overrides)
+    ("ppo", "ppo", "single", 1, 475.0, {}),
+    ("a2c", "a2c", "single", 1, 400.0, {}),
+    ("dqn", "dqn", "single", 1, 400.0, {}),
+    ("impala", "impala", "actor_learner_async", 8, 400.0, {}),
+    ("ppo_continuous", "ppo_continuous", "single", 1, -200.0, {}),
 ]
+MINATAR = {  # PureJaxRL's MinAtar PPO configuration (examples/brax_minatar.ipynb)
+    "num_envs": 64, "num_steps": 128, "total_steps": 10_000_000, "lr": 5e-3, "update_epochs": 4,
+    "num_minibatches": 8, "activation": "relu",
+}
+RUNS += [(f"ppo_{game.lower()}_minatar", "ppo", "single", 1, None, {"env": f"{game}-MinAtar", **MINATAR})
+         for game in ("Breakout", "SpaceInvaders", "Asterix", "Freeway")]
+"""MinAtar rows have no threshold (a bench, not a check): run them with `--only ppo_breakout_minatar,...`."""
+DEFAULT = ("ppo", "a2c", "dqn", "impala", "ppo_continuous")
 
 
 def seed_list(text: str) -> list[int]:
@@ -73,10 +85,18 @@ def final_returns(name: str, policy: str, devices: int, overrides: dict, seeds: 
     return out
 
 
+def algos_steps(name: str, overrides: dict) -> int:
+    """Environment steps of one run (compile included in the rate: a wall-clock figure, not a throughput bench)."""
+    from fragc import algos
+
+    config = algos.load(name)[1](**overrides)
+    return config.iterations * config.steps_per_iteration
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0", help="'0-9' or '0,1,2'")
-    parser.add_argument("--only", default="", help="comma-separated algorithm names (default: all)")
+    parser.add_argument("--only", default="", help="comma-separated run names (default: the five algorithms)")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     import jax
@@ -85,20 +105,22 @@ def main() -> None:
     seeds = seed_list(args.seeds)
     only = set(filter(None, args.only.split(",")))
     rows = []
-    for name, policy, devices, threshold, overrides in RUNS:
-        if only and name not in only:
+    for name, algo, policy, devices, threshold, overrides in RUNS:
+        if name not in (only or DEFAULT):
             continue
         start = time.perf_counter()
-        returns = final_returns(name, policy, devices, overrides, seeds)
+        returns = final_returns(algo, policy, devices, overrides, seeds)
+        wall = time.perf_counter() - start
         lo, hi = bootstrap_ci(returns)
-        row = {"algo": name, "policy": policy, "seeds": seeds, "threshold": threshold,
-               "final_returns": [round(r, 1) for r in returns],
-               "at_threshold": int(sum(r >= threshold for r in returns)),
-               "iqm": round(iqm(returns), 1), "iqm_ci95": [round(lo, 1), round(hi, 1)],
-               "wall_s": round(time.perf_counter() - start, 1)}
+        reached = None if threshold is None else int(sum(r >= threshold for r in returns))
+        row = {"run": name, "algo": algo, "policy": policy, "config": overrides, "seeds": seeds,
+               "threshold": threshold, "final_returns": [round(r, 1) for r in returns], "at_threshold": reached,
+               "iqm": round(iqm(returns), 1), "iqm_ci95": [round(lo, 1), round(hi, 1)], "wall_s": round(wall, 1),
+               "env_steps_per_s": round(len(seeds) * algos_steps(algo, overrides) / wall)}
         rows.append(row)
-        print(f"{name:15} {policy:20} {row['at_threshold']}/{len(seeds)} >= {threshold:g}  IQM {row['iqm']:.1f} "
-              f"[{lo:.1f}, {hi:.1f}]  {row['wall_s']:.0f} s  returns {row['final_returns']}", flush=True)
+        check = "" if threshold is None else f"{reached}/{len(seeds)} >= {threshold:g}  "
+        print(f"{name:22} {policy:20} {check}IQM {row['iqm']:.1f} [{lo:.1f}, {hi:.1f}]  {wall:.0f} s  "
+              f"returns {row['final_returns']}", flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(rows, f, indent=2)
