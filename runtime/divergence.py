@@ -33,9 +33,10 @@ class Diverged(FragcError):
         """This error, naming the latest checkpoint: the last good state, to resume from."""
         if checkpointer is None:
             return self
-        kept = (f"; the latest checkpoint is iteration {saved_at}" if saved_at is not None
-                else "; no checkpoint was written")
-        return Diverged(self.what, self.iteration, self.when, f"{kept} (in '{checkpointer.directory}')")
+        where = checkpointer.directory
+        kept = (f"; the latest checkpoint in '{where}' is iteration {saved_at}" if saved_at is not None
+                else f"; no checkpoint was written to '{where}'")
+        return Diverged(self.what, self.iteration, self.when, kept)
 
 
 def check_metrics(metrics: dict[str, Any], done: int, population: bool = False) -> None:

@@ -241,7 +241,7 @@ def test_a_run_that_diverges_stops_and_its_latest_checkpoint_is_finite_and_resum
     from fragc.runtime.divergence import Diverged
 
     prog = compiled(nan_at)
-    kept = f"; the latest checkpoint is iteration 4 (in '{tmp_path}')"
+    kept = f"; the latest checkpoint in '{tmp_path}' is iteration 4"
     with pytest.raises(Diverged, match="^" + re.escape(line + kept) + "$") as err:
         train(prog, tmp_path)
     assert err.value.exit_code == 3
@@ -259,8 +259,8 @@ def test_a_run_that_diverges_stops_and_its_latest_checkpoint_is_finite_and_resum
 def test_a_diverging_run_on_the_command_line_exits_with_code_3(capsys, tmp_path):
     assert run_cli(TINY + ["--nan-at", "4", "--checkpoint-every", "4", "--checkpoint-dir", str(tmp_path)]) == 3
     err = capsys.readouterr().err
-    assert err == (f"fragc: error: training diverged: metric 'loss' is nan in iteration 6; the latest checkpoint "
-                   f"is iteration 4 (in '{tmp_path}')\n")
+    assert err == (f"fragc: error: training diverged: metric 'loss' is nan in iteration 6; the latest checkpoint in "
+                   f"'{tmp_path}' is iteration 4\n")
 
 
 def test_a_resumed_run_writes_the_metrics_file_of_an_uninterrupted_one(tmp_path, healthy):
