@@ -30,6 +30,7 @@ from fragc.passes.policy import Policy
 from .cost import fragment_collective_bytes, hlo_collective_bytes, transfer_bytes
 from .fused import FusedProgram
 from .multihost import place, to_host
+from .seeds import check_seed
 from .spmd import SpmdProgram
 from .stages import CompiledStage, StagedProgram
 
@@ -103,7 +104,7 @@ class Program:
 
         For a population, member i starts from seed `seed + offset_i`.
         """
-        return self.place_state(self._init(jnp.asarray(int(seed), jnp.uint32)))
+        return self.place_state(self._init(jnp.asarray(check_seed(seed), jnp.uint32)))
 
     def place_state(self, state: Any) -> Any:
         """A state (for example read from a checkpoint) on the program's devices, leaf by leaf:

@@ -90,7 +90,6 @@ def test_python_api_refuses_with_one_line(ppo_algo, call, message):
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.xfail(strict=True, reason="needs Program.init to call fragc.runtime.seeds.check_seed (runtime/program.py)")
 @pytest.mark.parametrize("seed", ["abc", -1, 2**32, 2**70, 1.5])
 def test_program_init_refuses_a_bad_seed(healthy, seed):
     with pytest.raises(fragc.FragcError, match=r"seed must be an int from 0 to 4294967295"):
