@@ -84,10 +84,22 @@ def _field_docs(cls: type) -> dict[str, str]:
 
 
 def _count(text: str) -> int:
-    value = int(float(text))  # accepts 5e5
+    try:
+        value = int(float(text))  # accepts 5e5
+    except (OverflowError, ValueError):  # inf, nan, abc
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
     return value
+
+
+def _seed(text: str) -> int:
+    from fragc.runtime.seeds import MAX_SEED, check_seed
+
+    try:
+        return check_seed(int(text))
+    except (ValueError, FragcError):
+        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to {MAX_SEED}, got {text}") from None
 
 
 def _bool(text: str) -> bool:
@@ -115,7 +127,11 @@ def _process_options(parser: argparse.ArgumentParser) -> None:
 
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name)
-    return int(value) if value else None
+    if not value:
+        return None
+    if not value.strip().isdigit():
+        raise FragcError(f"{name}={value!r} in the environment: expected a whole number from 0")
+    return int(value)
 
 
 def _multiprocess(args: argparse.Namespace) -> bool:
@@ -191,7 +207,7 @@ def _parser(algo: str | None = None, parser_class: type = _Parser) -> argparse.A
     sub = parser.add_subparsers(dest="command", required=True, parser_class=parser_class)
     run = sub.add_parser("run", help="train an algorithm and print progress and the final mean return")
     _common(run, algo)
-    run.add_argument("--seed", type=int, default=0, help="PRNG seed (default 0)")
+    run.add_argument("--seed", type=_seed, default=0, help="PRNG seed, 0 to 2**32 - 1 (default 0)")
     run.add_argument("--iterations-per-dispatch", type=_count, default=16, help="iterations scanned per dispatch")
     run.add_argument("--quiet", action="store_true", help="print only the final line")
     run.add_argument("--json", action="store_true", help="print a JSON summary on stdout (progress goes to stderr)")
@@ -288,6 +304,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.resume and not args.checkpoint_dir:
         raise FragcError("--resume needs --checkpoint-dir")
+    if args.stop_after and not args.checkpoint_dir:
+        raise FragcError("--stop-after needs --checkpoint-dir (to continue from with --resume)")
     if not args.no_cache:
         enable_compilation_cache()
     lead = jax.process_index() == 0  # progress and output come from process 0
@@ -479,6 +497,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # while starting: building the parser imports JAX and every algorithm
         print("fragc: interrupted", file=sys.stderr)
         return 130
+    except FragcError as err:  # while starting: e.g. a malformed FRAGC_* variable
+        return _usage_error(err)
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -528,7 +548,7 @@ def _multiprocess_command(early: argparse.Namespace, argv: list[str]) -> int:
     except FragcError as err:
         print(f"fragc: error: {err}", file=sys.stderr)
         distributed.fail(str(err))
-        code = 2
+        code = _exit_code(err)
     except KeyboardInterrupt:
         print("fragc: interrupted", file=sys.stderr)
         distributed.fail("interrupted")
@@ -550,8 +570,13 @@ def _multiprocess_command(early: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _usage_error(err: FragcError) -> int:
+    """One line, and the error's exit code: 2 for a user's mistake, 3 for a run that diverged."""
     print(f"fragc: error: {err}", file=sys.stderr)
-    return 2
+    return _exit_code(err)
+
+
+def _exit_code(err: FragcError) -> int:
+    return getattr(err, "exit_code", 2)
 
 
 def _guarded(command: Any, *args: Any) -> Any:

@@ -28,6 +28,8 @@ from typing import Any, TextIO
 import numpy as np
 
 from fragc.ir.errors import FragcError
+from fragc.runtime.divergence import Diverged, check_metrics, check_state
+from fragc.runtime.multihost import to_host
 
 
 @dataclasses.dataclass
@@ -59,8 +61,14 @@ def train(prog: Any, state: Any, iterations: int, *, checkpoint_dir: Any = None,
     resume: continue from the latest good checkpoint in `checkpoint_dir`
       instead of `state` (which then only gives the state's type); refused if
       it was written with another algorithm, config, policy or device count.
+      Before the first checkpoint exists, start from `state`, with a notice.
     metrics: a JSON-lines file, one line per dispatch with the iteration, env
-      steps, wall time and each metric's mean (appended to when resuming).
+      steps, wall time and each metric's mean (when resuming, the lines after
+      the checkpoint are dropped first: the file reads as one run's).
+
+    The first NaN or infinity in a metric or in the state stops the run with
+    `fragc.runtime.divergence.Diverged` (exit code 3 on the command line); a
+    state that is not finite is never saved as a checkpoint.
     progress: a text stream (or True for stderr) for progress: a line when
       resuming, and a progress bar if the stream is a terminal.
     stop_after: run at most this many iterations now (to be continued with
@@ -99,6 +107,7 @@ class _Training:
         self.metrics_path = metrics if self.lead else None
         self.out = (sys.stderr if progress is True else progress or None) if self.lead else None
         self.start_at, self.last_return = 0, float("nan")
+        self.saved_at = None  # the iteration of the latest checkpoint, if any
 
     # ------------------------------------------------------------ the steps of a run
 
@@ -107,7 +116,7 @@ class _Training:
         if resume:
             state, delays = self.resume(state)
         stop_at = min(self.iterations, self.start_at + stop_after) if stop_after else self.iterations
-        self.writer = _metrics_writer(self.metrics_path, append=resume)
+        self.writer = _metrics_writer(self.metrics_path, resume_from=self.start_at if resume else None)
         self.bar = _ProgressBar(self.iterations, self.steps, self.out) if self.out and _isatty(self.out) else None
         self.start = time.perf_counter()
         history: dict[str, np.ndarray] = {}
@@ -116,6 +125,10 @@ class _Training:
                 state, history = self.prog.run(
                     state, stop_at - self.start_at, callback=self.on_metrics, delays=delays,
                     checkpoint=self.save if self.checkpointer else None, checkpoint_every=self.checkpoint_every)
+                if not self.checkpointer:  # else `save` checked the final state
+                    check_state(to_host(state), stop_at)
+        except Diverged as err:
+            raise err.keeping(self.saved_at, self.checkpointer) from None
         finally:
             if self.writer is not None:
                 self.writer.close()
@@ -126,12 +139,16 @@ class _Training:
     def resume(self, fresh_state: Any) -> tuple[Any, Any]:
         """The latest good checkpoint's state and delays, placed on the program's devices."""
         prog = self.prog
+        if not self.checkpointer.steps():
+            if self.out is not None:
+                print(f"no checkpoint in '{self.checkpointer.directory}' yet: starting afresh", file=self.out)
+            return fresh_state, None
         state, delays, saved = self.checkpointer.restore_latest(fresh_state, prog.initial_delays(fresh_state))
         for key in ("algo", "config", "policy", "devices"):
             if saved.get(key) != self.meta[key]:
                 raise FragcError(f"--resume: the checkpoint was written with a different {key} "
                                  f"({saved.get(key)!r}, this run has {self.meta[key]!r})")
-        self.start_at = int(saved["iteration"])
+        self.start_at = self.saved_at = int(saved["iteration"])
         self.last_return = float(saved.get("last_return", float("nan")))
         if self.out is not None:
             print(f"resumed from the checkpoint at iteration {self.start_at}", file=self.out)
@@ -145,15 +162,18 @@ class _Training:
         now = time.perf_counter() - self.start
         if self.writer is not None:
             self.writer.write(done, done * self.steps, now, metrics)
+        check_metrics(metrics, done, population=bool(self.prog.population))
         if self.bar is not None:
             self.bar.update(done, (done - self.start_at) * self.steps / max(now, 1e-9), self.last_return)
 
     def save(self, done: int, host_state: Any, host_delays: dict) -> None:
         """A checkpoint after `done` iterations of this call; every process holds the whole state
-        on its host, one writes it."""
+        on its host, one writes it. A state that is not finite is never saved."""
+        check_state(host_state, self.start_at + done)
         if self.lead:
             self.checkpointer.save(self.start_at + done, host_state, host_delays,
                                    {**self.meta, "last_return": self.last_return})
+        self.saved_at = self.start_at + done
 
 
 def steps_per_iteration(algo: Any) -> int:
@@ -180,12 +200,12 @@ def _run_meta(prog: Any, run_info: dict | None) -> dict:
     return json.loads(json.dumps(meta, default=str))
 
 
-def _metrics_writer(path: Any, append: bool) -> Any:
+def _metrics_writer(path: Any, resume_from: int | None) -> Any:
     if path is None:
         return None
     from fragc.runtime.reporting import MetricsWriter
 
-    return MetricsWriter(os.fspath(path), append=append)
+    return MetricsWriter(os.fspath(path), resume_from=resume_from)
 
 
 def _isatty(stream: TextIO) -> bool:

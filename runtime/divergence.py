@@ -25,9 +25,18 @@ class Diverged(FragcError):
 
     exit_code = EXIT_CODE
 
-    def __init__(self, what: str, iteration: int, when: str = "in"):
-        super().__init__(f"training diverged: {what} {when} iteration {iteration}")
-        self.what, self.iteration = what, iteration
+    def __init__(self, what: str, iteration: int, when: str = "in", note: str = ""):
+        super().__init__(f"training diverged: {what} {when} iteration {iteration}{note}")
+        self.what, self.iteration, self.when = what, iteration, when
+
+    def keeping(self, saved_at: int | None, checkpointer: Any) -> "Diverged":
+        """This error, naming the latest checkpoint: the last good state, to resume from."""
+        if checkpointer is None:
+            return self
+        where = checkpointer.directory
+        kept = (f"; the latest checkpoint in '{where}' is iteration {saved_at}" if saved_at is not None
+                else f"; no checkpoint was written to '{where}'")
+        return Diverged(self.what, self.iteration, self.when, kept)
 
 
 def check_metrics(metrics: dict[str, Any], done: int, population: bool = False) -> None:

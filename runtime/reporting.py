@@ -38,12 +38,12 @@ class MetricsWriter:
     file reads as one uninterrupted run's.
     """
 
-    def __init__(self, path: str, append: bool = False, resume_from: int | None = None):
+    def __init__(self, path: str, resume_from: int | None = None):
         self.path = path
         try:
             if resume_from is not None:
                 _keep_rows_until(path, resume_from)
-            self._file: TextIO = open(path, "a" if append or resume_from is not None else "w")
+            self._file: TextIO = open(path, "w" if resume_from is None else "a")
         except OSError as err:
             raise FragcError(f"cannot write metrics to '{path}': {err.strerror}") from err
 

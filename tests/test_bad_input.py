@@ -9,20 +9,19 @@ count is fixed once its backend starts) spawn one.
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import struct
 
 import fragc
 from fragc.algos import a2c, dqn, impala, ppo, ppo_continuous
 from fragc.cli import main
-from toy_algos import Regression
+from diverging_algo import Config as DivergingConfig
+from diverging_algo import Diverging
 
 # ---------------------------------------------------------------- the Python API
 
@@ -56,7 +55,8 @@ API_CASES = [
     ("Config(gae_lambda=-0.1)", lambda algo: ppo.Config(gae_lambda=-0.1), r"gae_lambda must be in \[0, 1\]"),
     ("Config(max_grad_norm=0)", lambda algo: ppo.Config(max_grad_norm=0.0), "max_grad_norm must be positive"),
     ("Config(ent_coef=-1)", lambda algo: ppo.Config(ent_coef=-1.0), "ent_coef must be at least 0, got -1"),
-    ("Config(hidden=0)", lambda algo: ppo.Config(hidden=0), "ppo: hidden must be positive, got 0"),
+    ("Config(hidden=0)", lambda algo: ppo.Config(hidden=0), r"ppo: hidden must be in \[1, 46340\], got 0"),
+    ("Config(hidden=10**9)", lambda algo: ppo.Config(hidden=10**9), r"hidden must be in \[1, 46340\]"),
     ("Config(update_epochs=2**40)", lambda algo: ppo.Config(update_epochs=2**40),
      "update_epochs must be at most 2147483647"),
     ("ppo_continuous Config(gamma=2)", lambda algo: ppo_continuous.Config(gamma=2.0),
@@ -91,15 +91,10 @@ def test_python_api_refuses_with_one_line(ppo_algo, call, message):
     assert "\n" not in str(err.value)
 
 
-@pytest.fixture(scope="module")
-def program():
-    return fragc.compile(Regression(), devices=1, iterations_per_dispatch=1)
-
-
 @pytest.mark.parametrize("seed", ["abc", -1, 2**32, 2**70, 1.5])
-def test_program_init_refuses_a_bad_seed(program, seed):
+def test_program_init_refuses_a_bad_seed(healthy, seed):
     with pytest.raises(fragc.FragcError, match=r"seed must be an int from 0 to 4294967295"):
-        program.init(seed)
+        healthy.init(seed)
 
 
 # ---------------------------------------------------------------- the command line, in-process
@@ -129,6 +124,14 @@ CLI_CASES = [
     ("--total-steps 1e30", ["run", "ppo", "--total-steps", "1e30"], "is more than 2147483647 iterations"),
     ("--devices 100000", ["run", "ppo", "--policy", "anakin", "--devices", "100000"],
      "100000 devices were asked for but only 8 exist, and fragc simulates at most 1024 CPU devices"),
+    ("--total-steps inf", ["run", "ppo", "--total-steps", "inf"], "argument --total-steps: expected an integer"),
+    ("--iterations-per-dispatch inf", ["run", "ppo", "--iterations-per-dispatch", "inf"],
+     "expected a positive whole number, got inf"),
+    ("--seed -1", ["run", "ppo", "--seed", "-1"], "argument --seed: expected a whole number from 0 to 4294967295"),
+    ("--seed 2**32", ["run", "ppo", "--seed", str(2**32)], f"from 0 to 4294967295, got {2**32}"),
+    ("--seed 2**70", ["run", "ppo", "--seed", str(2**70)], f"from 0 to 4294967295, got {2**70}"),
+    ("--stop-after without --checkpoint-dir", ["run", "ppo", "--stop-after", "3"],
+     "--stop-after needs --checkpoint-dir"),
 ]
 
 
@@ -137,6 +140,42 @@ def test_cli_refuses_with_one_line_and_exit_code_2(capsys, argv, message):
     assert run_cli(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("fragc") and err.count("\n") == 1 and message in err, err
+
+
+def test_a_malformed_process_count_in_the_environment_is_one_line(capsys, monkeypatch):
+    monkeypatch.setenv("FRAGC_NUM_PROCESSES", "abc")
+    assert run_cli(["run", "ppo"]) == 2
+    err = capsys.readouterr().err
+    assert err == "fragc: error: FRAGC_NUM_PROCESSES='abc' in the environment: expected a whole number from 0\n"
+
+
+DIVERGING = os.path.join(os.path.dirname(__file__), "diverging_algo.py:Diverging")
+TINY = ["run", DIVERGING, "--iterations-per-dispatch", "2", "--quiet"]  # compiles in a second
+
+
+def full_disk(monkeypatch):
+    import shutil
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(2**30, 2**30 - 4096, 4096))
+
+
+RUN_CASES = [
+    # (case, arguments after TINY, set-up, exit code, the line's text): failures while training
+    ("--metrics /dev/full", ["--metrics", "/dev/full"], None, 2,
+     "fragc: error: cannot write metrics to '/dev/full': No space left on device"),
+    ("a full disk under --checkpoint-dir", ["--checkpoint-dir", "{tmp}", "--checkpoint-every", "2"], full_disk, 2,
+     "fragc: error: cannot write the checkpoint of iteration 2 to '{tmp}': No space left on device (0.00 MiB "
+     "free, about 1.00 MiB needed); the earlier checkpoints are kept"),
+]
+
+
+@pytest.mark.parametrize("extra,setup,code,message", [c[1:] for c in RUN_CASES], ids=[c[0] for c in RUN_CASES])
+def test_a_run_that_fails_stops_with_one_line(capsys, monkeypatch, tmp_path, extra, setup, code, message):
+    if setup is not None:
+        setup(monkeypatch)
+    assert run_cli(TINY + [a.format(tmp=tmp_path) for a in extra]) == code
+    err = capsys.readouterr().err
+    assert err.startswith(message.format(tmp=tmp_path)) and err.count("\n") == 1, err
 
 
 PLOT_CASES = [
@@ -176,39 +215,11 @@ def test_impossible_device_count_is_refused_at_once():
 # ---------------------------------------------------------------- divergence and resumed runs (fragc.train)
 
 
-@struct.dataclass
-class Walk:
-    w: jax.Array  # [3]
-    step: jax.Array
-
-
-class Diverging:
-    """w shrinks by 0.9 an iteration, and is NaN from the iteration after step `nan_at` on; the
-    `loss` metric is |w|^2 of the iteration's incoming w, so NaN shows in the metrics one
-    iteration after it reaches the state, as a parameter's would in a loss."""
-
-    def __init__(self, nan_at=None):
-        self.nan_at = nan_at
-
-    def init(self, key):
-        return Walk(jax.random.normal(key, (3,)), jnp.int32(0))
-
-    @fragc.fragment(role="learner", in_axes=(None,), out_axes=(None, None))
-    def learn(self, state):
-        w = 0.9 * state.w
-        if self.nan_at is not None:
-            w = jnp.where(state.step >= self.nan_at, jnp.nan, w)
-        return Walk(w, state.step + 1), {"loss": jnp.sum(state.w**2)}
-
-    def iteration(self, state):
-        return self.learn(state)
-
-
 ITERATIONS, EVERY = 12, 4  # 2 iterations a dispatch: checkpoints after iterations 4, 8, 12
 
 
-def compiled(nan_at=None):
-    return fragc.compile(Diverging(nan_at), devices=1, iterations_per_dispatch=2)
+def compiled(nan_at=-1):
+    return fragc.compile(Diverging(DivergingConfig(nan_at=nan_at)), devices=1, iterations_per_dispatch=2)
 
 
 @pytest.fixture(scope="module")
@@ -229,14 +240,27 @@ def test_a_run_that_diverges_stops_and_its_latest_checkpoint_is_finite_and_resum
     from fragc.runtime.checkpoint import Checkpointer
     from fragc.runtime.divergence import Diverged
 
-    with pytest.raises(Diverged, match="^" + line) as err:
-        train(compiled(nan_at), tmp_path)
-    assert err.value.exit_code == 3 and "\n" not in str(err.value)
-    assert Checkpointer(str(tmp_path)).steps() == [4]
-    resumed = train(healthy, tmp_path, resume=True)
-    assert resumed.resumed_from == 4
-    w0 = healthy.init(0).w
-    np.testing.assert_allclose(resumed.state.w, w0 * 0.9**ITERATIONS, rtol=1e-5)  # a plain loop's result
+    prog = compiled(nan_at)
+    kept = f"; the latest checkpoint in '{tmp_path}' is iteration 4"
+    with pytest.raises(Diverged, match="^" + re.escape(line + kept) + "$") as err:
+        train(prog, tmp_path)
+    assert err.value.exit_code == 3
+    checkpoints = Checkpointer(str(tmp_path))
+    assert checkpoints.steps() == [4]
+    state, _, _ = checkpoints.restore_latest(prog.init(0), {})
+    w0 = np.asarray(prog.init(0).w)
+    np.testing.assert_allclose(state.w, w0 * 0.9**4, rtol=1e-6)  # finite: a plain loop's 4 iterations
+    progress = io.StringIO()
+    with pytest.raises(Diverged, match="^" + re.escape(line + kept) + "$"):  # resumes, and repeats itself
+        train(prog, tmp_path, resume=True, progress=progress)
+    assert "resumed from the checkpoint at iteration 4" in progress.getvalue()
+
+
+def test_a_diverging_run_on_the_command_line_exits_with_code_3(capsys, tmp_path):
+    assert run_cli(TINY + ["--nan-at", "4", "--checkpoint-every", "4", "--checkpoint-dir", str(tmp_path)]) == 3
+    err = capsys.readouterr().err
+    assert err == (f"fragc: error: training diverged: metric 'loss' is nan in iteration 6; the latest checkpoint in "
+                   f"'{tmp_path}' is iteration 4\n")
 
 
 def test_a_resumed_run_writes_the_metrics_file_of_an_uninterrupted_one(tmp_path, healthy):

@@ -45,10 +45,11 @@ def fragc_cli(*argv):
                             text=True, env=env, cwd=ROOT)
 
 
-def test_fragc_run_trains_a_users_file_with_its_config_options(small_ppo):
+def test_fragc_run_trains_a_users_file_with_its_config_options(small_ppo, tmp_path):
     """`fragc run file.py:Class` with the config's fields as options computes what the Python API
     computes with that config."""
-    proc = fragc_cli("run", USER_PPO, *SMALL_FLAGS, "--stop-after", "16", "--json", "--quiet")
+    proc = fragc_cli("run", USER_PPO, *SMALL_FLAGS, "--checkpoint-dir", str(tmp_path), "--stop-after", "16", "--json",
+                     "--quiet")
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     got = json.loads(out.strip().splitlines()[-1])
