@@ -28,7 +28,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from fragc.ir.errors import FragcError
-from fragc.runtime.divergence import Diverged, check_metrics, check_state
+from fragc.runtime.divergence import Diverged, StateNotFinite, check_metrics, check_state
 from fragc.runtime.multihost import to_host
 
 
@@ -124,10 +124,13 @@ class _Training:
             if self.start_at < stop_at:
                 state, history = self.prog.run(
                     state, stop_at - self.start_at, callback=self.on_metrics, delays=delays,
-                    checkpoint=self.save if self.checkpointer else None, checkpoint_every=self.checkpoint_every)
+                    checkpoint=self.save if self.checkpointer else None, checkpoint_every=self.checkpoint_every,
+                    check_finite=True)
                 if not self.checkpointer:  # else `save` checked the final state
                     check_state(to_host(state), stop_at)
         except Diverged as err:
+            if isinstance(err, StateNotFinite):  # counted within this call of Program.run
+                err = err.shifted(self.start_at)
             raise err.keeping(self.saved_at, self.checkpointer) from None
         finally:
             if self.writer is not None:

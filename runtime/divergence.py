@@ -1,10 +1,11 @@
 """Stopping a run that diverged: the first non-finite metric or state value ends it (exit code 3).
 
 The checks cost no extra synchronisation: metrics reach the host one dispatch
-late anyway (`Program.run`'s callback), and the state is checked where it is
-already on the host, before a checkpoint is written, so a non-finite state is
-never saved as the latest checkpoint. Parameters that go non-finite show in
-the next iteration's losses.
+late anyway (`Program.run`'s callback); the state is reduced on its devices to
+one "all finite" flag per leaf after every dispatch, and the flags travel with
+that dispatch's metrics (`Program.run(check_finite=True)`); and the state is
+checked again where it is already on the host, before a checkpoint is written,
+so a non-finite state is never saved as the latest checkpoint.
 """
 
 from __future__ import annotations
@@ -37,6 +38,18 @@ class Diverged(FragcError):
         kept = (f"; the latest checkpoint in '{where}' is iteration {saved_at}" if saved_at is not None
                 else f"; no checkpoint was written to '{where}'")
         return Diverged(self.what, self.iteration, self.when, kept)
+
+
+class StateNotFinite(Diverged):
+    """`Program.run(check_finite=True)`'s stop: a state leaf is not finite after iteration
+    `iteration` of that call (a driver that resumed adds its starting iteration: `shifted`)."""
+
+    def __init__(self, leaf: str, iteration: int):
+        super().__init__(f"the state's {leaf} is not finite", iteration, when="after")
+        self.leaf = leaf
+
+    def shifted(self, by: int) -> "StateNotFinite":
+        return StateNotFinite(self.leaf, self.iteration + by)
 
 
 def check_metrics(metrics: dict[str, Any], done: int, population: bool = False) -> None:

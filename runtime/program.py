@@ -28,6 +28,7 @@ from fragc.passes.pipeline import PipelineResult
 from fragc.passes.policy import Policy
 
 from .cost import fragment_collective_bytes, hlo_collective_bytes, transfer_bytes
+from .divergence import StateNotFinite
 from .fused import FusedProgram
 from .multihost import place, to_host
 from .seeds import check_seed
@@ -114,7 +115,8 @@ class Program:
 
     def run(self, state: Any, iterations: int, callback: Callable[[int, dict], None] | None = None,
             checkpoint: Callable[[int, Any, dict], None] | None = None, checkpoint_every: int = 0,
-            delays: dict[int, list[Any]] | None = None) -> tuple[Any, dict[str, np.ndarray]]:
+            delays: dict[int, list[Any]] | None = None,
+            check_finite: bool = False) -> tuple[Any, dict[str, np.ndarray]]:
         """Run `iterations` iterations -> (state, history: metric -> array with one row per iteration).
 
         callback(done, metrics): called as each dispatch's metrics arrive.
@@ -123,6 +125,11 @@ class Program:
           next dispatch reuses the buffers.
         delays: a pipelined program's delay values to continue from (`last_delays` of an
           earlier run, or a checkpoint's); by default they start from `state`.
+        check_finite: after each dispatch, reduce every floating-point state leaf to one
+          "all finite" flag on its own devices; the flags travel to the host with that
+          dispatch's metrics (no extra synchronisation) and the first leaf that is not finite
+          stops the run with `StateNotFinite` (iterations counted within this call), after
+          `callback` has seen that dispatch's metrics.
         After the run, `last_delays` holds the delay values to continue with.
         """
         if not isinstance(iterations, (int, np.integer)) or isinstance(iterations, bool) or iterations < 1:
@@ -140,6 +147,8 @@ class Program:
         while done < iterations:
             n = min(self.k, iterations - done)
             carry, metrics = self._dispatch(carry, n)
+            if check_finite:
+                metrics = {**metrics, _FINITE: self._finite_flags(carry[0])}
             if pending is not None:
                 self._collect(rows, *pending, callback)
             done += n
@@ -185,10 +194,31 @@ class Program:
 
     def _collect(self, rows: list, metrics: Any, n: int, done: int, callback: Any) -> None:
         axis = 1 if self.population else 0
-        host = {k: np.take(np.asarray(v), np.arange(n), axis=axis) for k, v in to_host(metrics).items()}
+        host = to_host(metrics)
+        finite = host.pop(_FINITE, None)
+        host = {k: np.take(np.asarray(v), np.arange(n), axis=axis) for k, v in host.items()}
         rows.append(host)
         if callback is not None:
             callback(done, host)
+        if finite is not None:
+            self._check_finite(finite, done)
+
+    def _finite_flags(self, leaves: list[Any]) -> list[jax.Array]:
+        """One "all finite" flag per floating-point state leaf, computed where the leaf lives: one
+        small program per device set, since one jit cannot read arrays on disjoint device sets."""
+        groups: dict[frozenset, list[int]] = {}
+        for i, x in enumerate(leaves):
+            if jnp.issubdtype(x.dtype, jnp.inexact):
+                groups.setdefault(frozenset(x.sharding.device_set), []).append(i)
+        return [(idx, _all_finite([leaves[i] for i in idx])) for idx in groups.values()]
+
+    def _check_finite(self, flags: list[tuple[list[int], np.ndarray]], done: int) -> None:
+        bad = sorted(i for idx, ok in flags for i, good in zip(idx, np.asarray(ok)) if not good)
+        if bad:
+            names = [jax.tree_util.keystr(p, simple=True, separator=".") for p, _ in
+                     jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(
+                         self._state_tree, range(self._state_tree.num_leaves)))[0]]
+            raise StateNotFinite(names[bad[0]], done)
 
     def _check_state(self, state: Any) -> list[Any]:
         leaves, tree = jax.tree.flatten(state)
@@ -198,6 +228,16 @@ class Program:
         if tree != self._state_tree or [tuple(x.shape) for x in leaves] != expected:
             raise FragcError("run: the state does not match the program's state type; use Program.init(seed)")
         return leaves
+
+
+_FINITE = "__state_finite__"
+"""The key under which `run(check_finite=True)` carries the state's flags beside a dispatch's metrics."""
+
+
+@jax.jit
+def _all_finite(leaves: list[jax.Array]) -> jax.Array:
+    """bool[len(leaves)]: whether each leaf (of a population: of every member) is all finite."""
+    return jnp.stack([jnp.isfinite(x).all() for x in leaves])
 
 
 def _metrics_dict(metrics: Any) -> dict[str, Any]:

@@ -256,6 +256,16 @@ def test_a_run_that_diverges_stops_and_its_latest_checkpoint_is_finite_and_resum
     assert "resumed from the checkpoint at iteration 4" in progress.getvalue()
 
 
+def test_parameters_are_checked_on_device_after_every_dispatch():
+    """Without checkpoints the state never reaches the host during the run: the on-device flags of
+    the dispatch that made w NaN stop it, before the next iteration's loss could show it."""
+    from fragc.runtime.divergence import Diverged
+
+    prog = compiled(nan_at=7)
+    with pytest.raises(Diverged, match=r"^training diverged: the state's w is not finite after iteration 8$"):
+        train(prog, None)
+
+
 def test_a_diverging_run_on_the_command_line_exits_with_code_3(capsys, tmp_path):
     assert run_cli(TINY + ["--nan-at", "4", "--checkpoint-every", "4", "--checkpoint-dir", str(tmp_path)]) == 3
     err = capsys.readouterr().err
