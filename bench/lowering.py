@@ -6,7 +6,9 @@ its flax `TrainState` in the state and its whole per-step info dict
 learn fragment. Both sides scan the same number of iterations per dispatch,
 donate the state, fetch the metrics after every dispatch, and are timed
 alternately (A B A B ...) in one process. Prints medians and per-repeat
-ratios; writes JSON.
+ratios of wall-clock throughput, and of process CPU time (steadier than
+wall time on a machine shared with other jobs, and the measure that shows a
+program using more threads); writes JSON.
 
     python bench/lowering.py [--repeats 9] [--iterations 128] [--k 16] [--out bench/results]
 """
@@ -54,14 +56,17 @@ def main() -> None:
     sides = {"fragc": lambda s: prog.run(s, args.iterations)[0], "plain_jit": run_plain}
     states = {name: run(state) for name, run in sides.items()}  # warm up
     times: dict[str, list[float]] = {name: [] for name in sides}
+    cpu: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(args.repeats):
         for name, run in sides.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             jax.block_until_ready(run(states[name]))
             times[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
     steps = args.iterations * algo.steps_per_iteration
     sps = {n: [steps / t for t in ts] for n, ts in times.items()}
     ratios = [a / b for a, b in zip(sps["fragc"], sps["plain_jit"])]
+    cpu_ratios = [b / a for a, b in zip(cpu["fragc"], cpu["plain_jit"])]
     result = {
         "algorithm": "purejaxrl_ppo.FragcPort (PureJaxRL's PPO as two fragments, CartPole-v1)",
         "config": {"iterations_per_repeat": args.iterations, "iterations_per_dispatch": args.k,
@@ -70,11 +75,16 @@ def main() -> None:
         "env_steps_per_s_each": sps,
         "ratio_median": statistics.median(ratios),
         "ratios": ratios,
+        "cpu_s_each": cpu,
+        "cpu_ratio_median": statistics.median(cpu_ratios),
+        "cpu_ratios": cpu_ratios,
     }
     for n, v in result["env_steps_per_s"].items():
         print(f"{n:12}{v:>12.0f} env-steps/s (median)")
     print(f"throughput ratio fragc/plain_jit: median {result['ratio_median']:.3f} "
           f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
+    print(f"CPU-time ratio (plain_jit CPU s / fragc CPU s, > 1: fragc does less work): median "
+          f"{result['cpu_ratio_median']:.3f} (min {min(cpu_ratios):.3f}, max {max(cpu_ratios):.3f})")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "lowering.json"), "w") as f:
         json.dump(result, f, indent=2)

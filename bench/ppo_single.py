@@ -12,7 +12,9 @@
 All run the same configuration (PureJaxRL's CartPole-v1), scan the same
 number of iterations per dispatch, fetch their metrics after every dispatch
 and are timed alternately (A B C A B C ...), so drift on a shared machine
-hits each alike. Prints medians and per-repeat ratios; writes JSON.
+hits each alike. Prints medians and per-repeat ratios of wall-clock
+throughput and of process CPU time (steadier on a shared machine, and the
+measure that shows a program using more threads); writes JSON.
 
     python bench/ppo_single.py [--repeats 9] [--iterations 128] [--compile-repeats 3] [--out bench/results]
 
@@ -115,13 +117,16 @@ def main() -> None:
     compiles = cold_compile_times(args.compile_repeats) if args.compile_repeats else {}
     states = {name: run(state) for name, (state, run) in sides.items()}  # warm up
     times: dict[str, list[float]] = {name: [] for name in SIDES}
+    cpu: dict[str, list[float]] = {name: [] for name in SIDES}
     for _ in range(args.repeats):
         for name in SIDES:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             jax.block_until_ready(sides[name][1](states[name]))
             times[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
     sps = {n: [args.iterations * steps / t for t in ts] for n, ts in times.items()}
     ratios = {f"fragc/{b}": [a / c for a, c in zip(sps["fragc"], sps[b])] for b in ("purejaxrl", "plain_jit")}
+    cpu_ratios = {f"fragc/{b}": [c / a for a, c in zip(cpu["fragc"], cpu[b])] for b in ("purejaxrl", "plain_jit")}
     compile_s = {n: statistics.median(v) for n, v in compiles.items()}
     result = {
         "config": {"env": config.env, "num_envs": config.num_envs, "num_steps": config.num_steps,
@@ -131,6 +136,9 @@ def main() -> None:
         "env_steps_per_s_each": sps,
         "ratio_median": {n: statistics.median(r) for n, r in ratios.items()},
         "ratios": ratios,
+        "cpu_s_each": cpu,
+        "cpu_ratio_median": {n: statistics.median(r) for n, r in cpu_ratios.items()},
+        "cpu_ratios": cpu_ratios,
         "compile_s": compile_s,
         "compile_s_each": compiles,
         "compile_ratio": compile_s["fragc"] / compile_s["purejaxrl"] if compiles else None,
@@ -140,6 +148,9 @@ def main() -> None:
         print(f"{n:12}{result['env_steps_per_s'][n]:>22.0f}{compile_s.get(n, float('nan')):>26.2f}")
     for n, r in ratios.items():
         print(f"throughput ratio {n}: median {statistics.median(r):.3f} (min {min(r):.3f}, max {max(r):.3f})")
+    for n, r in cpu_ratios.items():
+        print(f"CPU-time ratio {n} (baseline CPU s / fragc CPU s): median {statistics.median(r):.3f} "
+              f"(min {min(r):.3f}, max {max(r):.3f})")
     if compiles:
         print(f"compile ratio fragc/purejaxrl: {result['compile_ratio']:.2f}")
     os.makedirs(args.out, exist_ok=True)

@@ -30,7 +30,7 @@ RUNS = [  # (name, algorithm, policy, devices, threshold on the final return, co
     ("ppo", "ppo", "single", 1, 475.0, {}),
     ("a2c", "a2c", "single", 1, 400.0, {}),
     ("dqn", "dqn", "single", 1, 400.0, {}),
-    ("impala", "impala", "actor_learner_async", 8, 400.0, {}),
+    ("impala", "impala", "actor_learner_async", 2, 400.0, {}),  # one actor device, one learner device
     ("ppo_continuous", "ppo_continuous", "single", 1, -200.0, {}),
 ]
 MINATAR = {  # PureJaxRL's MinAtar PPO configuration (examples/brax_minatar.ipynb)
