@@ -96,8 +96,13 @@ class VecEnv:
         zeros = jnp.zeros((num_envs,), jnp.float32)
         return Runner(env_state, self._flat(obs), carry_keys, zeros, zeros, jnp.zeros((num_envs,), bool))
 
-    def step(self, runner: Runner, action: jax.Array) -> tuple[Runner, Step]:
-        step_keys, carry_keys = jax.vmap(jax.random.split, out_axes=1)(runner.key)
+    def step(self, runner: Runner, action: jax.Array, step_keys: jax.Array | None = None) -> tuple[Runner, Step]:
+        """One step of every environment. `step_keys`: the keys of this step, when the caller split them
+        from `runner.key` already (then `runner.key` is carried as is); by default split here."""
+        if step_keys is None:
+            step_keys, carry_keys = jax.vmap(jax.random.split, out_axes=1)(runner.key)
+        else:
+            carry_keys = runner.key
         obs, env_state, reward, terminated, truncated, info = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
             step_keys, runner.env_state, action, self.params
         )

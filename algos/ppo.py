@@ -249,10 +249,10 @@ class PPO:
     @fragc.fragment(role="actor", in_axes=(None, 0), out_axes=(1, 0, None))
     def rollout(self, params: Any, runner: Runner) -> tuple[Transition, Runner, dict]:
         def step(runner: Runner, _: None) -> tuple[Runner, tuple]:
-            keys = jax.vmap(jax.random.split)(runner.key)
+            keys = jax.vmap(lambda k: jax.random.split(k, 3))(runner.key)  # acting, environment step, carried
             action, log_prob, value = self.act(params, runner.obs, keys[:, 0])
             obs = runner.obs
-            runner, out = self.env.step(runner.replace(key=keys[:, 1]), self.env_action(action))
+            runner, out = self.env.step(runner.replace(key=keys[:, 2]), self.env_action(action), keys[:, 1])
             return runner, (obs, action, log_prob, value, out.final_obs, out.reward, out.terminated, out.episode_done)
 
         runner, (obs, action, log_prob, value, next_obs, reward, terminated, done) = jax.lax.scan(
