@@ -70,24 +70,44 @@ class Config(RunLength):
 # ---------------------------------------------------------------- network
 
 
+def dense(n: int, scale: float) -> nn.Dense:
+    return nn.Dense(n, kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.zeros)
+
+
+class MLP(nn.Module):
+    """Two tanh hidden layers and a linear head, orthogonal init."""
+
+    hidden: int
+    out: int
+    out_scale: float
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = nn.tanh(dense(self.hidden, np.sqrt(2))(x))
+        x = nn.tanh(dense(self.hidden, np.sqrt(2))(x))
+        return dense(self.out, self.out_scale)(x)
+
+
 class ActorCritic(nn.Module):
-    """Separate tanh MLPs for the policy logits and the value, orthogonal init."""
+    """Separate MLPs for the policy logits and the value.
+
+    `value` runs the critic alone: the rollout bootstraps from V(s_{t+1}) with
+    one batched critic pass over the whole trajectory instead of a second
+    actor-and-critic pass per step.
+    """
 
     num_actions: int
     hidden: int = 64
 
-    @nn.compact
-    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-        def dense(n: int, scale: float) -> nn.Dense:
-            return nn.Dense(n, kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.zeros)
+    def setup(self) -> None:
+        self.actor = MLP(self.hidden, self.num_actions, 0.01)
+        self.critic = MLP(self.hidden, 1, 1.0)
 
-        a = nn.tanh(dense(self.hidden, np.sqrt(2))(obs))
-        a = nn.tanh(dense(self.hidden, np.sqrt(2))(a))
-        logits = dense(self.num_actions, 0.01)(a)
-        c = nn.tanh(dense(self.hidden, np.sqrt(2))(obs))
-        c = nn.tanh(dense(self.hidden, np.sqrt(2))(c))
-        value = dense(1, 1.0)(c)
-        return logits, jnp.squeeze(value, -1)
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return self.actor(obs), self.value(obs)
+
+    def value(self, obs: jax.Array) -> jax.Array:
+        return jnp.squeeze(self.critic(obs), -1)
 
 
 # ---------------------------------------------------------------- state
@@ -207,6 +227,10 @@ class PPO:
         log_probs = jax.nn.log_softmax(logits)
         return _take(log_probs, action), -jnp.sum(jnp.exp(log_probs) * log_probs, -1), value
 
+    def value(self, params: Any, obs: jax.Array) -> jax.Array:
+        """The critic alone: V(obs), any leading shape."""
+        return self.network.apply(params, obs, method="value")
+
     def env_action(self, action: jax.Array) -> jax.Array:
         """What the environment receives for a sampled action."""
         return action
@@ -214,16 +238,18 @@ class PPO:
     # COLLECT TRAJECTORIES
     @fragc.fragment(role="actor", in_axes=(None, 0), out_axes=(1, 0, None))
     def rollout(self, params: Any, runner: Runner) -> tuple[Transition, Runner, dict]:
-        def step(runner: Runner, _: None) -> tuple[Runner, Transition]:
+        def step(runner: Runner, _: None) -> tuple[Runner, tuple]:
             keys = jax.vmap(jax.random.split)(runner.key)
             action, log_prob, value = self.act(params, runner.obs, keys[:, 0])
             obs = runner.obs
             runner, out = self.env.step(runner.replace(key=keys[:, 1]), self.env_action(action))
-            _, next_value = self.network.apply(params, out.final_obs)
-            return runner, Transition(obs, action, log_prob, value, out.final_obs, next_value, out.reward,
-                                      out.terminated, out.episode_done)
+            return runner, (obs, action, log_prob, value, out.final_obs, out.reward, out.terminated, out.episode_done)
 
-        runner, traj = jax.lax.scan(step, runner, None, self.config.num_steps)
+        runner, (obs, action, log_prob, value, next_obs, reward, terminated, done) = jax.lax.scan(
+            step, runner, None, self.config.num_steps)
+        # V(s_{t+1}) for every step at once: a truncated episode bootstraps from the state it reached
+        next_value = self.value(params, next_obs)
+        traj = Transition(obs, action, log_prob, value, next_obs, next_value, reward, terminated, done)
         completed = fragc.psum(jnp.sum(runner.has_return))
         metrics = {
             "episode_return": fragc.psum(jnp.sum(runner.last_return * runner.has_return)) / jnp.maximum(completed, 1),

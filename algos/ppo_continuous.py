@@ -44,24 +44,22 @@ class Config(ppo.Config):
 
 
 class GaussianActorCritic(nn.Module):
-    """Tanh MLPs for the action mean and the value; log std is a free parameter per action dimension."""
+    """MLPs for the action mean and the value; log std is a free parameter per action dimension."""
 
     action_dim: int
     hidden: int = 64
 
-    @nn.compact
-    def __call__(self, obs: jax.Array) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
-        def dense(n: int, scale: float) -> nn.Dense:
-            return nn.Dense(n, kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.zeros)
+    def setup(self) -> None:
+        self.actor = ppo.MLP(self.hidden, self.action_dim, 0.01)
+        self.log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+        self.critic = ppo.MLP(self.hidden, 1, 1.0)
 
-        a = nn.tanh(dense(self.hidden, np.sqrt(2))(obs))
-        a = nn.tanh(dense(self.hidden, np.sqrt(2))(a))
-        mean = dense(self.action_dim, 0.01)(a)
-        log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
-        c = nn.tanh(dense(self.hidden, np.sqrt(2))(obs))
-        c = nn.tanh(dense(self.hidden, np.sqrt(2))(c))
-        value = dense(1, 1.0)(c)
-        return (mean, jnp.broadcast_to(log_std, mean.shape)), jnp.squeeze(value, -1)
+    def __call__(self, obs: jax.Array) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
+        mean = self.actor(obs)
+        return (mean, jnp.broadcast_to(self.log_std, mean.shape)), self.value(obs)
+
+    def value(self, obs: jax.Array) -> jax.Array:
+        return jnp.squeeze(self.critic(obs), -1)
 
 
 def gaussian_log_prob(mean: jax.Array, log_std: jax.Array, x: jax.Array) -> jax.Array:

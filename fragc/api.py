@@ -10,6 +10,7 @@ from fragc.devices import devices as choose_devices
 from fragc.ir.errors import FragcError
 from fragc.ir.frontend import trace
 from fragc.passes import Policy, Population, default_passes, resolve, run_pipeline
+from fragc.runtime.multihost import spans_processes
 from fragc.runtime.program import Program
 
 
@@ -53,9 +54,25 @@ def compile(
             f"pass devices={resolved.num_devices}"
         )
     devs = _local_copy_if_it_fits(devs, resolved)
-    passes = default_passes(resolved, iterations_per_dispatch)
+    passes = default_passes(resolved, iterations_per_dispatch, carrier(transfers, devs))
     result = run_pipeline(trace(algo), passes, print_after_all=print_after_all, dump_dir=dump_dir, printer=printer)
-    return Program(algo, result, devs, resolved, transfers)
+    return Program(algo, result, devs, resolved)
+
+
+TRANSFERS = ("auto", "device_put", "collective")
+
+
+def carrier(transfers: str, devices: Sequence[Any]) -> str:
+    """The carrier of the transfers `insert_transfers` inserts: `auto` is `device_put` within one
+    process and `collective` across processes (JAX cannot `device_put` to another process)."""
+    if transfers not in TRANSFERS:
+        raise FragcError(f"transfers must be one of {', '.join(TRANSFERS)}, got {transfers!r}")
+    across = spans_processes(devices)
+    if transfers == "device_put" and across:
+        raise FragcError("transfers='device_put' cannot cross processes; use 'collective' or 'auto'")
+    if transfers == "auto":
+        return "collective" if across else "device_put"
+    return transfers
 
 
 def _local_copy_if_it_fits(devs: list, policy: Policy) -> list:

@@ -134,6 +134,7 @@ def _join(args: argparse.Namespace) -> None:
                          "(or --coordinator auto where jax.distributed detects them, e.g. under SLURM)")
     distributed.initialize(None if auto else args.coordinator, None if auto else args.num_processes,
                            None if auto else args.process_id, local_devices=args.devices)
+    distributed.keep_native_output_off_stdout()
 
 
 def _check_same_options(args: argparse.Namespace) -> None:
@@ -473,6 +474,14 @@ COMMANDS = {"run": cmd_run, "ir": cmd_ir, "policies": cmd_list, "algos": cmd_lis
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # while starting: loading the algorithm imports JAX
+        print("fragc: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     early = _first_look(argv)
     if getattr(early, "command", None) != "launch" and _multiprocess(early):

@@ -11,7 +11,16 @@ What fragc adds is what a user needs around it:
   key-value store each second and watches the others'. When one stops (killed,
   crashed) the others exit with an error naming it, instead of waiting in a
   collective that will never complete. JAX's own heartbeat is the backstop: it
-  aborts the survivors, less readably, after `JAX_HEARTBEAT_S`.
+  aborts the survivors, less readably, after `JAX_HEARTBEAT_S`;
+- process 0 hosts JAX's coordination service: when it dies, JAX ends the
+  others at once with its own fatal log. JAX 0.10's client takes a
+  `missed_heartbeat_callback` that could say it first, but calling it aborts
+  with `std::bad_cast` (its status argument has no Python conversion), so
+  fragc leaves JAX's message and `fragc launch` names process 0 first;
+- a process started by `fragc launch` exits when the launcher is gone, even
+  killed with SIGKILL (`_watch_launcher`);
+- SIGTERM is left to the program: JAX's preemption service, which would take
+  it over, is off (fragc does not use its sync points).
 """
 
 from __future__ import annotations
@@ -28,9 +37,13 @@ from fragc.ir.errors import FragcError
 ENV_COORDINATOR = "FRAGC_COORDINATOR"
 ENV_NUM_PROCESSES = "FRAGC_NUM_PROCESSES"
 ENV_PROCESS_ID = "FRAGC_PROCESS_ID"
+ENV_LAUNCHER_FD = "FRAGC_LAUNCHER_FD"
+"""A pipe from `fragc launch`; it reads end-of-file when the launcher is gone."""
+ENV_LOST_AFTER_S = "FRAGC_LOST_AFTER_S"
+"""Overrides `LOST_AFTER_S` (tests use a few seconds)."""
 
 LOST_AFTER_S = 20.0
-"""A process whose heartbeat has not changed for this long is taken as lost."""
+"""A process whose heartbeat has not changed for this long is taken as lost (default)."""
 JAX_HEARTBEAT_S = 45
 """jax.distributed's own heartbeat timeout, after which it aborts the survivors."""
 EXIT_LOST = 3
@@ -55,6 +68,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
 
     from fragc.devices import simulate_cpu_devices
 
+    _watch_launcher()
     if local_devices is not None and local_devices > 1:
         simulate_cpu_devices(local_devices)
     if num_processes is not None and (process_id is None or not 0 <= process_id < num_processes):
@@ -63,6 +77,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         _check_address(coordinator_address)
         if process_id:
             _wait_for_coordinator(coordinator_address, timeout_s)
+    jax.config.update("jax_enable_preemption_service", False)  # it would swallow SIGTERM
     try:
         jax.distributed.initialize(coordinator_address, num_processes, process_id,
                                    initialization_timeout=timeout_s, heartbeat_timeout_seconds=JAX_HEARTBEAT_S)
@@ -72,7 +87,54 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         raise FragcError(f"could not join the run at {where} within {timeout_s} s "
                          f"(are all {num_processes or ''} processes started?): {first}") from err
     if watchdog and jax.process_count() > 1:
-        start_watchdog()
+        start_watchdog(lost_after_s())
+
+
+def lost_after_s() -> float:
+    """How long a silent process may stay silent: `FRAGC_LOST_AFTER_S`, else `LOST_AFTER_S`."""
+    value = os.environ.get(ENV_LOST_AFTER_S)
+    try:
+        return float(value) if value else LOST_AFTER_S
+    except ValueError:
+        raise FragcError(f"{ENV_LOST_AFTER_S} must be a number of seconds, got {value!r}") from None
+
+
+def _watch_launcher() -> None:
+    """Under `fragc launch`, exit when the launcher is gone: nothing else would stop this process
+    if the launcher was killed with SIGKILL."""
+    fd = os.environ.get(ENV_LAUNCHER_FD)
+    if not fd or not fd.isdigit():
+        return
+
+    def watch() -> None:
+        try:
+            while os.read(int(fd), 1):
+                pass
+        except OSError:  # not the launcher's pipe (an inherited environment): nothing to watch
+            return
+        _say_and_exit(f"fragc: error: the launcher is gone; process {os.environ.get(ENV_PROCESS_ID, '?')} "
+                      "is stopping")
+
+    threading.Thread(target=watch, name="fragc-launcher-watch", daemon=True).start()
+
+
+def _say_and_exit(line: str) -> None:
+    """Exit at once (from any thread), after `line` on stderr."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(EXIT_LOST)
+
+
+def keep_native_output_off_stdout() -> None:
+    """Send what native code writes to stdout (gloo's `[Gloo] Rank 0 is connected to ...`) to stderr,
+    and keep Python's `sys.stdout` on the real stdout, so that `--json` output stays parseable."""
+    sys.stdout.flush()
+    real_stdout = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = os.fdopen(real_stdout, "w", buffering=1, encoding=sys.stdout.encoding, errors=sys.stdout.errors)
 
 
 def _wait_for_coordinator(address: str, timeout_s: float) -> None:
@@ -240,10 +302,5 @@ class _Watchdog(threading.Thread):
             return ""
 
     def _lost(self, process: int, why: str) -> None:
-        if self._done.is_set():
-            return
-        sys.stdout.flush()
-        sys.stderr.write(f"fragc: error: lost process {process} of {self.n} ({why}); "
-                         f"process {self.me} is stopping\n")
-        sys.stderr.flush()
-        os._exit(EXIT_LOST)
+        if not self._done.is_set():
+            _say_and_exit(f"fragc: error: lost process {process} of {self.n} ({why}); process {self.me} is stopping")

@@ -10,7 +10,10 @@ by line with a `[i]` prefix. The launcher exits with the first non-zero exit
 code; when one process fails, the others get `grace_s` to stop by themselves
 (their watchdog names the lost process) before they are killed. Ctrl-C,
 SIGTERM and SIGHUP are passed on to every process, which is killed if it has
-not stopped 10 s later; no process outlives the launcher.
+not stopped 10 s later; no process outlives the launcher. Even a launcher
+killed with SIGKILL takes its processes with it: each inherits the read end of
+a pipe whose write end only the launcher holds (`FRAGC_LAUNCHER_FD`), and a
+fragc process exits when that pipe closes (`fragc.distributed`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import threading
 import time
 from typing import IO, Sequence
 
-from fragc.distributed import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+from fragc.distributed import ENV_COORDINATOR, ENV_LAUNCHER_FD, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 from fragc.ir.errors import FragcError
 
 
@@ -44,19 +47,22 @@ def launch(n: int, command: Sequence[str], grace_s: float = 90.0) -> int:
     procs: list[subprocess.Popen] = []
     pumps: list[threading.Thread] = []
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    lifeline, keeper = os.pipe()  # the children read `lifeline`; `keeper`, not inherited, holds it open
     try:
         for i in range(n):
             env = {**os.environ, ENV_COORDINATOR: address, ENV_NUM_PROCESSES: str(n), ENV_PROCESS_ID: str(i),
-                   "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+                   ENV_LAUNCHER_FD: str(lifeline), "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
             try:
                 proc = subprocess.Popen(list(command), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        start_new_session=True)
+                                        start_new_session=True, pass_fds=(lifeline,))
             except OSError as err:
                 raise FragcError(f"launch: cannot start {command[0]!r}: {err.strerror}") from err
             procs.append(proc)
             for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
                 pumps.append(threading.Thread(target=_pump, args=(stream, out, f"[{i}] "), daemon=True))
                 pumps[-1].start()
+        os.close(lifeline)
+        lifeline = -1
         print(f"fragc launch: {n} processes, coordinator {address}, pids "
               + " ".join(str(p.pid) for p in procs), file=sys.stderr, flush=True)
         return _wait(procs, grace_s)
@@ -66,7 +72,10 @@ def launch(n: int, command: Sequence[str], grace_s: float = 90.0) -> int:
         _stop(procs, sig)
         return 128 + sig
     finally:
+        if lifeline >= 0:
+            os.close(lifeline)
         _stop(procs, signal.SIGKILL)  # nothing outlives the launcher
+        os.close(keeper)
         for t in pumps:
             t.join(5)
         for sig, handler in previous.items():
@@ -102,7 +111,9 @@ def _wait(procs: list[subprocess.Popen], grace_s: float) -> int:
         for i, p in enumerate(procs):
             if p.returncode not in (None, 0) and i not in reported:
                 reported.add(i)
-                print(f"fragc launch: process {i} exited with {_describe(p.returncode)}", file=sys.stderr, flush=True)
+                why = _COORDINATOR_GONE if i == 0 and len(procs) > 1 else ""
+                print(f"fragc launch: process {i} exited with {_describe(p.returncode)}{why}", file=sys.stderr,
+                      flush=True)
                 if failed_at is None:
                     first_failure, failed_at = _code(p.returncode), time.monotonic()
         if not any(running):
@@ -113,6 +124,10 @@ def _wait(procs: list[subprocess.Popen], grace_s: float) -> int:
                   file=sys.stderr, flush=True)
             _signal(procs, signal.SIGKILL)
         time.sleep(0.1)
+
+
+_COORDINATOR_GONE = ("; it hosted JAX's coordination service, so JAX ends the others at once (their "
+                     "'Terminating process because the JAX distributed service detected fatal errors')")
 
 
 def _code(returncode: int) -> int:

@@ -1,16 +1,20 @@
 """fragc.ir: the fragmented dataflow graph, its frontend, printer, verifier and interpreter."""
 
+from .collectives import pmean, psum
 from .dot import to_dot
 from .errors import FragcError, FragmentError, VerifyError
-from .frontend import Fragment, fragment, pmean, psum, trace
+from .frontend import Fragment, fragment, trace
 from .interpreter import interpret
-from .module import REPLICA, Delay, FragmentDef, Glue, Graph, Mesh, Module, Placement, Run, Transfer, Use, Value
+from .module import (
+    REPLICA, Delay, FragmentDef, Glue, Graph, Mesh, Module, Placement, Run, Schedule, Stage, Transfer, Use, Value,
+)
+from .parser import ParseError, parse
 from .printer import format_module
 from .types import LeafType, TreeType
 from .verifier import verify
 
 __all__ = [
     "REPLICA", "Delay", "FragcError", "Fragment", "FragmentDef", "FragmentError", "Glue", "Graph", "LeafType",
-    "Mesh", "Module", "Placement", "Run", "Transfer", "TreeType", "Use", "Value", "VerifyError", "format_module",
-    "fragment", "interpret", "pmean", "psum", "to_dot", "trace", "verify",
+    "Mesh", "Module", "ParseError", "Placement", "Run", "Schedule", "Stage", "Transfer", "TreeType", "Use", "Value", "VerifyError", "format_module",
+    "fragment", "interpret", "parse", "pmean", "psum", "to_dot", "trace", "verify",
 ]

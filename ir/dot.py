@@ -10,7 +10,7 @@ _SHAPES = {"run": "box", "glue": "ellipse", "transfer": "cds", "delay": "diamond
 def to_dot(module: Module) -> str:
     graph = module.graph
     lines = [f'digraph "{module.name}" {{', "  rankdir=TB;", '  node [fontname="monospace"];']
-    producer = {v: f"n{i}" for i, node in enumerate(graph.nodes) for v in node.outputs}
+    producer = {v: f"n{i}" for v, i in graph.producers().items()}
     for v in graph.inputs:
         producer[v] = f"in_{v.name}"
         lines.append(f'  in_{v.name} [shape=plaintext, label="%{v.name}"];')
@@ -24,7 +24,7 @@ def to_dot(module: Module) -> str:
         else:
             lines += [f"  subgraph cluster_{group} {{", f'    label="@{group}";', *node_lines, "  }"]
     for i, node in enumerate(graph.nodes):
-        for value in dict.fromkeys(u.value for u in node.inputs):
+        for value in dict.fromkeys(u.value for u in node.operands):
             lines.append(f'  {producer[value]} -> n{i} [label="%{value.name}"];')
     lines.append('  out [shape=plaintext, label="return"];')
     for value in dict.fromkeys(u.value for u in graph.outputs):

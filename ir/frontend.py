@@ -17,10 +17,9 @@ import warnings
 from typing import Any, Callable
 
 import jax
-import numpy as np
-from jax import lax
 from jax.extend import core as jex
 
+from .collectives import pmean, psum  # noqa: F401  (re-exported: `fragc.pmean`)
 from .errors import FragcError, FragmentError
 from .graph_builder import build_graph
 from .module import REPLICA, FragmentDef, Module
@@ -41,57 +40,6 @@ def _fragment_call_abstract_eval(*avals: Any, fragment: str, trace_id: int) -> l
 
 
 fragment_call_p.def_abstract_eval(_fragment_call_abstract_eval)
-
-
-# ---------------------------------------------------------------- collectives
-
-
-def pmean(x: Any) -> Any:
-    """Mean of `x` over the replicas of the enclosing fragment."""
-    return _collective(lambda v: _ordered_sum(v, mean=True), x, "pmean")
-
-
-def psum(x: Any) -> Any:
-    """Sum of `x` over the replicas of the enclosing fragment."""
-    return _collective(_ordered_sum, x, "psum")
-
-
-def _ordered_sum(tree: Any, mean: bool = False) -> Any:
-    """All replicas' values gathered, then summed in replica order on every device.
-
-    An all-reduce's summation order belongs to its implementation (XLA's
-    in-process one and gloo's across processes differ), so `lax.psum` of
-    floats can change in the last bit when the same devices are spread over
-    processes. Gathering moves the same bytes either way and the sum is then
-    one fixed reduction, so a run's numbers do not depend on its process
-    layout. The leaves of one dtype travel as one vector: one collective per
-    call, not one per leaf (each costs a round trip between processes).
-    """
-    leaves, treedef = jax.tree.flatten(tree)
-    out: list[Any] = [None] * len(leaves)
-    by_dtype: dict[Any, list[int]] = {}
-    for i, leaf in enumerate(leaves):
-        by_dtype.setdefault(jax.numpy.result_type(leaf), []).append(i)
-    for dtype, idx in by_dtype.items():
-        flat = jax.numpy.concatenate([jax.numpy.ravel(jax.numpy.asarray(leaves[i], dtype)) for i in idx])
-        gathered = lax.all_gather(flat, REPLICA)
-        total = gathered.sum(axis=0, dtype=dtype)
-        if mean:
-            total = total / gathered.shape[0]
-        offset = 0
-        for i in idx:
-            shape = jax.numpy.shape(leaves[i])
-            size = int(np.prod(shape, dtype=np.int64))
-            out[i] = total[offset : offset + size].reshape(shape)
-            offset += size
-    return jax.tree.unflatten(treedef, out)
-
-
-def _collective(op: Callable[[Any], Any], x: Any, name: str) -> Any:
-    try:
-        return op(x)
-    except NameError as err:
-        raise FragcError(f"fragc.{name} must be called inside a @fragc.fragment function") from err
 
 
 # ---------------------------------------------------------------- the decorator

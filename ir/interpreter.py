@@ -1,21 +1,22 @@
-"""The reference interpreter: one iteration of a module under DESIGN.md's semantics.
+"""The executor of a module (`Interpreter`, one method per node kind) and the reference interpreter.
 
-Each fragment runs with its replica count as `vmap(axis_name=REPLICA)` over
-equal splits of its declared axes, on one device. Compiled programs are tested
-against this.
+The reference interpreter runs each fragment with its replica count as
+`vmap(axis_name=REPLICA)` over equal splits of its declared axes, on one
+device. Compiled programs are tested against it; they execute the module
+through subclasses of the same `Interpreter` (runtime/).
 """
 
 from __future__ import annotations
 
 import functools
 import weakref
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 from jax.extend import core as jex
 
 from .errors import FragcError
-from .module import Delay, FragmentDef, Glue, Module, Run, Transfer, Value
+from .module import Delay, FragmentDef, Glue, Module, Run, Stage, Transfer, Use
 from .replicas import check_divides, run_replicated
 
 _COMPILED: "weakref.WeakKeyDictionary[FragmentDef, dict[int, Any]]" = weakref.WeakKeyDictionary()
@@ -52,53 +53,87 @@ def fragment_runner(fdef: FragmentDef, replicas: int) -> Any:
     return per_def[replicas]
 
 
-def eval_nodes(module: Module, indices: Any, env: dict[Value, list[Any]], run_fragment: Any,
-               delayed: dict[int, list[Any]] | None = None) -> None:
-    """Evaluate the nodes at `indices` into `env` (value -> leaves).
+class Interpreter:
+    """One iteration of a module, node by node, with one method per node kind.
 
-    run_fragment(node, fdef, leaves) runs one fragment; `delayed[i]` is the
-    value delay node i yields this iteration (its `initial` operand when absent).
+    As torch.fx's `Interpreter.run_node`: `run`, `glue`, `transfer` and `delay`
+    each take the node and its operands' leaves and return its results' leaves;
+    a `Stage` (a subgraph made by `fuse`) is one more step, by default its nodes
+    evaluated in order. The reference interpreter, the compiled stages, the
+    staged runtime and the SPMD program are subclasses overriding the steps
+    they execute differently. Values live leaf by leaf in `env`, keyed by `Use`.
     """
-    def read(uses: Any) -> list[Any]:
-        return [env[u.value][u.index] for u in uses]
 
-    for i in indices:
-        node = module.graph.nodes[i]
-        if isinstance(node, Run):
-            outs = list(run_fragment(node, module.fragments[node.fragment], read(node.inputs)))
-        elif isinstance(node, Glue):
-            outs = jex.jaxpr_as_fun(node.body)(*read(node.inputs))
-        elif isinstance(node, Transfer):
-            outs = read(node.inputs)
-        elif isinstance(node, Delay):
-            outs = delayed[i] if delayed and i in delayed else read(node.initial)
-        else:
-            raise FragcError(f"unknown node kind {type(node).__name__}")
-        assign_outputs(env, node.outputs, outs)
+    def __init__(self, module: Module):
+        self.module = module
+        graph = module.graph
+        in_stage = {i: s for s in module.stages for i in s.nodes}
+        self.plan: list[Stage | int] = []  # the top-level steps: stages and the nodes between them
+        for i in range(len(graph.nodes)):
+            if i not in in_stage:
+                self.plan.append(i)
+            elif in_stage[i].nodes[0] == i:
+                self.plan.append(in_stage[i])
+        self.delay_nodes = [i for i, n in enumerate(graph.nodes) if isinstance(n, Delay)]
+
+    def iteration(self, state: Sequence[Any], delayed: Mapping[int, list[Any]] | None = None
+                  ) -> tuple[list[Any], dict[int, list[Any]]]:
+        """One iteration -> (flat outputs, what each delay node yields next iteration).
+
+        delayed[i]: what delay node i yields this iteration (its initial value when absent).
+        """
+        graph = self.module.graph
+        env: dict[Use, Any] = dict(zip(graph.inputs[0].uses(), state))
+        self.delayed = delayed or {}
+        for step in self.plan:
+            if isinstance(step, Stage):
+                env.update(zip(step.outputs, self.stage(step, [env[u] for u in step.inputs])))
+            else:
+                self.run_node(step, env)
+        next_delays = {i: [env[u] for u in graph.nodes[i].inputs] for i in self.delay_nodes}
+        return [env[u] for u in graph.outputs], next_delays
+
+    def run_node(self, i: int, env: dict[Use, Any]) -> None:
+        node = self.module.graph.nodes[i]
+        outs = getattr(self, node.kind)(i, node, [env[u] for u in node.operands])
+        env.update(zip((u for v in node.outputs for u in v.uses()), outs))
+
+    # ---------------------------------------------------------------- one method per step
+
+    def stage(self, stage: Stage, leaves: list[Any]) -> list[Any]:
+        """A subgraph: its nodes in order, from its inputs to its outputs."""
+        env: dict[Use, Any] = dict(zip(stage.inputs, leaves))
+        for i in stage.nodes:
+            self.run_node(i, env)
+        return [env[u] for u in stage.outputs]
+
+    def run(self, i: int, node: Run, leaves: list[Any]) -> list[Any]:
+        return list(self.fragment(self.module.fragments[node.fragment])(*leaves))
+
+    def fragment(self, fdef: FragmentDef) -> Callable[..., Any]:
+        """`leaves -> leaves` of one fragment under this interpreter's lowering."""
+        raise NotImplementedError
+
+    def glue(self, i: int, node: Glue, leaves: list[Any]) -> list[Any]:
+        return list(jex.jaxpr_as_fun(node.body)(*leaves))
+
+    def transfer(self, i: int, node: Transfer, leaves: list[Any]) -> list[Any]:
+        return leaves
+
+    def delay(self, i: int, node: Delay, leaves: list[Any]) -> list[Any]:
+        """The previous iteration's operands (`delayed`), or the initial ones in the first."""
+        return list(self.delayed[i]) if i in self.delayed else leaves[len(node.inputs):]
 
 
-def assign_outputs(env: dict[Value, list[Any]], values: Any, outs: Any) -> None:
-    """A node's flat results into `env`, value by value."""
-    offset = 0
-    for value in values:
-        n = len(value.type.leaves)
-        env[value] = list(outs[offset : offset + n])
-        offset += n
+class ReferenceInterpreter(Interpreter):
+    """DESIGN.md's semantics: each fragment as `vmap(axis_name=REPLICA)` over its replicas, on one device."""
 
+    def __init__(self, module: Module, counts: Mapping[str, int]):
+        super().__init__(module)
+        self.counts = counts
 
-def delay_inputs(module: Module, env: dict[Value, list[Any]]) -> dict[int, list[Any]]:
-    """What each delay node yields next iteration: its operands' values in this one."""
-    return {i: [env[u.value][u.index] for u in node.inputs]
-            for i, node in enumerate(module.graph.nodes) if isinstance(node, Delay)}
-
-
-def run_graph(module: Module, state_leaves: list[Any], run_fragment: Any,
-              delayed: dict[int, list[Any]] | None = None) -> tuple[list[Any], dict[int, list[Any]]]:
-    """One iteration -> (flat outputs, the delay values for the next iteration)."""
-    env: dict[Value, list[Any]] = {module.graph.inputs[0]: list(state_leaves)}
-    eval_nodes(module, range(len(module.graph.nodes)), env, run_fragment, delayed)
-    outs = [env[u.value][u.index] for u in module.graph.outputs]
-    return outs, delay_inputs(module, env)
+    def fragment(self, fdef: FragmentDef) -> Callable[..., Any]:
+        return fragment_runner(fdef, self.counts[fdef.name])
 
 
 def _check_state(module: Module, state: Any) -> list[Any]:
@@ -121,9 +156,9 @@ def run_iterations(module: Module, state: Any, iterations: int, replicas: int | 
         counts = replica_counts(module, replicas)
     leaves, delayed, history = _check_state(module, state), None, []
     n_state = module.graph.out_tree.children()[0].num_leaves
+    interpreter = ReferenceInterpreter(module, counts)
     for _ in range(iterations):
-        outs, delayed = run_graph(module, leaves, lambda node, f, ins: fragment_runner(f, counts[f.name])(*ins),
-                                  delayed)
+        outs, delayed = interpreter.iteration(leaves, delayed)
         leaves = outs[:n_state]
         history.append(jax.tree.unflatten(module.graph.out_tree, outs)[1])
     return jax.tree.unflatten(module.graph.out_tree.children()[0], leaves), history
@@ -140,5 +175,5 @@ def interpret(module: Module, state: Any, replicas: int | Mapping[str, int] = 1)
     if any(isinstance(n, Delay) for n in module.graph.nodes):
         raise FragcError("interpret runs one iteration of a module without delays; use run_iterations for "
                          "a pipelined module")
-    outs, _ = run_graph(module, leaves, lambda node, fdef, ins: fragment_runner(fdef, counts[fdef.name])(*ins))
+    outs, _ = ReferenceInterpreter(module, counts).iteration(leaves)
     return jax.tree.unflatten(module.graph.out_tree, outs)

@@ -133,6 +133,10 @@ class Run:
 
     kind = "run"
 
+    @property
+    def operands(self) -> tuple[Use, ...]:
+        return self.inputs
+
     def replace(self, **changes: Any) -> "Run":
         return dataclasses.replace(self, **changes)
 
@@ -147,20 +151,31 @@ class Glue:
 
     kind = "glue"
 
+    @property
+    def operands(self) -> tuple[Use, ...]:
+        return self.inputs
+
     def replace(self, **changes: Any) -> "Glue":
         return dataclasses.replace(self, **changes)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Transfer:
-    """Move leaves from device group `src` to `dst`; `nbytes` per iteration."""
+    """Move leaves from device group `src` to `dst`; `nbytes` per iteration.
+
+    `carrier` (one of `CARRIERS`) says how: set by `insert_transfers`."""
 
     inputs: tuple[Use, ...]
     outputs: tuple[Value, ...]  # exactly one
     src: str
     dst: str
+    carrier: str = "device_put"
 
     kind = "transfer"
+
+    @property
+    def operands(self) -> tuple[Use, ...]:
+        return self.inputs
 
     @property
     def nbytes(self) -> int:
@@ -183,6 +198,11 @@ class Delay:
 
     kind = "delay"
 
+    @property
+    def operands(self) -> tuple[Use, ...]:
+        """Every leaf the node reads: the delayed leaves, then the initial ones."""
+        return self.inputs + self.initial
+
     def replace(self, **changes: Any) -> "Delay":
         return dataclasses.replace(self, **changes)
 
@@ -203,15 +223,9 @@ class Graph:
     def replace(self, **changes: Any) -> "Graph":
         return dataclasses.replace(self, **changes)
 
-    def producers(self) -> dict[Value, Node]:
-        return {v: node for node in self.nodes for v in node.outputs}
-
-    def consumers(self) -> dict[Value, list[Node]]:
-        users: dict[Value, list[Node]] = {}
-        for node in self.nodes:
-            for use in node.inputs:
-                users.setdefault(use.value, []).append(node)
-        return users
+    def producers(self) -> dict[Value, int]:
+        """The index of the node that defines each value (graph inputs are absent)."""
+        return {v: i for i, node in enumerate(self.nodes) for v in node.outputs}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -223,18 +237,100 @@ class Mesh:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class Stage:
+    """A subgraph compiled as one program on one device group (set by `fuse`).
+
+    As torch.fx `split_module`'s `Partition`: `nodes` are indices into the
+    graph's nodes (consecutive runs and glue of one group), `inputs` the
+    leaves it reads from outside, `outputs` the leaves it makes that later
+    nodes or the return read. Transfers and delays lie between stages.
+    """
+
+    name: str
+    group: str
+    nodes: tuple[int, ...]
+    inputs: tuple[Use, ...]
+    outputs: tuple[Use, ...]
+
+    def replace(self, **changes: Any) -> "Stage":
+        return dataclasses.replace(self, **changes)
+
+
+def subgraph(graph: Graph, name: str, group: str, idx: tuple[int, ...]) -> Stage:
+    """The stage of nodes `idx`, with the leaves crossing its boundary as inputs and outputs."""
+    inside = set(idx)
+    made = {v for i in idx for v in graph.nodes[i].outputs}
+    inputs = [u for i in idx for u in graph.nodes[i].operands if u.value not in made]
+    later = [u for j, node in enumerate(graph.nodes) if j not in inside for u in node.operands]
+    outputs = [u for u in later + list(graph.outputs) if u.value in made]
+    return Stage(name, group, tuple(idx), leaf_set(inputs), leaf_set(outputs))
+
+
+def leaf_set(uses: list[Use]) -> tuple[Use, ...]:
+    """Each leaf once: values in order of first use, each value's leaves in order (as printed)."""
+    by_value: dict[Value, set[int]] = {}
+    for u in uses:
+        by_value.setdefault(u.value, set()).add(u.index)
+    return tuple(Use(v, i) for v, idx in by_value.items() for i in sorted(idx))
+
+
+SHAPES = ("fused", "staged", "spmd")
+"""How a program dispatches iterations (`Schedule.shape`):
+
+- `fused`: the iteration is one stage; one XLA program scans k iterations a dispatch;
+- `staged`: one program per stage, transfers by `device_put` and delays between
+  them, dispatched in order every iteration (k = 1);
+- `spmd`: every stage, transfer (a collective) and delay of the iteration in one
+  SPMD program over the union of the device groups, k iterations a dispatch.
+"""
+
+CARRIERS = ("device_put", "collective")
+"""How a transfer moves its leaves: `device_put` between per-group programs, or a
+collective (`ppermute`) inside one program over the union of the groups."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """How the runtime runs the iteration (set by the `loop` pass)."""
+
+    shape: str
+    iterations_per_dispatch: int
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Module:
-    """Fragment definitions plus the iteration graph; `str()` prints it."""
+    """Fragment definitions plus the iteration graph; `str()` prints it.
+
+    label: the pass after which this module was made (`003_place{policy=single}`).
+    meshes: the device groups (set by `place`).
+    population: seed offsets of independent runs vectorised over a leading axis
+      of the state (empty: one run; set by `place`).
+    carrier: how transfers move values (one of `CARRIERS`; set by
+      `insert_transfers`, from when on every operand lives where it is read).
+    stages: the compiled subgraphs (set by `fuse`).
+    schedule: how iterations are dispatched (set by `loop`).
+    """
 
     name: str
     fragments: dict[str, FragmentDef]
     graph: Graph
-    stage: str = "001_trace"
+    label: str = "001_trace"
     meshes: tuple[Mesh, ...] = ()
-    attrs: dict = dataclasses.field(default_factory=dict)
+    population: tuple[int, ...] = ()
+    carrier: str | None = None
+    stages: tuple[Stage, ...] = ()
+    schedule: Schedule | None = None
 
     def replace(self, **changes: Any) -> "Module":
         return dataclasses.replace(self, **changes)
+
+    def group_of(self, node: Node) -> str | None:
+        """The device group a run or glue executes on (`None` before `place`)."""
+        if isinstance(node, Run):
+            p = self.fragments[node.fragment].placement
+            return p.group if p else None
+        leaves = node.outputs[0].type.leaves if node.outputs else ()
+        return leaves[0].group if leaves else (self.meshes[0].name if self.meshes else None)
 
     def __str__(self) -> str:
         from .printer import format_module

@@ -14,8 +14,8 @@ from .types import TreeType
 
 
 def _key(t: TreeType) -> tuple:
-    """Alias identity: structure, shapes, dtypes and batch axes (not placement)."""
-    return (t.treedef, tuple((leaf.shape, str(leaf.dtype), leaf.axis) for leaf in t.leaves))
+    """Alias identity: structure, shapes, dtypes, batch axes and groups."""
+    return (t.treedef, tuple((leaf.shape, str(leaf.dtype), leaf.axis, leaf.group) for leaf in t.leaves))
 
 
 class _Aliases:
@@ -68,9 +68,14 @@ def format_module(module: Module, bodies: bool = False) -> str:
     for fdef in module.fragments.values():
         frag_lines += _fragment_lines(fdef, aliases, bodies)
     graph_lines = _graph_lines(module, aliases)
-    header = [f"// fragc.ir · {module.name} · after {module.stage}"]
+    header = [f"// fragc.ir · {module.name} · after {module.label}"]
     header += [f"mesh @{m.name} = devices[{_ranges(m.devices)}]" for m in module.meshes]
-    header += [f"attr {k} = {v}" for k, v in sorted(module.attrs.items()) if k not in ("stages", "transfers_inserted")]
+    if module.population:
+        header.append(f"population seeds=[{', '.join(map(str, module.population))}]")
+    if module.carrier is not None:
+        header.append(f"transfers via {module.carrier}")
+    if module.schedule is not None:
+        header.append(f"schedule {module.schedule.shape} iterations_per_dispatch={module.schedule.iterations_per_dispatch}")
     return "\n".join(header + aliases.lines() + frag_lines + graph_lines) + "\n"
 
 
@@ -87,12 +92,14 @@ def _fragment_lines(fdef: FragmentDef, aliases: _Aliases, bodies: bool) -> list[
     if fdef.placement is not None:
         p = fdef.placement
         where = f" on @{p.group} {p.lowering} replicas={p.replicas}"
+    eqns = len(fdef.body.jaxpr.eqns) if fdef.body is not None else "?"
     lines = [
-        f"fragment @{fdef.name} role={fdef.role}{where} eqns={len(fdef.body.jaxpr.eqns)}   // {fdef.source}",
+        f"fragment @{fdef.name} role={fdef.role}{where} eqns={eqns}   // {fdef.source}",
         f"    ({args}) -> ({results})",
     ]
-    if bodies:
-        lines += ["    " + line for line in str(fdef.body).splitlines()]
+    if bodies and fdef.body is not None:  # the body that is compiled: per-replica shapes once placed
+        body = fdef.body_for(fdef.placement.replicas) if fdef.placement else fdef.body
+        lines += ["    " + line for line in str(body).splitlines()]
     return lines
 
 
@@ -100,14 +107,15 @@ def _graph_lines(module: Module, aliases: _Aliases) -> list[str]:
     graph = module.graph
     params = ", ".join(f"%{v.name}: {aliases.ref(v.type, v.name)}" for v in graph.inputs)
     lines = ["", f"func @iteration({params}) {{"]
-    stage_of = {i: (name, group) for name, group, idx in module.attrs.get("stages", ()) for i in idx}
-    current = None
+    stage_of = {i: s for s in module.stages for i in s.nodes}
     for i, node in enumerate(graph.nodes):
-        if stage_of.get(i) != current:
-            current = stage_of.get(i)
-            if current is not None:
-                lines.append(f"  // stage @{current[0]} on @{current[1]}")
-        lines.append("  " + _node_line(node, module, aliases))
+        stage = stage_of.get(i)
+        if stage is not None and i == stage.nodes[0]:
+            lines.append(f"  stage @{stage.name} on @{stage.group}({operands(stage.inputs)}) {{")
+        indent = "    " if stage is not None else "  "
+        lines.append(indent + _node_line(node, module, aliases))
+        if stage is not None and i == stage.nodes[-1]:
+            lines.append(f"  }} -> ({operands(stage.outputs)})")
     state_tree, metrics_tree = graph.out_tree.children()
     n_state = state_tree.num_leaves
     state_out = _tree_operand(graph.outputs[:n_state], state_tree)
@@ -119,6 +127,8 @@ def _graph_lines(module: Module, aliases: _Aliases) -> list[str]:
 
 def _tree_operand(uses: Sequence[Use], tree: object) -> str:
     """Operands of a returned pytree, field by field where one name does not cover them."""
+    if len(uses) == 1 and tree.num_nodes == 1:
+        return _leaf_name(uses[0])  # a leaf, even where it is all of a one-leaf pytree value
     text = operand(uses)
     children = tree.children()
     if not text.startswith("[") or not children:
@@ -138,16 +148,18 @@ def _node_line(node: object, module: Module, aliases: _Aliases) -> str:
         fdef = module.fragments[node.fragment]
         return f"{outs} = run @{node.fragment}({', '.join(_arg_operands(node.inputs, fdef))})"
     if isinstance(node, Glue):
-        kinds = sorted({e.primitive.name for e in node.body.jaxpr.eqns})
+        kinds = sorted({e.primitive.name for e in node.body.jaxpr.eqns}) if node.body is not None else ["?"]
         what = " ".join(kinds) if kinds else "const"
         ins = ", ".join(operand([u]) for u in node.inputs)
         types = ", ".join(str(t) for t in node.outputs[0].type.leaves)
         return f"{outs}: ({types}) = glue({ins})   // {what}"
     if isinstance(node, Transfer):
-        return (f"{outs} = transfer {operand(node.inputs)} @{node.src} -> @{node.dst}"
+        return (f"{outs} = transfer {operand(node.inputs)} @{node.src} -> @{node.dst} via {node.carrier}"
                 f"   // {_human_bytes(node.nbytes)}")
     if isinstance(node, Delay):
-        return f"{outs} = delay {operand(node.inputs)} init {operand(node.initial)}"
+        group = node.outputs[0].type.leaves[0].group if node.outputs[0].type.leaves else None
+        where = f" on @{group}" if group else ""
+        return f"{outs} = delay {operand(node.inputs)} init {operand(node.initial)}{where}"
     raise TypeError(f"unknown node kind {type(node).__name__}")
 
 
@@ -157,6 +169,34 @@ def _arg_operands(inputs: Sequence[Use], fdef: FragmentDef) -> list[str]:
         n = len(t.leaves)
         out.append(operand(inputs[offset : offset + n], t))
         offset += n
+    return out
+
+
+def operands(uses: Sequence[Use]) -> str:
+    """A set of leaves (a stage's inputs or outputs), value by value, each value's leaves named
+    by the fewest subtrees that cover exactly them."""
+    by_value: dict[Value, list[int]] = {}
+    for u in uses:
+        by_value.setdefault(u.value, []).append(u.index)
+    return ", ".join(name for v, idx in by_value.items() for name in _cover(v, set(idx)))
+
+
+def _cover(value: Value, chosen: set[int]) -> list[str]:
+    parts = _parts(value)
+    out: list[str] = []
+
+    def visit(prefix: tuple[str, ...], members: list[int]) -> None:
+        if all(i in chosen for i in members):
+            out.append(f"%{value.name}" + "".join(f".{p}" for p in prefix))
+            return
+        children: dict[str, list[int]] = {}
+        for i in members:
+            children.setdefault(parts[i][len(prefix)], []).append(i)
+        for key, under in children.items():
+            if any(i in chosen for i in under):
+                visit(prefix + (key,), under)
+
+    visit((), list(range(len(parts))))
     return out
 
 
@@ -179,8 +219,9 @@ def operand(uses: Sequence[Use], expected: TreeType | None = None) -> str:
 
 
 def _leaf_name(use: Use) -> str:
+    """`%v.path.to.leaf`; `%v` where the value is one bare leaf."""
     path = _parts(use.value)[use.index]
-    return f"%{use.value.name}" + "".join(f".{p}" for p in path) if path else f"%{use.value.name}#{use.index}"
+    return f"%{use.value.name}" + "".join(f".{p}" for p in path)
 
 
 def _subtree_name(value: Value, indices: list[int], expected: TreeType | None) -> str | None:

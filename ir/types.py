@@ -8,6 +8,7 @@ are immutable; passes derive new ones with `replace()`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -29,7 +30,11 @@ def short_dtype(dtype: Any) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class LeafType:
-    """One array: shape, dtype, batch axis (`None`: replicated) and placement."""
+    """One array: shape, dtype, batch axis (`None`: replicated) and placement.
+
+    Printed `f32[8@env,3]@actors`: the batch axis marked `@env`, then the device
+    group; the batch axis is split over the group's devices.
+    """
 
     shape: tuple[int, ...]
     dtype: Any
@@ -53,7 +58,8 @@ class LeafType:
 
     def __str__(self) -> str:
         dims = [f"{d}@env" if i == self.axis else str(d) for i, d in enumerate(self.shape)]
-        return f"{short_dtype(self.dtype)}[{','.join(dims)}]"
+        where = f"@{self.group}" if self.group is not None else ""
+        return f"{short_dtype(self.dtype)}[{','.join(dims)}]{where}"
 
 
 def _is_key(dtype: Any) -> bool:
@@ -86,14 +92,14 @@ class TreeType:
     def with_leaves(self, leaves: tuple[LeafType, ...]) -> "TreeType":
         return dataclasses.replace(self, leaves=tuple(leaves))
 
-    @property
+    @functools.cached_property
     def path_parts(self) -> tuple[tuple[str, ...], ...]:
         """The key path of every leaf as strings, e.g. `("train", "params", "actor")`."""
         dummy = jax.tree.unflatten(self.treedef, list(range(len(self.leaves))))
         with_paths = jax.tree_util.tree_flatten_with_path(dummy)[0]
         return tuple(tuple(_key_str(k) for k in path) for path, _ in with_paths)
 
-    @property
+    @functools.cached_property
     def paths(self) -> tuple[str, ...]:
         """Every leaf's path joined with dots, e.g. `train.params.actor`."""
         return tuple(".".join(parts) for parts in self.path_parts)

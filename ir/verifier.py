@@ -1,85 +1,322 @@
-"""Structural checks of a module; every error names the node at fault."""
+"""Structural checks of a module, as rule tables: one table per node kind, one for the module.
+
+A rule is a function `(site) -> message | None`, named for what it promises;
+its docstring says why. `verify` runs the rules of every node's kind in graph
+order, then the module's rules, and raises `VerifyError` naming the pass
+label, the node and the rule at fault. Types are compared by shape, dtype and
+batch axis, and by device group where both sides are placed.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Callable, Iterable
 
 from .errors import VerifyError
-from .module import Glue, Module, Run, Use, Value
+from .module import CARRIERS, SHAPES, Delay, Glue, Module, Run, Transfer, Use, Value, subgraph
 from .types import LeafType
 
 
+@dataclasses.dataclass
+class Site:
+    """What a rule sees: the module, and for node rules the node, its index and the values defined before it."""
+
+    module: Module
+    index: int = -1
+    node: object = None
+    defined: frozenset = frozenset()
+
+
+Rule = Callable[[Site], "str | None"]
+
+
 def verify(module: Module) -> Module:
-    """Raise `VerifyError` naming the node and stage; return the module unchanged."""
+    """Raise `VerifyError` naming the pass label, node and rule; return the module unchanged."""
     graph = module.graph
     defined: set[Value] = set(graph.inputs)
     for i, node in enumerate(graph.nodes):
-        where = f"{module.stage}: node {i} ({_describe(node)})"
-        _check_uses(where, node.inputs, defined)
-        for value in node.outputs:
-            if value in defined:
-                raise VerifyError(f"{where}: value %{value.name} is defined twice")
-            defined.add(value)
-        if isinstance(node, Run):
-            _check_run(where, module, node)
-        elif isinstance(node, Glue):
-            _check_glue(where, node)
-    _check_uses(f"{module.stage}: return", graph.outputs, defined)
-    n_state = graph.out_tree.children()[0].num_leaves
-    state_in = graph.inputs[0].type.leaves
-    state_out = [u.type for u in graph.outputs[:n_state]]
-    if [_sig(t) for t in state_in] != [_sig(t) for t in state_out[: len(state_in)]]:
-        raise VerifyError(f"{module.stage}: return: the returned state's types differ from the input state's")
+        site = Site(module, i, node, frozenset(defined))
+        _apply(NODE_RULES[node.kind], site, f"{module.label}: node {i} ({describe(node)})")
+        defined.update(node.outputs)
+    _apply(MODULE_RULES, Site(module, defined=frozenset(defined)), f"{module.label}")
     return module
 
 
-def _describe(node: Any) -> str:
+def _apply(rules: Iterable[Rule], site: Site, where: str) -> None:
+    for rule in rules:
+        message = rule(site)
+        if message is not None:
+            raise VerifyError(f"{where}: {message} [rule {rule.__name__}]")
+
+
+def describe(node: object) -> str:
     name = f" @{node.fragment}" if isinstance(node, Run) else ""
     outs = ", ".join(f"%{v.name}" for v in node.outputs)
     return f"{node.kind}{name} -> {outs}"
 
 
-def _sig(t: LeafType) -> tuple:
-    return (tuple(t.shape), str(t.dtype))
+def same_type(a: LeafType, b: LeafType) -> bool:
+    """Shape, dtype and batch axis agree; groups too where both are placed."""
+    groups_agree = a.group is None or b.group is None or a.group == b.group
+    return (tuple(a.shape), str(a.dtype), a.axis) == (tuple(b.shape), str(b.dtype), b.axis) and groups_agree
 
 
-def _check_uses(where: str, uses: tuple[Use, ...], defined: set[Value]) -> None:
-    for use in uses:
-        if use.value not in defined:
-            raise VerifyError(f"{where}: uses %{use.value.name} before it is defined")
-        if not 0 <= use.index < len(use.value.type.leaves):
-            raise VerifyError(f"{where}: leaf {use.index} of %{use.value.name} does not exist")
+def _first(messages: Iterable["str | None"]) -> str | None:
+    return next((m for m in messages if m is not None), None)
 
 
-def _check_run(where: str, module: Module, node: Run) -> None:
-    fdef = module.fragments.get(node.fragment)
-    if fdef is None:
-        raise VerifyError(f"{where}: fragment @{node.fragment} is not defined")
+# ---------------------------------------------------------------- rules every node obeys
+
+
+def operands_defined_before_use(site: Site) -> str | None:
+    """SSA: a node reads only the graph's inputs and values of nodes before it."""
+    return _first(_undefined(u, site.defined) for u in site.node.operands)
+
+
+def _undefined(use: Use, defined: frozenset) -> str | None:
+    if use.value not in defined:
+        return f"uses %{use.value.name} before it is defined"
+    if not 0 <= use.index < len(use.value.type.leaves):
+        return f"leaf {use.index} of %{use.value.name} does not exist"
+    return None
+
+
+def results_defined_once(site: Site) -> str | None:
+    """SSA: every value has one definition."""
+    return _first(f"value %{v.name} is defined twice" for v in site.node.outputs if v in site.defined)
+
+
+COMMON: tuple[Rule, ...] = (operands_defined_before_use, results_defined_once)
+
+
+# ---------------------------------------------------------------- run
+
+
+def fragment_is_defined(site: Site) -> str | None:
+    """A run calls a fragment of the module."""
+    if site.node.fragment not in site.module.fragments:
+        return f"fragment @{site.node.fragment} is not defined"
+    return None
+
+
+def operands_match_the_arguments(site: Site) -> str | None:
+    """Leaf k of the operands has the type of leaf k of the fragment's arguments (batch axis included)."""
+    fdef = site.module.fragments[site.node.fragment]
     expected = fdef.in_leaf_types
-    if len(node.inputs) != len(expected):
-        raise VerifyError(f"{where}: {len(node.inputs)} operands, but @{fdef.name} takes {len(expected)} leaves")
-    for k, (use, t) in enumerate(zip(node.inputs, expected)):
-        if _sig(use.type) != _sig(t):
-            raise VerifyError(f"{where}: operand {k} is {use.type}, but @{fdef.name} expects {t}")
-        if (module.attrs.get("transfers_inserted") and fdef.placement and use.type.group
-                and use.type.group != fdef.placement.group):
-            raise VerifyError(
-                f"{where}: operand {k} lives on @{use.type.group}, but @{fdef.name} runs on @{fdef.placement.group}"
-            )
-    if [len(v.type.leaves) for v in node.outputs] != [len(t.leaves) for t in fdef.out_types]:
-        raise VerifyError(f"{where}: results do not match @{fdef.name}'s result types")
-    if fdef.placement:
-        n = fdef.batch_length()
-        if n is not None and n % fdef.placement.replicas:
-            raise VerifyError(f"{where}: batch axis of length {n} does not divide by {fdef.placement.replicas} replicas")
+    if len(site.node.inputs) != len(expected):
+        return f"{len(site.node.inputs)} operands, but @{fdef.name} takes {len(expected)} leaves"
+    return _first(f"operand {k} is {u.type}, but @{fdef.name} expects {t}"
+                  for k, (u, t) in enumerate(zip(site.node.inputs, expected)) if not same_type(u.type, t))
 
 
-def _check_glue(where: str, node: Glue) -> None:
-    jaxpr = node.body.jaxpr
-    if len(jaxpr.invars) != len(node.inputs):
-        raise VerifyError(f"{where}: {len(node.inputs)} operands for a body of {len(jaxpr.invars)} inputs")
-    for k, (use, var) in enumerate(zip(node.inputs, jaxpr.invars)):
-        if _sig(use.type) != _sig(LeafType.of(var.aval)):
-            raise VerifyError(f"{where}: operand {k} is {use.type}, but the glue body expects {LeafType.of(var.aval)}")
-    if len(node.outputs) != 1 or len(node.outputs[0].type.leaves) != len(jaxpr.outvars):
-        raise VerifyError(f"{where}: glue must define one value with one leaf per body output")
+def results_match_the_fragment(site: Site) -> str | None:
+    """One value per fragment result, of the result's type."""
+    fdef = site.module.fragments[site.node.fragment]
+    if len(site.node.outputs) != len(fdef.out_types):
+        return f"{len(site.node.outputs)} results, but @{fdef.name} returns {len(fdef.out_types)}"
+    for v, t in zip(site.node.outputs, fdef.out_types):
+        if len(v.type.leaves) != len(t.leaves) or not all(map(same_type, v.type.leaves, t.leaves)):
+            return f"result %{v.name} is not of @{fdef.name}'s result type"
+    return None
+
+
+def placed_on_a_mesh(site: Site) -> str | None:
+    """A placed fragment runs on a device group the module defines."""
+    p = site.module.fragments[site.node.fragment].placement
+    if p is not None and p.group not in {m.name for m in site.module.meshes}:
+        return f"@{site.node.fragment} runs on @{p.group}, which the module does not define"
+    return None
+
+
+def replicas_fill_the_group(site: Site) -> str | None:
+    """shard_map runs one replica per device of the group; jit runs single-device maths (one replica)."""
+    fdef = site.module.fragments[site.node.fragment]
+    p = fdef.placement
+    if p is None:
+        return None
+    size = next(len(m.devices) for m in site.module.meshes if m.name == p.group)
+    expected = size if p.lowering == "shard_map" else 1
+    if p.replicas != expected:
+        return f"@{fdef.name} has {p.replicas} replicas, but {p.lowering} on @{p.group} ({size} devices) runs {expected}"
+    return None
+
+
+def batch_axes_divide_by_replicas(site: Site) -> str | None:
+    """A declared axis splits into equal parts, one per replica."""
+    fdef = site.module.fragments[site.node.fragment]
+    n = fdef.batch_length()
+    if fdef.placement and n is not None and n % fdef.placement.replicas:
+        return f"batch axis of length {n} does not divide by {fdef.placement.replicas} replicas"
+    return None
+
+
+def operands_live_on_the_fragments_group(site: Site) -> str | None:
+    """Once transfers are inserted, a fragment reads only values on its own group."""
+    p = site.module.fragments[site.node.fragment].placement
+    if site.module.carrier is None or p is None:
+        return None
+    return _first(f"operand {k} lives on @{u.type.group}, but @{site.node.fragment} runs on @{p.group}"
+                  for k, u in enumerate(site.node.inputs) if u.type.group not in (None, p.group))
+
+
+# ---------------------------------------------------------------- glue
+
+
+def operands_match_the_glue_body(site: Site) -> str | None:
+    """The body's inputs are the operands, in order and type."""
+    invars = site.node.body.jaxpr.invars
+    if len(invars) != len(site.node.inputs):
+        return f"{len(site.node.inputs)} operands for a body of {len(invars)} inputs"
+    return _first(f"operand {k} is {u.type}, but the glue body expects {LeafType.of(var.aval)}"
+                  for k, (u, var) in enumerate(zip(site.node.inputs, invars))
+                  if (tuple(u.type.shape), str(u.type.dtype)) != (tuple(var.aval.shape), str(var.aval.dtype)))
+
+
+def glue_defines_one_value_of_its_body_outputs(site: Site) -> str | None:
+    """Glue defines one value whose leaves are the body's outputs."""
+    outvars = site.node.body.jaxpr.outvars
+    if len(site.node.outputs) != 1 or len(site.node.outputs[0].type.leaves) != len(outvars):
+        return "glue must define one value with one leaf per body output"
+    leaves = site.node.outputs[0].type.leaves
+    return _first(f"result leaf {k} is {t}, but the glue body makes {LeafType.of(var.aval)}"
+                  for k, (t, var) in enumerate(zip(leaves, outvars))
+                  if (tuple(t.shape), str(t.dtype)) != (tuple(var.aval.shape), str(var.aval.dtype)))
+
+
+# ---------------------------------------------------------------- transfer
+
+
+def transfer_moves_between_two_groups(site: Site) -> str | None:
+    """Both ends are device groups of the module, and they differ."""
+    node, meshes = site.node, {m.name for m in site.module.meshes}
+    unknown = [g for g in (node.src, node.dst) if g not in meshes]
+    if unknown:
+        return f"@{unknown[0]} is not a device group of the module"
+    if node.src == node.dst:
+        return f"moves from @{node.src} to itself"
+    if node.carrier not in CARRIERS:
+        return f"carrier '{node.carrier}' is not one of {', '.join(CARRIERS)}"
+    return None
+
+
+def transfer_source_is_the_operands_group(site: Site) -> str | None:
+    """What is moved lives on the source group."""
+    node = site.node
+    return _first(f"operand {k} lives on @{u.type.group}, not on the source @{node.src}"
+                  for k, u in enumerate(node.inputs) if u.type.group != node.src)
+
+
+def transfer_destination_is_the_results_group(site: Site) -> str | None:
+    """The result has the operands' types, on the destination group."""
+    node = site.node
+    if len(node.outputs) != 1 or len(node.outputs[0].type.leaves) != len(node.inputs):
+        return "a transfer defines one value with one leaf per operand"
+    for k, (u, t) in enumerate(zip(node.inputs, node.outputs[0].type.leaves)):
+        if t.group != node.dst:
+            return f"result leaf {k} lives on @{t.group}, not on the destination @{node.dst}"
+        if not same_type(u.type.replace(group=None), t):
+            return f"result leaf {k} is {t}, but operand {k} is {u.type}"
+    return None
+
+
+# ---------------------------------------------------------------- delay
+
+
+def delay_types_agree(site: Site) -> str | None:
+    """The delayed leaves, the initial leaves and the result have one type, leaf by leaf; once transfers
+    are inserted, on one group (before, the delay's operands may still live where they are made)."""
+    node = site.node
+    out = node.outputs[0].type.leaves if len(node.outputs) == 1 else ()
+    if not len(node.inputs) == len(node.initial) == len(out):
+        return f"{len(node.inputs)} delayed leaves, {len(node.initial)} initial leaves and {len(out)} result leaves"
+    placed = site.module.carrier is not None
+    for k, (a, b, t) in enumerate(zip(node.inputs, node.initial, out)):
+        types = [a.type, b.type, t] if placed else [x.replace(group=None) for x in (a.type, b.type, t)]
+        if not (same_type(types[0], types[2]) and same_type(types[1], types[2])):
+            return f"leaf {k}: delayed {a.type}, initial {b.type}, result {t}"
+    return None
+
+
+NODE_RULES: dict[str, tuple[Rule, ...]] = {
+    "run": COMMON + (fragment_is_defined, operands_match_the_arguments, results_match_the_fragment,
+                     placed_on_a_mesh, replicas_fill_the_group, batch_axes_divide_by_replicas,
+                     operands_live_on_the_fragments_group),
+    "glue": COMMON + (operands_match_the_glue_body, glue_defines_one_value_of_its_body_outputs),
+    "transfer": COMMON + (transfer_moves_between_two_groups, transfer_source_is_the_operands_group,
+                          transfer_destination_is_the_results_group),
+    "delay": COMMON + (delay_types_agree,),
+}
+"""The rules of each node kind, checked in order (a rule may assume the ones before it hold)."""
+
+
+# ---------------------------------------------------------------- the module
+
+
+def returned_leaves_are_defined(site: Site) -> str | None:
+    """The return reads defined values."""
+    return _first(_undefined(u, site.defined) for u in site.module.graph.outputs)
+
+
+def returned_state_has_the_input_state_type(site: Site) -> str | None:
+    """The loop carries the state: what the iteration returns is what the next one reads."""
+    graph = site.module.graph
+    state_in = graph.inputs[0].type.leaves
+    state_out = [u.type for u in graph.outputs[: graph.out_tree.children()[0].num_leaves]]
+    if len(state_in) != len(state_out) or not all(map(same_type, state_in, state_out)):
+        return "return: the returned state's types differ from the input state's"
+    return None
+
+
+def stages_close_over_the_graph(site: Site) -> str | None:
+    """Every run and glue lies in one stage of consecutive nodes on the stage's group; a stage's inputs
+    are exactly the leaves it reads from outside and its outputs exactly the leaves read after it."""
+    module = site.module
+    if not module.stages:
+        return None
+    graph, seen = module.graph, set()
+    for stage in module.stages:
+        if list(stage.nodes) != list(range(stage.nodes[0], stage.nodes[-1] + 1)):
+            return f"stage @{stage.name}: nodes {list(stage.nodes)} are not consecutive"
+        for i in stage.nodes:
+            node = graph.nodes[i]
+            if not isinstance(node, (Run, Glue)) or i in seen:
+                return f"stage @{stage.name}: node {i} ({describe(node)}) is not a run or glue of this stage alone"
+            if module.group_of(node) != stage.group:
+                return f"stage @{stage.name} on @{stage.group} holds node {i} ({describe(node)}) of another group"
+            seen.add(i)
+        closed = subgraph(graph, stage.name, stage.group, stage.nodes)
+        if set(closed.inputs) != set(stage.inputs):
+            return f"stage @{stage.name}: inputs are not the leaves it reads from outside"
+        if set(closed.outputs) != set(stage.outputs):
+            return f"stage @{stage.name}: outputs are not the leaves read after it"
+    missing = [i for i, n in enumerate(graph.nodes) if isinstance(n, (Run, Glue)) and i not in seen]
+    if missing:
+        return f"node {missing[0]} ({describe(graph.nodes[missing[0]])}) lies in no stage"
+    return None
+
+
+def schedule_fits_the_graph(site: Site) -> str | None:
+    """`fused` needs one stage and nothing between stages; `spmd` needs collective transfers."""
+    module, schedule = site.module, site.module.schedule
+    if schedule is None:
+        return None
+    if schedule.shape not in SHAPES:
+        return f"schedule '{schedule.shape}' is not one of {', '.join(SHAPES)}"
+    if schedule.iterations_per_dispatch < 1:
+        return f"schedule: {schedule.iterations_per_dispatch} iterations per dispatch"
+    between = [n for n in module.graph.nodes if isinstance(n, (Transfer, Delay))]
+    if schedule.shape == "fused" and (len(module.stages) > 1 or between):
+        return f"schedule fused, but the iteration has {len(module.stages)} stages and {len(between)} transfers and delays"
+    if schedule.shape != "fused" and module.population:
+        return f"schedule {schedule.shape} cannot vectorise a population"
+    carriers = {n.carrier for n in between if isinstance(n, Transfer)}
+    if schedule.shape == "spmd" and carriers - {"collective"}:
+        return "schedule spmd, but some transfers are carried by device_put"
+    if schedule.shape == "staged" and "collective" in carriers:
+        return "schedule staged, but some transfers are collectives"
+    return None
+
+
+MODULE_RULES: tuple[Rule, ...] = (returned_leaves_are_defined, returned_state_has_the_input_state_type,
+                                  stages_close_over_the_graph, schedule_fits_the_graph)
+"""The rules of the module as a whole, checked after every node's."""

@@ -1,10 +1,10 @@
 """fragc.passes: pass infrastructure, the passes, and distribution policies."""
 
 from .canonicalize import Canonicalize
+from .delays import InsertDelays
 from .fuse import Fuse
 from .loop import Loop
-from .pipeline import Pass, PassError, PipelineResult, run_pipeline
-from .pipeline_pass import Pipeline
+from .pipeline import Pass, PassError, PipelineResult, pass_name, run_pipeline
 from .place import Place
 from .policy import (
     BUILTIN, Policy, Population, RolePlacement, actor_learner, actor_learner_async, anakin, gspmd, population,
@@ -13,14 +13,14 @@ from .policy import (
 from .transfers import InsertTransfers
 
 
-def default_passes(policy: Policy, iterations_per_dispatch: int) -> list[Pass]:
-    """The pipeline `fragc.compile` runs for a resolved policy."""
-    return [Canonicalize(), Place(policy), Pipeline(policy.staleness), InsertTransfers(), Fuse(),
+def default_passes(policy: Policy, iterations_per_dispatch: int, carrier: str = "device_put") -> list[Pass]:
+    """The pipeline `fragc.compile` runs for a resolved policy; `carrier` carries the transfers."""
+    return [Canonicalize(), Place(policy), InsertDelays(policy.staleness), InsertTransfers(carrier), Fuse(),
             Loop(iterations_per_dispatch)]
 
 
 __all__ = [
-    "BUILTIN", "Canonicalize", "Fuse", "InsertTransfers", "Loop", "Pass", "PassError", "Pipeline",
+    "BUILTIN", "Canonicalize", "Fuse", "InsertDelays", "InsertTransfers", "Loop", "Pass", "PassError",
     "PipelineResult", "Place", "Policy", "Population", "RolePlacement", "actor_learner", "actor_learner_async",
-    "anakin", "default_passes", "gspmd", "population", "resolve", "run_pipeline", "single",
+    "anakin", "default_passes", "gspmd", "pass_name", "population", "resolve", "run_pipeline", "single",
 ]

@@ -1,14 +1,15 @@
-"""fuse: neighbouring runs and glue on the same device group become one compiled stage.
+"""fuse: neighbouring runs and glue on the same device group become one stage.
 
-Transfers and delays stay between stages: the runtime performs them. The
-stages are recorded as `attrs["stages"]`: (name, group, node indices).
+A stage is a subgraph compiled as one program (`fragc.ir.module.Stage`): its
+nodes, the leaves it reads from outside and the leaves it makes that later
+nodes or the return read. Transfers and delays stay between stages.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from fragc.ir.module import Delay, Glue, Module, Run, Transfer
+from fragc.ir.module import Delay, Module, Transfer, subgraph
 
 from .pipeline import Pass
 
@@ -18,26 +19,20 @@ class Fuse(Pass):
     name = "fuse"
 
     def run(self, module: Module) -> Module:
-        stages: list[tuple[str, str, list[int]]] = []
-        counts: dict[str, int] = {}
+        runs: list[tuple[str, list[int]]] = []  # (group, node indices); an empty group breaks
         for i, node in enumerate(module.graph.nodes):
             if isinstance(node, (Transfer, Delay)):
-                stages.append(("", "", []))  # a break between stages
+                runs.append(("", []))
                 continue
-            group = _group(module, node)
-            if stages and stages[-1][1] == group:
-                stages[-1][2].append(i)
+            group = module.group_of(node)
+            if runs and runs[-1][0] == group:
+                runs[-1][1].append(i)
             else:
+                runs.append((group, [i]))
+        stages, counts = [], {}
+        for group, idx in runs:
+            if idx:
                 n = counts.get(group, 0)
                 counts[group] = n + 1
-                stages.append((f"{group}{n}" if n else group, group, [i]))
-        kept = tuple((name, group, tuple(idx)) for name, group, idx in stages if idx)
-        return module.replace(attrs={**module.attrs, "stages": kept})
-
-
-def _group(module: Module, node) -> str:
-    if isinstance(node, Run):
-        return module.fragments[node.fragment].placement.group
-    assert isinstance(node, Glue)
-    leaves = node.outputs[0].type.leaves
-    return leaves[0].group if leaves else module.meshes[0].name
+                stages.append(subgraph(module.graph, f"{group}{n}" if n else group, group, tuple(idx)))
+        return module.replace(stages=tuple(stages))

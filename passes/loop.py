@@ -1,7 +1,15 @@
-"""loop{k}: where the whole iteration is one stage, scan k iterations per dispatch.
+"""loop{k}: how the runtime dispatches iterations (`Module.schedule`).
 
-The module records the count in `attrs["iterations_per_dispatch"]`; the
-runtime scans that many iterations in one compiled program.
+- one stage and nothing between stages: `fused`, k iterations a dispatch;
+- stages with transfers carried by collectives: `spmd`, one program over the
+  union of the groups, k iterations a dispatch;
+- stages with `device_put` transfers: `staged`, k iterations a dispatch, each
+  a sequence of per-stage programs, transfers and delays queued from Python.
+
+In every shape a dispatch is k iterations: metrics come back, callbacks run
+and checkpoints may be written between dispatches.
+
+A population (seeds vectorised over one program) needs the `fused` shape.
 """
 
 from __future__ import annotations
@@ -9,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 
 from fragc.ir.errors import FragcError
-from fragc.ir.module import Module
+from fragc.ir.module import Delay, Glue, Module, Schedule, Transfer
 
 from .pipeline import Pass
 
@@ -20,9 +28,37 @@ class Loop(Pass):
     name = "loop"
 
     def run(self, module: Module) -> Module:
-        if not isinstance(self.k, int) or self.k < 1:
+        if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
             raise FragcError(f"loop: iterations per dispatch must be a positive int, got {self.k!r}")
-        stages = module.attrs.get("stages", ())
-        one_stage = len(stages) <= 1 and not any(n.kind in ("transfer", "delay") for n in module.graph.nodes)
-        k = self.k if one_stage else 1
-        return module.replace(attrs={**module.attrs, "iterations_per_dispatch": k})
+        between = [n for n in module.graph.nodes if isinstance(n, (Transfer, Delay))]
+        if len(module.stages) <= 1 and not between:
+            return module.replace(schedule=Schedule("fused", self.k))
+        if module.population:
+            raise FragcError(f"population runs need a policy whose iteration is one stage; this one has "
+                             f"{len(module.stages)} stages and {len(between)} transfers and delays")
+        if any(isinstance(n, Transfer) and n.carrier == "collective" for n in between):
+            reason = spmd_unsupported(module)
+            if reason is not None:
+                raise FragcError(f"cannot run with transfers='collective': {reason} "
+                                 "(collective transfers run the iteration as one SPMD program over the groups)")
+            return module.replace(schedule=Schedule("spmd", self.k))
+        return module.replace(schedule=Schedule("staged", self.k))
+
+
+def spmd_unsupported(module: Module) -> str | None:
+    """Why `module` cannot run as one SPMD program over its groups (None when it can)."""
+    sizes = {len(m.devices) for m in module.meshes}
+    if len(sizes) > 1:
+        return "its device groups differ in size (" + ", ".join(
+            f"{m.name}: {len(m.devices)}" for m in module.meshes) + ")"
+    ids = [i for m in module.meshes for i in m.devices]
+    if len(set(ids)) != len(ids):
+        return "its device groups overlap"
+    for fdef in module.fragments.values():
+        p = fdef.placement
+        if p is not None and (p.lowering != "shard_map" or p.replicas != len(module.meshes[0].devices)):
+            return f"fragment '{fdef.name}' is not one shard_map replica per device of its group"
+    for node in module.graph.nodes:
+        if isinstance(node, Glue) and any(u.type.axis is not None for u in node.inputs):
+            return "glue between fragments reads a value split over devices"
+    return None

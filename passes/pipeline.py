@@ -1,7 +1,7 @@
 """Pass infrastructure: named passes with frozen options, verified after each one.
 
 A pass is a `Pass` subclass: a `name`, dataclass fields for its options, and
-`run(module) -> module`. `run_pipeline` numbers the stages (`002_canonicalize`),
+`run(module) -> module`. `run_pipeline` labels each module with its pass (`002_canonicalize`),
 verifies after every pass, names the failing pass and the ones before it,
 and can print or dump the module after each pass.
 """
@@ -32,30 +32,35 @@ class Pass:
         raise NotImplementedError
 
     def label(self) -> str:
-        """`name{opt=value,...}`, as in the printed stage header."""
+        """`name{opt=value,...}`, as in the printed module header."""
         opts = ",".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self) if f.repr)
         return f"{self.name}{{{opts}}}" if opts else self.name
 
 
 @dataclasses.dataclass
 class PipelineResult:
-    """Every stage's module, in order, starting with the traced one."""
+    """The module after every pass, in order, starting with the traced one."""
 
-    stages: list[Module]
+    modules: list[Module]
 
     @property
     def final(self) -> Module:
-        return self.stages[-1]
+        return self.modules[-1]
 
     def after(self, name: str | None) -> Module:
+        """The module after the pass `name` (`place`, or its full label `003_place{policy=single}`)."""
         if name is None:
             return self.final
-        for module in self.stages:
-            stage_pass = module.stage.split("_", 1)[1].split("{", 1)[0]
-            if name in (module.stage, stage_pass):
+        for module in self.modules:
+            if name in (module.label, pass_name(module)):
                 return module
-        known = ", ".join(m.stage.split("_", 1)[1].split("{", 1)[0] for m in self.stages)
+        known = ", ".join(pass_name(m) for m in self.modules)
         raise FragcError(f"no pass named '{name}' in this pipeline; passes: {known}")
+
+
+def pass_name(module: Module) -> str:
+    """`003_place{policy=single}` -> `place`."""
+    return module.label.split("_", 1)[1].split("{", 1)[0]
 
 
 def run_pipeline(
@@ -65,20 +70,18 @@ def run_pipeline(
     dump_dir: str | None = None,
     printer: Callable[[str], None] = print,
 ) -> PipelineResult:
-    stages = [verify(module)]
+    modules = [verify(module)]
     _emit(module, print_after_all, dump_dir, printer)
-    done = [module.stage]
-    for number, p in enumerate(passes, start=len(stages) + 1):
-        stage = f"{number:03d}_{p.label()}"
+    for number, p in enumerate(passes, start=2):
+        label = f"{number:03d}_{p.label()}"
         try:
-            module = p.run(stages[-1]).replace(stage=stage)
-            verify(module)
+            module = verify(p.run(modules[-1]).replace(label=label))
         except FragcError as err:
-            raise PassError(f"pass '{p.label()}' failed (after {', '.join(done)}): {err}") from err
-        stages.append(module)
-        done.append(stage)
+            done = ", ".join(m.label for m in modules)
+            raise PassError(f"pass '{p.label()}' failed (after {done}): {err}") from err
+        modules.append(module)
         _emit(module, print_after_all, dump_dir, printer)
-    return PipelineResult(stages)
+    return PipelineResult(modules)
 
 
 def _emit(module: Module, print_after_all: bool, dump_dir: str | None, printer: Callable[[str], None]) -> None:
@@ -90,7 +93,7 @@ def _emit(module: Module, print_after_all: bool, dump_dir: str | None, printer: 
     if dump_dir is not None:
         try:
             os.makedirs(dump_dir, exist_ok=True)
-            name = module.stage.split("{", 1)[0]
+            name = module.label.split("{", 1)[0]
             with open(os.path.join(dump_dir, f"{name}.fir"), "w") as f:
                 f.write(text)
         except OSError as err:

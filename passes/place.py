@@ -1,15 +1,20 @@
 """place{policy}: a device group, replica count and lowering for every fragment.
 
-Values get the group of their producer; a state leaf the group of the node
-that produces its next value (else of its first consumer); glue the group of
-its first operand (or of its first consumer).
+Groups are decided leaf by leaf: a fragment's results live on its group; a
+state leaf where the iteration makes its next value (so the loop carries it
+in place), else where a fragment first reads it; glue beside the leaves it
+reads (the group holding most of them); glue that reads nothing placed goes
+where its results are first read, else beside the node before it (so that it
+joins that node's stage). Deciding by leaves, not by whole values, keeps glue
+that reads one leaf of the state (the learner's key) beside that leaf.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
-from fragc.ir.module import Glue, Mesh, Module, Placement, Run, Value
+from fragc.ir.module import Graph, Mesh, Module, Placement, Run, Use, Value
 from fragc.ir.replicas import check_divides
 
 from .pipeline import Pass
@@ -34,55 +39,64 @@ class Place(Pass):
             check_divides(name, fdef.arg_names, fdef.in_types, replicas)
             fragments[name] = fdef.replace(placement=Placement(role.group, replicas, role.lowering))
         meshes = tuple(Mesh(g, tuple(d)) for g, d in policy.groups.items())
-        module = module.replace(fragments=fragments, meshes=meshes)
+        module = module.replace(fragments=fragments, meshes=meshes, population=tuple(policy.population))
         return module.replace(graph=_place_values(module))
 
 
-def _place_values(module: Module):
+def _place_values(module: Module) -> Graph:
     graph = module.graph
-    groups: dict[Value, str] = {}
-    first_consumer: dict[Value, str] = {}
-    first_leaf_consumer: dict[tuple[Value, int], str] = {}
     default = module.meshes[0].name
-    for node in graph.nodes:
-        if isinstance(node, Run):
-            group = module.fragments[node.fragment].placement.group
-            for u in node.inputs:
-                first_consumer.setdefault(u.value, group)
-                first_leaf_consumer.setdefault((u.value, u.index), group)
-    for node in graph.nodes:
-        if isinstance(node, Run):
-            group = module.fragments[node.fragment].placement.group
-        elif isinstance(node, Glue) and node.inputs:
-            group = groups.get(node.inputs[0].value) or first_consumer.get(node.inputs[0].value, default)
-        else:
-            group = first_consumer.get(node.outputs[0], default)
-        for v in node.outputs:
-            groups[v] = group
-    renamed: dict[Value, Value] = {}
-
-    def placed(value: Value, group: str) -> Value:
-        leaves = tuple(t.replace(group=group) for t in value.type.leaves)
-        return renamed.setdefault(value, value.replace(type=value.type.with_leaves(leaves)))
-
     state = graph.inputs[0]
-    returned = _returned_state_groups(graph, groups)
-    state_leaves = tuple(
-        t.replace(group=returned.get(i) or first_leaf_consumer.get((state, i), default))
-        for i, t in enumerate(state.type.leaves))
-    renamed[state] = state.replace(type=state.type.with_leaves(state_leaves))
-    for v, g in groups.items():
-        placed(v, g)
+    first_reader = _first_readers(module)
+    node_group: dict[int, str] = {i: module.fragments[n.fragment].placement.group
+                                  for i, n in enumerate(graph.nodes) if isinstance(n, Run)}
+    producer = graph.producers()
+    n_state = graph.out_tree.children()[0].num_leaves
+    returned = dict(enumerate(graph.outputs[:n_state]))
+
+    def state_group(k: int) -> str | None:
+        """Where the next value of state leaf k is made (once known), else where a fragment first reads it."""
+        made_by = producer.get(returned[k].value) if k in returned else None
+        return node_group.get(made_by) or first_reader.get((state, k))
+
+    def group_of(use: Use) -> str | None:
+        return state_group(use.index) if use.value is state else node_group.get(producer[use.value])
+
+    for i, node in enumerate(graph.nodes):
+        if i not in node_group:  # glue: beside the leaves it reads, else where its results are read first,
+            node_group[i] = (_most_common(g for g in map(group_of, node.inputs) if g)  # else in the stage before it
+                             or next((first_reader[(v, j)] for v in node.outputs for j in range(len(v.type.leaves))
+                                      if (v, j) in first_reader), None)
+                             or node_group.get(i - 1, default))
+    renamed = {state: _placed(state, [state_group(k) or default for k in range(len(state.type.leaves))])}
+    for i, node in enumerate(graph.nodes):
+        for v in node.outputs:
+            renamed[v] = _placed(v, [node_group[i]] * len(v.type.leaves))
     return _substitute(graph, renamed)
 
 
-def _returned_state_groups(graph, groups: dict[Value, str]) -> dict[int, str]:
-    """State leaf i lives where the iteration produces its next value, so the loop carries it in place."""
-    n_state = graph.out_tree.children()[0].num_leaves
-    return {i: groups[u.value] for i, u in enumerate(graph.outputs[:n_state]) if u.value in groups}
+def _first_readers(module: Module) -> dict[tuple[Value, int], str]:
+    """For each leaf read by a fragment, the group of the first fragment that reads it."""
+    readers: dict[tuple[Value, int], str] = {}
+    for node in module.graph.nodes:
+        if isinstance(node, Run):
+            group = module.fragments[node.fragment].placement.group
+            for u in node.inputs:
+                readers.setdefault((u.value, u.index), group)
+    return readers
 
 
-def _substitute(graph, renamed: dict[Value, Value]):
+def _most_common(groups) -> str | None:
+    counts = collections.Counter(groups)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def _placed(value: Value, groups: list[str]) -> Value:
+    leaves = tuple(t.replace(group=g) for t, g in zip(value.type.leaves, groups))
+    return value.replace(type=value.type.with_leaves(leaves))
+
+
+def _substitute(graph: Graph, renamed: dict[Value, Value]) -> Graph:
     """The graph with every value replaced by its placed version."""
     def fix(uses):
         return tuple(u._replace(value=renamed.get(u.value, u.value)) for u in uses)

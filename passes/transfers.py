@@ -1,14 +1,17 @@
 """insert_transfers: a `transfer` wherever a value is read on another device group.
 
 One transfer per (operand leaves, destination); the returned state must come
-back to where the next iteration reads it. Each transfer knows its bytes.
+back to where the next iteration reads it. Each transfer knows its bytes and
+its carrier: `device_put` between per-group programs, or `collective` inside
+one program over the union of the groups (the only way across processes).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from fragc.ir.module import Delay, Glue, Module, Run, Transfer, Use, Value
+from fragc.ir.errors import FragcError
+from fragc.ir.module import CARRIERS, Delay, Module, Run, Transfer, Use, Value
 from fragc.ir.types import TreeType
 
 from .pipeline import Pass
@@ -16,9 +19,12 @@ from .pipeline import Pass
 
 @dataclasses.dataclass(frozen=True)
 class InsertTransfers(Pass):
+    carrier: str = "device_put"
     name = "insert_transfers"
 
     def run(self, module: Module) -> Module:
+        if self.carrier not in CARRIERS:
+            raise FragcError(f"insert_transfers: carrier must be one of {', '.join(CARRIERS)}, got {self.carrier!r}")
         graph = module.graph
         nodes: list = []
         moved: dict[tuple, tuple[Use, ...]] = {}
@@ -35,7 +41,7 @@ class InsertTransfers(Pass):
                     leaves = tuple(uses[i].type.replace(group=group) for i in idx)
                     value = Value(f"{_common_name(uses, idx)}_to_{group}",
                                   TreeType.of(tuple(t.struct() for t in leaves)).with_leaves(leaves))
-                    nodes.append(Transfer(inputs=key[0], outputs=(value,), src=src, dst=group))
+                    nodes.append(Transfer(inputs=key[0], outputs=(value,), src=src, dst=group, carrier=self.carrier))
                     moved[key] = value.uses()
                 for i, new in zip(idx, moved[key]):
                     out[i] = new
@@ -56,8 +62,8 @@ class InsertTransfers(Pass):
             return tuple(out)
 
         for node in graph.nodes:
-            group = _group(module, node)
-            if group is not None and not isinstance(node, Transfer):
+            group = None if isinstance(node, Transfer) else module.group_of(node)
+            if group is not None:
                 changes = {"inputs": per_argument(group, node)}
                 if isinstance(node, Delay):
                     changes["initial"] = to(group, node.initial)
@@ -68,15 +74,7 @@ class InsertTransfers(Pass):
         for i, t in enumerate(state.type.leaves):
             outputs[i] = to(t.group, (outputs[i],))[0] if t.group else outputs[i]
         graph = graph.replace(nodes=tuple(nodes), outputs=tuple(outputs))
-        return module.replace(graph=graph, attrs={**module.attrs, "transfers_inserted": True})
-
-
-def _group(module: Module, node) -> str | None:
-    if isinstance(node, Run):
-        return module.fragments[node.fragment].placement.group
-    if isinstance(node, (Glue, Delay)):
-        return node.outputs[0].type.leaves[0].group if node.outputs[0].type.leaves else None
-    return None
+        return module.replace(graph=graph, carrier=self.carrier)
 
 
 def _common_name(uses: tuple[Use, ...], idx: list[int]) -> str:

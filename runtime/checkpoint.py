@@ -2,11 +2,15 @@
 
 A checkpoint holds the algorithm's state (parameters, optimiser, environments,
 PRNG keys), a pipelined program's delay values, and JSON metadata: the
-iteration count, the run's configuration and a SHA-256 digest of every array.
-orbax writes each checkpoint to a temporary folder and renames it when
-complete, so a run killed at any moment leaves only whole checkpoints; the
-digest catches one damaged afterwards, and `restore_latest` then falls back
-to the previous good one with a warning. No pickle: arrays and JSON only.
+iteration count, the run's configuration, a SHA-256 digest of every array, and
+a digest of the metadata itself (all of it, the array digest included). orbax
+writes each checkpoint to a temporary folder and renames it when complete, so
+a run killed at any moment leaves only whole checkpoints; the digests catch
+one damaged afterwards. `restore_latest` then moves the damaged one aside (to
+`STEP.damaged`, kept for inspection, and out of the way of the run that
+writes that step again) and falls back to the previous one with a warning.
+A checkpoint written with another configuration is not damaged: resuming from
+it is refused, naming the options that differ. No pickle: arrays and JSON only.
 
 In a multi-process run the arrays are gathered to every host first (an RL
 agent's state is small): process 0 writes, every process restores the same
@@ -17,6 +21,7 @@ process sees (a shared filesystem on a cluster).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import socket
@@ -28,6 +33,12 @@ import numpy as np
 
 from fragc.ir.errors import FragcError
 
+FORMAT = 2
+"""Version of the checkpoint layout; 2: the metadata is covered by its own digest."""
+
+_RUN_KEYS = {"algo": "algo", "policy": "--policy", "devices": "--devices", "seed": "--seed"}
+"""Metadata that must match for a run to resume, and the option that sets each; plus every config field."""
+
 
 def _encode(tree: Any) -> Any:
     """PRNG keys as their uint32 data; orbax stores plain arrays."""
@@ -35,6 +46,17 @@ def _encode(tree: Any) -> Any:
         return np.asarray(jax.random.key_data(x)) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else np.asarray(x)
 
     return jax.tree.map(enc, tree)
+
+
+def _like(tree: Any) -> Any:
+    """Host arrays shaped as `tree`'s encoded leaves, without reading them: the leaves of a
+    multi-process run span devices this process cannot read."""
+    def zeros(x: Any) -> np.ndarray:
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x = jax.eval_shape(jax.random.key_data, x)
+        return np.zeros(x.shape, x.dtype)
+
+    return jax.tree.map(zeros, tree)
 
 
 def _decode(tree: Any, like: Any) -> Any:
@@ -55,6 +77,36 @@ def digest(tree: Any) -> str:
     return h.hexdigest()
 
 
+def meta_digest(meta: dict) -> str:
+    """SHA-256 of every metadata field but `digest` itself, in a canonical JSON form."""
+    body = {k: v for k, v in meta.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def config_difference(saved: dict, run: dict) -> list[str]:
+    """What differs between a checkpoint's metadata and this run's, one phrase per field
+    (`--lr is 0.00025 in the checkpoint and 0.001 here`), as the options that set them."""
+    run = json.loads(json.dumps(run))  # tuples as lists, as the metadata stores them
+    if saved.get("algo") != run.get("algo"):  # another algorithm: its config fields are beside the point
+        return [_phrase("algo", saved.get("algo"), run.get("algo"))]
+    diffs = [_phrase(flag, saved.get(key), run.get(key)) for key, flag in _RUN_KEYS.items()
+             if key in run and saved.get(key) != run.get(key)]
+    ours, theirs = run.get("config", {}), saved.get("config") or {}
+    for field in sorted(set(ours) | set(theirs)):
+        if ours.get(field) != theirs.get(field):
+            diffs.append(_phrase("--" + field.replace("_", "-"), theirs.get(field), ours.get(field)))
+    return diffs
+
+
+def _phrase(name: str, saved: Any, here: Any) -> str:
+    shown = lambda v: "not set" if v is None else repr(v)  # noqa: E731
+    return f"{name} is {shown(saved)} in the checkpoint and {shown(here)} here"
+
+
+class Damaged(Exception):
+    """A checkpoint that does not read back as it was written."""
+
+
 class Checkpointer:
     """Save and restore training state in `directory`, keeping the last `keep` checkpoints."""
 
@@ -73,6 +125,7 @@ class Checkpointer:
             raise FragcError(f"cannot write checkpoints to '{directory}': {err.strerror}") from err
         self._ocp = ocp
         me = jax.process_index()
+        self._primary = me == 0
         # In a multi-process run every process holds the whole state on its host (`Program.run` gathers it):
         # process 0 writes, each process reads on its own, so no manager waits for the others.
         solo = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
@@ -80,35 +133,93 @@ class Checkpointer:
             max_to_keep=keep, enable_async_checkpointing=False, multiprocessing_options=solo, create=False))
 
     def steps(self) -> list[int]:
+        self._manager.reload()  # another process may have written since
         return sorted(self._manager.all_steps())
 
     def save(self, iteration: int, state: Any, delays: dict, meta: dict) -> None:
         arrays = {"state": _encode(state), "delays": {str(k): _encode(v) for k, v in (delays or {}).items()}}
-        meta = {**meta, "iteration": int(iteration), "digest": digest(arrays)}
+        meta = {**meta, "iteration": int(iteration), "format": FORMAT, "arrays_digest": digest(arrays)}
+        meta["digest"] = meta_digest(meta)
         ocp = self._ocp
         self._manager.save(int(iteration), args=ocp.args.Composite(
             arrays=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)), force=True)
         self._manager.wait_until_finished()
 
-    def restore_latest(self, like_state: Any, like_delays: dict) -> tuple[Any, dict, dict]:
-        """(state, delays, meta) of the newest checkpoint that reads back intact."""
-        like = {"state": _encode(like_state), "delays": {str(k): _encode(v) for k, v in like_delays.items()}}
+    def restore_latest(self, like_state: Any, like_delays: dict, run: dict | None = None) -> tuple[Any, dict, dict]:
+        """(state, delays, meta) of the newest checkpoint that reads back intact.
+
+        run: this run's metadata (algo, config, policy, devices, seed); a checkpoint
+          written with other values is refused with a FragcError naming them.
+        """
         steps = self.steps()
         if not steps:
             raise FragcError(f"--resume: no checkpoint in '{self.directory}'")
-        ocp = self._ocp
+        like = {"state": _like(like_state), "delays": {str(k): _like(v) for k, v in like_delays.items()}}
         for step in reversed(steps):
             try:
-                restored = self._manager.restore(step, args=ocp.args.Composite(
-                    arrays=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore()))
-                arrays, meta = restored["arrays"], restored["meta"]
-                if digest(arrays) != meta.get("digest"):
-                    raise ValueError("its arrays do not match the digest written with them")
-            except Exception as err:  # noqa: BLE001 - any damage means: try the previous one
+                meta = self._read_meta(step)
+                self._check_run(step, meta, run)
+                arrays = self._read_arrays(step, like, meta)
+            except Damaged as err:
                 warnings.warn(f"checkpoint {step} in '{self.directory}' is damaged ({str(err)[:200]}); "
-                              "falling back to the previous one", stacklevel=2)
+                              f"{self._set_aside(step)}falling back to the previous one", stacklevel=2)
                 continue
             state = _decode(arrays["state"], like_state)
             delays = {int(k): _decode(v, like_delays[int(k)]) for k, v in arrays["delays"].items()}
             return state, delays, meta
         raise FragcError(f"--resume: every checkpoint in '{self.directory}' is damaged")
+
+    def _read_meta(self, step: int) -> dict:
+        try:
+            meta = self._manager.restore(step, args=self._ocp.args.Composite(meta=self._ocp.args.JsonRestore()))["meta"]
+        except Exception as err:  # noqa: BLE001 - whatever orbax raises on a file it cannot read
+            raise Damaged(f"its metadata does not read back: {_first_line(err)}") from err
+        if not isinstance(meta, dict):
+            raise Damaged("its metadata is not a JSON object")
+        if "format" not in meta and "digest" in meta:
+            raise FragcError(f"--resume: the checkpoints in '{self.directory}' were written by an earlier fragc "
+                             f"whose format this one does not read; start afresh with another --checkpoint-dir")
+        if meta.get("digest") != meta_digest(meta):
+            raise Damaged("its metadata does not match the digest written with it")
+        if meta.get("format") != FORMAT or meta.get("iteration") != step:
+            raise Damaged(f"its metadata says format {meta.get('format')!r}, iteration {meta.get('iteration')!r}")
+        return meta
+
+    def _check_run(self, step: int, meta: dict, run: dict | None) -> None:
+        if run is not None and (diffs := config_difference(meta, run)):
+            raise FragcError(f"--resume: the checkpoint at iteration {step} in '{self.directory}' was written by "
+                             f"another configuration: {'; '.join(diffs)}. Resume with the same options, or start "
+                             f"afresh with another --checkpoint-dir")
+
+    def _read_arrays(self, step: int, like: dict, meta: dict) -> dict:
+        ocp = self._ocp
+        try:
+            arrays = self._manager.restore(step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(like)))["arrays"]
+        except Exception as err:  # noqa: BLE001 - whatever orbax raises on a file it cannot read
+            raise Damaged(f"its arrays do not read back: {_first_line(err)}") from err
+        if digest(arrays) != meta["arrays_digest"]:
+            raise Damaged("its arrays do not match the digest written with them")
+        return arrays
+
+    def _set_aside(self, step: int) -> str:
+        """Move a damaged checkpoint to `STEP.damaged` (process 0 only), where orbax no longer
+        sees it: the resumed run writes that step again. -> a phrase for the warning."""
+        if not self._primary:
+            return ""
+        path = os.path.join(self.directory, str(step))
+        target, n = f"{path}.damaged", 1
+        while os.path.exists(target):
+            n += 1
+            target = f"{path}.damaged.{n}"
+        try:
+            os.rename(path, target)
+        except OSError as err:
+            return f"could not move it aside ({err.strerror}); "
+        finally:
+            self._manager.reload()
+        return f"moved to '{os.path.basename(target)}'; "
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else type(err).__name__

@@ -1,16 +1,17 @@
 """Bytes that cross devices per iteration: collectives inside fragments, and transfers between groups.
 
-Collective bytes are the payload of each collective over `replica` in a
-shard_map fragment's per-replica body (what one replica contributes; for
-`fragc.pmean`, an all-gather), multiplied by the trip counts of the scans around it. For `jit`
-(GSPMD) fragments XLA chooses the collectives; their payload is read from the
-optimised HLO, each instruction counted once (loop trip counts unknown there).
+Collective bytes are what one device receives per iteration from the
+collectives over `replica` in a shard_map fragment's per-replica body (a
+rule per primitive below), multiplied by the trip counts of the scans around
+it. For `jit` (GSPMD) fragments XLA chooses the collectives; their payload is
+read from the optimised HLO, each instruction counted once (loop trip counts
+unknown there).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from jax.extend import core as jex
@@ -18,27 +19,37 @@ from jax.extend import core as jex
 from fragc.ir.module import REPLICA, FragmentDef, Module, Transfer
 from fragc.ir.types import LeafType
 
-_COLLECTIVES = {"psum", "psum_invariant", "all_gather", "psum_scatter", "ppermute", "all_to_all", "pmax", "pmin"}
+# Bytes one device receives, given the bytes n of its operand and the replica count R.
+_RECEIVED: dict[str, Callable[[int, int], float]] = {
+    "all_gather": lambda n, r: (r - 1) * n,  # every other replica's operand
+    "all_to_all": lambda n, r: (r - 1) * n / r,  # one chunk from every other replica
+    "psum_scatter": lambda n, r: (r - 1) * n / r,  # a ring reduce-scatter
+    "psum": lambda n, r: 2 * (r - 1) * n / r,  # a ring all-reduce: reduce-scatter + all-gather
+    "psum_invariant": lambda n, r: 2 * (r - 1) * n / r,
+    "pmax": lambda n, r: 2 * (r - 1) * n / r,
+    "pmin": lambda n, r: 2 * (r - 1) * n / r,
+    "ppermute": lambda n, r: n,  # at most one operand from one other replica
+}
 
 
 def fragment_collective_bytes(fdef: FragmentDef) -> int:
-    """Per iteration, for a shard_map fragment (0 with one replica: nothing crosses devices)."""
+    """Per iteration and device, for a shard_map fragment (0 with one replica: nothing crosses devices)."""
     p = fdef.placement
     if p is None or p.replicas == 1 or p.lowering != "shard_map":
         return 0
-    return _jaxpr_bytes(fdef.body_for(p.replicas).jaxpr)
+    return round(_jaxpr_bytes(fdef.body_for(p.replicas).jaxpr, p.replicas))
 
 
-def _jaxpr_bytes(jaxpr: Any, times: int = 1) -> int:
-    total = 0
+def _jaxpr_bytes(jaxpr: Any, replicas: int, times: int = 1) -> float:
+    total = 0.0
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
-        if name in _COLLECTIVES and REPLICA in _axes(eqn):
-            total += times * sum(LeafType.of(v.aval).nbytes for v in eqn.invars)
+        if name in _RECEIVED and REPLICA in _axes(eqn):
+            total += times * sum(_RECEIVED[name](LeafType.of(v.aval).nbytes, replicas) for v in eqn.invars)
             continue
         trips = int(eqn.params.get("length", 1)) if name == "scan" else 1
         for sub in jex.jaxprs_in_params(eqn.params):
-            total += _jaxpr_bytes(sub, times * trips)
+            total += _jaxpr_bytes(sub, replicas, times * trips)
     return total
 
 

@@ -19,6 +19,7 @@ from jax.extend import core as jex
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fragc.ir.errors import FragcError
+from fragc.ir.interpreter import Interpreter
 from fragc.ir.module import REPLICA, FragmentDef, Module
 from fragc.ir.replicas import run_replicated
 from fragc.ir.types import LeafType
@@ -80,3 +81,20 @@ def _gspmd(fdef: FragmentDef, mesh: Mesh) -> Callable[..., Any]:
         return [jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec(a))) for x, a in zip(xs, axes)]
 
     return lambda *xs: constrain(run(*constrain(xs, fdef.in_axes)), fdef.out_axes)
+
+
+class Lowered(Interpreter):
+    """The module's nodes with each fragment under its lowering: what a compiled stage traces."""
+
+    def __init__(self, module: Module, fragments: dict[str, Callable[..., Any]]):
+        super().__init__(module)
+        self.fragments = fragments
+
+    def fragment(self, fdef: FragmentDef) -> Callable[..., Any]:
+        return self.fragments[fdef.name]
+
+
+def lower_fragments(module: Module, devices: Sequence[jax.Device]) -> dict[str, Callable[..., Any]]:
+    """Every fragment lowered over its group's mesh."""
+    return {name: lower_fragment(f, group_mesh(module, f.placement.group, devices))
+            for name, f in module.fragments.items()}

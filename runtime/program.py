@@ -1,21 +1,13 @@
-"""A compiled program: its stages, the transfers between them, and the loop that dispatches them.
+"""A compiled program: the final module's schedule, executed, and the loop that dispatches it.
 
-Three shapes of program:
+The module says how it runs (`Module.schedule`, decided by the passes); the
+program builds the executor for that shape and dispatches it:
 
-- one stage, no transfers or delays (`single`, `anakin`, `gspmd`, populations):
-  one XLA program scans `iterations_per_dispatch` iterations; iterations past
-  the requested count in the last dispatch are skipped with `lax.cond`, so
-  one compilation serves any run length;
-- several stages (`actor_learner`, `actor_learner_async`): each stage is one
-  XLA program on its device group; a static schedule dispatches stages,
-  `device_put` transfers and delays in order every iteration. Dispatch is
-  asynchronous, so stages on disjoint groups that do not depend on each other
-  (rollout k+1 and learn k under staleness 1) overlap without threads;
-- the same staged iteration as one SPMD program over the union of its groups
-  (`runtime/spmd.py`), scanning k iterations a dispatch, with collectives for
-  the transfers: what runs when the groups lie on different processes
-  (`transfers="auto"` picks it there), and on request in one process
-  (`transfers="collective"`), where it gives the same bits.
+- `fused` (runtime/fused.py): one XLA program scans k iterations a dispatch;
+- `staged` (runtime/stages.py): one program per stage, `device_put` transfers
+  and delays between them, one iteration a dispatch;
+- `spmd` (runtime/spmd.py): the staged iteration as one SPMD program over the
+  union of its groups, collectives for the transfers, k iterations a dispatch.
 
 Metrics of a dispatch are fetched only after the next one is queued.
 """
@@ -28,60 +20,38 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fragc.ir.errors import FragcError
-from fragc.ir.interpreter import delay_inputs, run_graph
-from fragc.ir.module import Delay, Transfer, Value
+from fragc.ir.module import Delay, Transfer
 from fragc.ir.printer import format_module
-from fragc.ir.types import LeafType
 from fragc.passes.pipeline import PipelineResult
 from fragc.passes.policy import Policy
 
 from .cost import fragment_collective_bytes, hlo_collective_bytes, transfer_bytes
-from .lower import group_mesh, leaf_sharding, lower_fragment
-from .multihost import place, spans_processes, to_host
-from .spmd import UnionProgram, union_mesh, unsupported
-from .spmd import sharding as union_sharding
-from .stages import Stage, compile_stage, plan_stages
+from .fused import FusedProgram
+from .multihost import place, to_host
+from .spmd import SpmdProgram
+from .stages import CompiledStage, StagedProgram
 
-
-TRANSFERS = ("auto", "device_put", "collective")
+EXECUTORS = {"fused": FusedProgram, "staged": StagedProgram, "spmd": SpmdProgram}
+"""The executor of each `Schedule.shape`."""
 
 
 class Program:
     """`fragc.compile`'s result: inspect the IR and stages, then `init` and `run`."""
 
-    def __init__(self, algo: Any, pipeline: PipelineResult, devices: Sequence[jax.Device], policy: Policy,
-                 transfers: str = "auto"):
+    def __init__(self, algo: Any, pipeline: PipelineResult, devices: Sequence[jax.Device], policy: Policy):
         self.algo, self.pipeline, self.policy = algo, pipeline, policy
         self.module = module = pipeline.final
         self.devices = list(devices)
-        self.population = policy.population
+        self.population = module.population
+        self.k = module.schedule.iterations_per_dispatch
         self.last_delays: dict[int, list[Any]] | None = None
-        self.k = int(module.attrs.get("iterations_per_dispatch", 1))
         self._state_tree = module.graph.inputs[0].type.treedef
-        self._fused = self._is_one_stage()
-        if self.population and not self._fused:
-            raise FragcError(f"population runs need a policy whose iteration is one stage; '{policy.name}' has "
-                             f"{len(module.attrs['stages'])} stages and transfers")
-        self._union = not self._fused and self._choose_union(transfers)
-        self._union_mesh = union_mesh(module, self.devices) if self._union else None
-        mesh_of = (lambda f: None) if self.population else (
-            lambda f: group_mesh(module, f.placement.group, self.devices))
-        self._frags = {} if self._union else {  # the union program runs the bodies itself
-            name: lower_fragment(f, mesh_of(f)) for name, f in module.fragments.items()}
-        self._shardings = self._state_shardings()
         t0 = time.perf_counter()
         self._init = jax.jit(self._init_fn())
-        if self._fused:
-            self._stages = [self._compile_fused()]
-        elif self._union:
-            self._stages = [self._compile_union()]
-        else:
-            self._stages = [compile_stage(s, module, self.devices, self._frags) for s in plan_stages(module)]
-        self._stage_starts = {s.nodes[0]: s for s in self._stages}  # the per-iteration schedule's lookups
-        self._in_stage = {i for s in self._stages for i in s.nodes}
+        self._executor = EXECUTORS[module.schedule.shape](module, self.devices)
+        self._shardings = self._executor.state_shardings
         self.compile_seconds = time.perf_counter() - t0
 
     # ------------------------------------------------------------ inspection
@@ -92,10 +62,10 @@ class Program:
 
     @property
     def stages(self) -> list[str]:
-        return [s.name for s in self._stages]
+        return [s.name for s in self._executor.stages]
 
-    def _stage(self, name: str) -> Stage:
-        for s in self._stages:
+    def _stage(self, name: str) -> CompiledStage:
+        for s in self._executor.stages:
             if s.name == name:
                 return s
         raise FragcError(f"no stage '{name}'; stages: {', '.join(self.stages)}")
@@ -106,20 +76,22 @@ class Program:
         return s.compiled.as_text() if optimized else s.lowered.as_text()
 
     def cost(self) -> dict[str, dict[str, float]]:
-        """Per stage: flops and bytes accessed per dispatch (XLA's cost analysis), and the
-        collective and transfer bytes per iteration; `"total"` sums the per-iteration bytes."""
+        """Per compiled stage: flops and bytes accessed per call of its program (XLA's cost analysis),
+        the iterations one call runs (`iterations_per_dispatch`: k for a fused or SPMD program, 1 for
+        a stage of a staged one), and the collective and transfer bytes per iteration; `"total"` sums
+        the per-iteration bytes."""
         out: dict[str, dict[str, float]] = {}
         per_iter_collectives = 0.0
-        for s in self._stages:
+        for s in self._executor.stages:
             analysis = s.compiled.cost_analysis() or {}
-            frags = {self.module.graph.nodes[i].fragment for i in s.nodes if self.module.graph.nodes[i].kind == "run"}
+            frags = set(s.fragments)
             coll = float(sum(fragment_collective_bytes(self.module.fragments[f]) for f in frags))
             if any(self.module.fragments[f].placement.lowering == "jit" for f in frags):
                 coll += float(hlo_collective_bytes(s.compiled.as_text()))
             per_iter_collectives += coll
             out[s.name] = {"flops": float(analysis.get("flops", 0.0)),
                            "bytes": float(analysis.get("bytes accessed", 0.0)),
-                           "iterations_per_dispatch": self.k if self._fused or self._union else 1,
+                           "iterations_per_dispatch": s.iterations,
                            "collective_bytes": coll}
         out["total"] = {"collective_bytes": per_iter_collectives, "transfer_bytes": float(transfer_bytes(self.module))}
         return out
@@ -155,18 +127,18 @@ class Program:
         if not isinstance(iterations, (int, np.integer)) or isinstance(iterations, bool) or iterations < 1:
             raise FragcError(f"iterations must be a positive int, got {iterations!r}")
         leaves = self._check_state(state)
-        if self._fused or self._union:
-            leaves = [jnp.copy(x) for x in leaves]  # the program donates its buffers; keep the caller's
-        dispatch = self._dispatch_fused if self._fused else self._dispatch_union if self._union else self._dispatch_staged
-        if self._union:  # delays are explicit (and donated) program arguments
-            delays = self.place_delays(delays) if delays is not None else self.initial_delays(
-                jax.tree.unflatten(self._state_tree, leaves))
+        if delays is not None:
+            delays = self.place_delays(delays)
+        elif self._executor.donates:  # delays are explicit (and donated) program arguments
+            delays = self.initial_delays(jax.tree.unflatten(self._state_tree, leaves))
+        if self._executor.donates:  # the program donates its buffers; keep the caller's
+            leaves = [jnp.copy(x) for x in leaves]
             delays = {i: [jnp.copy(x) for x in xs] for i, xs in delays.items()}
         rows: list[dict] = []
         pending, done, carry, saved = None, 0, (leaves, delays), 0
         while done < iterations:
             n = min(self.k, iterations - done)
-            carry, metrics = dispatch(carry, n)
+            carry, metrics = self._dispatch(carry, n)
             if pending is not None:
                 self._collect(rows, *pending, callback)
             done += n
@@ -188,118 +160,18 @@ class Program:
         for i, node in enumerate(self.module.graph.nodes):
             if isinstance(node, Delay):
                 leaves = node.outputs[0].type.leaves
-                placed[i] = [place(x, self._leaf_sharding(t)) for x, t in zip(delays[i], leaves)]
+                placed[i] = [place(x, self._executor.leaf_sharding(t)) for x, t in zip(delays[i], leaves)]
         return placed
 
     def initial_delays(self, state: Any) -> dict[int, list[Any]]:
         """The delay values a run starting from `state` begins with (empty without delays)."""
-        env: dict[Value, list[Any]] = {self.module.graph.inputs[0]: jax.tree.leaves(state)}
-        out = {}
-        for i, node in enumerate(self.module.graph.nodes):
-            if isinstance(node, Transfer) and all(u.value in env for u in node.inputs):
-                env[node.outputs[0]] = [env[u.value][u.index] for u in node.inputs]
-            elif isinstance(node, Delay):
-                out[i] = [env[u.value][u.index] for u in node.initial]
-                env[node.outputs[0]] = out[i]
-        return out
+        return initial_delays(self.module, jax.tree.leaves(state))
 
-    # ------------------------------------------------------------ choosing the lowering of a staged program
-
-    def _choose_union(self, transfers: str) -> bool:
-        """Staged programs move values with `device_put` within one process, or run as one SPMD
-        program with collectives (`runtime/spmd.py`), which is the only way across processes."""
-        if transfers not in TRANSFERS:
-            raise FragcError(f"transfers must be one of {', '.join(TRANSFERS)}, got {transfers!r}")
-        across = spans_processes(self.devices)
-        if transfers == "device_put" and across:
-            raise FragcError("transfers='device_put' cannot cross processes; use 'collective' or 'auto'")
-        if transfers == "device_put" or (transfers == "auto" and not across):
-            return False
-        reason = unsupported(self.module)
-        if reason is not None:
-            where = "across processes" if across else "with transfers='collective'"
-            raise FragcError(f"policy '{self.policy.name}' cannot run {where}: {reason}")
-        return True
-
-    # ------------------------------------------------------------ fused: one stage, k iterations a dispatch
-
-    def _is_one_stage(self) -> bool:
-        nodes = self.module.graph.nodes
-        return len(self.module.attrs.get("stages", ())) <= 1 and not any(
-            isinstance(n, (Transfer, Delay)) for n in nodes)
-
-    def _iteration(self, leaves: list[Any]) -> tuple[list[Any], dict]:
-        outs, _ = run_graph(self.module, leaves, lambda node, fdef, ins: self._frags[fdef.name](*ins))
-        state_out, metrics = jax.tree.unflatten(self.module.graph.out_tree, outs)
-        return jax.tree.leaves(state_out), _metrics_dict(metrics)
-
-    def _compile_fused(self) -> Stage:
-        k = self.k
-        structs = [jax.ShapeDtypeStruct(t.shape, t.dtype) for t in self.module.graph.inputs[0].type.leaves]
-        _, metrics_shape = jax.eval_shape(self._iteration, structs)
-
-        def chunk(leaves: list[Any], n: jax.Array) -> tuple[list[Any], Any]:
-            def skip(carry: list[Any]) -> tuple[list[Any], Any]:
-                return carry, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metrics_shape)
-
-            def body(carry: list[Any], i: jax.Array) -> tuple[list[Any], Any]:
-                return jax.lax.cond(i < n, self._iteration, skip, carry)
-
-            return jax.lax.scan(body, leaves, jnp.arange(k))
-
-        if self.population:
-            chunk = jax.vmap(chunk, in_axes=(0, None), out_axes=(0, 0))  # metrics [seeds, k]
-            structs = [jax.ShapeDtypeStruct((len(self.population),) + s.shape, s.dtype) for s in structs]
-        structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) for s, sh in zip(structs, self._shardings)]
-        lowered = jax.jit(chunk, donate_argnums=0, out_shardings=(self._shardings, None)).lower(
-            structs, jax.ShapeDtypeStruct((), jnp.int32))
-        stage = Stage("iteration", self.module.meshes[0].name, tuple(range(len(self.module.graph.nodes))), [], [])
-        stage.lowered, stage.compiled = lowered, lowered.compile()
-        return stage
-
-    def _dispatch_fused(self, carry: tuple, n: int) -> tuple[tuple, Any]:
-        leaves, metrics = self._stages[0].compiled(carry[0], np.int32(n))
-        return (leaves, None), metrics
-
-    # ------------------------------------------------------------ union: one SPMD program over all groups
-
-    def _compile_union(self) -> Stage:
-        self._union_program = UnionProgram(self.module, self._union_mesh, self.k)
-        stage = Stage("iteration", ",".join(m.name for m in self.module.meshes),
-                      tuple(range(len(self.module.graph.nodes))), [], [])
-        stage.lowered, stage.compiled = self._union_program.lowered, self._union_program.compiled
-        return stage
-
-    def _dispatch_union(self, carry: tuple, n: int) -> tuple[tuple, Any]:
-        leaves, delays, metrics = self._union_program(carry[0], carry[1], n)
-        return (leaves, delays), _metrics_dict(jax.tree.unflatten(self.module.graph.out_tree.children()[1], metrics))
-
-    # ------------------------------------------------------------ staged: a schedule per iteration
-
-    def _dispatch_staged(self, carry: tuple, n: int) -> tuple[tuple, Any]:
-        leaves, delayed = carry
-        graph = self.module.graph
-        env: dict[Value, list[Any]] = {graph.inputs[0]: list(leaves)}
-        by_first, in_stage = self._stage_starts, self._in_stage
-        for i, node in enumerate(graph.nodes):
-            if i in by_first:
-                s = by_first[i]
-                outs = s.compiled(*[env[u.value][u.index] for u in s.inputs])
-                for u, x in zip(s.outputs, outs):
-                    env.setdefault(u.value, [None] * len(u.value.type.leaves))[u.index] = x
-            elif i in in_stage:
-                continue
-            elif isinstance(node, Transfer):
-                value = node.outputs[0]
-                env[value] = [jax.device_put(env[u.value][u.index], leaf_sharding(t, self.module, self.devices))
-                              for u, t in zip(node.inputs, value.type.leaves)]
-            elif isinstance(node, Delay):
-                uses = node.initial
-                env[node.outputs[0]] = delayed[i] if delayed else [env[u.value][u.index] for u in uses]
-        outs = [env[u.value][u.index] for u in graph.outputs]
-        state_out, metrics = jax.tree.unflatten(graph.out_tree, outs)
-        metrics = jax.tree.map(lambda x: x[None], _metrics_dict(metrics))
-        return (jax.tree.leaves(state_out), delay_inputs(self.module, env)), metrics
+    def _dispatch(self, carry: tuple, n: int) -> tuple[tuple, dict]:
+        """Up to `k` iterations -> ((state, delays), metrics with one row per iteration)."""
+        state, delays, metrics = self._executor(carry[0], carry[1], n)
+        metrics_tree = self.module.graph.out_tree.children()[1]
+        return (state, delays), _metrics_dict(jax.tree.unflatten(metrics_tree, metrics))
 
     # ------------------------------------------------------------ internals
 
@@ -309,19 +181,6 @@ class Program:
             return init
         offsets = jnp.asarray(self.population, jnp.uint32)
         return lambda seed: jax.vmap(init)(seed + offsets)
-
-    def _leaf_sharding(self, leaf: LeafType) -> NamedSharding:
-        if self._union:
-            return union_sharding(leaf, self._union_mesh)
-        return leaf_sharding(leaf, self.module, self.devices)
-
-    def _state_shardings(self) -> list[NamedSharding]:
-        leaves = self.module.graph.inputs[0].type.leaves
-        if not self.population:
-            return [self._leaf_sharding(t) for t in leaves]
-        devices = self.devices if len(self.population) % len(self.devices) == 0 else self.devices[:1]
-        mesh = Mesh(np.array(devices), ("population",))
-        return [NamedSharding(mesh, P("population")) for _ in leaves]
 
     def _collect(self, rows: list, metrics: Any, n: int, done: int, callback: Any) -> None:
         axis = 1 if self.population else 0
@@ -346,3 +205,18 @@ def _metrics_dict(metrics: Any) -> dict[str, Any]:
         return dict(metrics)
     flat = jax.tree_util.tree_flatten_with_path(metrics)[0]
     return {jax.tree_util.keystr(p, simple=True, separator="."): v for p, v in flat}
+
+
+def initial_delays(module: Any, state: list[Any]) -> dict[int, list[Any]]:
+    """What each delay node yields in the first iteration from `state`: its initial operands,
+    read through the transfers that bring state leaves to the delay's group."""
+    graph = module.graph
+    env = dict(zip(graph.inputs[0].uses(), state))
+    out = {}
+    for i, node in enumerate(graph.nodes):
+        if isinstance(node, Transfer) and all(u in env for u in node.inputs):
+            env.update(zip(node.outputs[0].uses(), [env[u] for u in node.inputs]))
+        elif isinstance(node, Delay):
+            out[i] = [env[u] for u in node.initial]
+            env.update(zip(node.outputs[0].uses(), out[i]))
+    return out

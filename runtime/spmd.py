@@ -7,7 +7,8 @@ groups lie on different processes runs: JAX cannot `device_put` between
 processes on the CPU backend, but collectives inside one program over the
 union mesh work (JAX_NOTES.md, section 5).
 
-Inside the program:
+Inside the program the module is executed by the same `Interpreter` as
+everywhere, with its own `run` and `transfer` steps:
 
 - every leaf is held by every row (replicated over `group`, split over
   `replica` along its batch axis), and only its own group's row is current;
@@ -21,7 +22,9 @@ Inside the program:
   gathered from its group's row, so all rows hold it again.
 
 It needs groups of equal size (a mesh is rectangular) that do not overlap,
-fragments lowered with `shard_map`, and glue only on unsplit values.
+fragments lowered with `shard_map`, and glue only on unsplit values; the
+`loop` pass checks this when it gives a module with collective transfers the
+`spmd` schedule (`fragc.passes.loop.spmd_unsupported`).
 """
 
 from __future__ import annotations
@@ -35,67 +38,68 @@ from jax import lax
 from jax.extend import core as jex
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fragc.ir.interpreter import assign_outputs, delay_inputs
-from fragc.ir.module import REPLICA, Delay, Glue, Module, Run, Transfer
+from fragc.ir.interpreter import Interpreter
+from fragc.ir.module import REPLICA, Module, Run, Transfer
 from fragc.ir.types import LeafType
 
 from .lower import spec
+from .stages import CompiledStage, stage_fragments
 
 GROUP = "group"
-
-
-def unsupported(module: Module) -> str | None:
-    """Why `module` cannot run as one SPMD program over its groups (None when it can)."""
-    sizes = {len(m.devices) for m in module.meshes}
-    if len(sizes) > 1:
-        return "its device groups differ in size (" + ", ".join(f"{m.name}: {len(m.devices)}" for m in module.meshes) + ")"
-    ids = [i for m in module.meshes for i in m.devices]
-    if len(set(ids)) != len(ids):
-        return "its device groups overlap"
-    for fdef in module.fragments.values():
-        p = fdef.placement
-        if p is not None and (p.lowering != "shard_map" or p.replicas != len(module.meshes[0].devices)):
-            return f"fragment '{fdef.name}' is not one shard_map replica per device of its group"
-    for node in module.graph.nodes:
-        if isinstance(node, Glue) and any(u.type.axis is not None for u in node.inputs):
-            return "glue between fragments reads a value split over devices"
-    return None
 
 
 def union_mesh(module: Module, devices: Sequence[jax.Device]) -> Mesh:
     return Mesh(np.array([[devices[i] for i in m.devices] for m in module.meshes]), (GROUP, REPLICA))
 
 
-def sharding(leaf: LeafType, mesh: Mesh) -> NamedSharding:
-    """Where a leaf lives between dispatches: on every row, split over `replica` along its batch axis."""
-    return NamedSharding(mesh, _spec(leaf))
-
-
 def _spec(leaf: LeafType, extra_leading: int = 0) -> P:
     return spec(None if leaf.axis is None else leaf.axis + extra_leading)
 
 
-class UnionProgram:
-    """`k` iterations a dispatch of `module` as one jitted shard_map over the union mesh."""
+class SpmdProgram(Interpreter):
+    """A module whose schedule is `spmd`: k iterations a dispatch as one jitted shard_map over the union mesh."""
 
-    def __init__(self, module: Module, mesh: Mesh, k: int):
-        self.module, self.k, self.mesh = module, k, mesh
+    donates = True
+
+    def __init__(self, module: Module, devices: Sequence[jax.Device]):
+        super().__init__(module)
+        self.k = module.schedule.iterations_per_dispatch
+        self.mesh = union_mesh(module, devices)
         self.row = {m.name: i for i, m in enumerate(module.meshes)}
         graph = module.graph
-        self.delay_nodes = [i for i, n in enumerate(graph.nodes) if isinstance(n, Delay)]
         self.state_types = list(graph.inputs[0].type.leaves)
         self.delay_types = [list(graph.nodes[i].outputs[0].type.leaves) for i in self.delay_nodes]
         n_state = len(self.state_types)
         self.metric_types = [u.type for u in graph.outputs][n_state:]
-        self.state_shardings = [sharding(t, self.mesh) for t in self.state_types]
-        self.delay_shardings = [[sharding(t, self.mesh) for t in ts] for ts in self.delay_types]
-        self.lowered = self._lower()
-        self.compiled = self.lowered.compile()
+        self.state_shardings = [self.leaf_sharding(t) for t in self.state_types]
+        self.delay_shardings = [[self.leaf_sharding(t) for t in ts] for ts in self.delay_types]
+        lowered = self._lower()
+        self.stages = [CompiledStage("iteration", stage_fragments(module, range(len(graph.nodes))),
+                                     lowered, lowered.compile(), self.k)]
+
+    def leaf_sharding(self, leaf: LeafType) -> NamedSharding:
+        """Where a leaf lives between dispatches: on every row, split over `replica` along its batch axis."""
+        return NamedSharding(self.mesh, _spec(leaf))
 
     def __call__(self, state: list[Any], delays: dict[int, list[Any]], n: int) -> tuple[list, dict, Any]:
         flat = [x for i in self.delay_nodes for x in delays[i]]
-        state, flat, metrics = self.compiled(state, flat, np.int32(n))
+        state, flat, metrics = self.stages[0].compiled(state, flat, np.int32(n))
         return state, self._unflatten_delays(flat), metrics
+
+    # ------------------------------------------------------------ the executor's steps inside the program
+
+    def run(self, i: int, node: Run, leaves: list[Any]) -> list[Any]:
+        """Only the fragment's own group's row computes it; the other rows take zeros."""
+        fdef = self.module.fragments[node.fragment]
+        body = fdef.body_for(fdef.placement.replicas)
+        zeros = [jnp.zeros(a.shape, a.dtype) for a in body.out_avals]
+        return lax.cond(self.row_index == self.row[fdef.placement.group],
+                        lambda xs: list(jex.jaxpr_as_fun(body)(*xs)), lambda xs: zeros, leaves)
+
+    def transfer(self, i: int, node: Transfer, leaves: list[Any]) -> list[Any]:
+        """Device (src, r) sends its block to (dst, r)."""
+        pairs = [(self.row[node.src], self.row[node.dst])]
+        return [lax.ppermute(x, GROUP, pairs) for x in leaves]
 
     # ------------------------------------------------------------ the program
 
@@ -114,14 +118,15 @@ class UnionProgram:
 
     def _chunk(self, state: list[Any], flat_delays: list[Any], n: jax.Array) -> tuple[list, list, list]:
         """Up to `k` iterations (those past `n` are skipped), then every leaf back on every row."""
-        row = lax.axis_index(GROUP)
+        self.row_index = lax.axis_index(GROUP)
         metric_zeros = [jnp.zeros(self._local(t).shape, t.dtype) for t in self.metric_types]
 
         def body(carry: tuple, i: jax.Array) -> tuple[tuple, list]:
             def step(carry: tuple) -> tuple[tuple, list]:
                 state, delays = carry
-                new_state, new_delays, metrics = self._iteration(row, state, self._unflatten_delays(delays))
-                return (new_state, [x for j in self.delay_nodes for x in new_delays[j]]), metrics
+                outs, new_delays = self.iteration(state, self._unflatten_delays(delays))
+                n_state = len(self.state_types)
+                return (outs[:n_state], [x for j in self.delay_nodes for x in new_delays[j]]), outs[n_state:]
 
             return lax.cond(i < n, step, lambda c: (c, metric_zeros), carry)
 
@@ -130,36 +135,6 @@ class UnionProgram:
         return ([_from_row(x, self._row_of(t)) for x, t in zip(state, self.state_types)],
                 [_from_row(x, self._row_of(t)) for x, t in zip(flat_delays, flat_delay_types)],
                 [_from_row(x, self._row_of(t)) for x, t in zip(metrics, self.metric_types)])
-
-    def _iteration(self, row: jax.Array, state: list[Any], delayed: dict[int, list[Any]]
-                   ) -> tuple[list, dict, list]:
-        graph, env = self.module.graph, {}
-        env[graph.inputs[0]] = list(state)
-
-        def read(uses: Any) -> list[Any]:
-            return [env[u.value][u.index] for u in uses]
-
-        for i, node in enumerate(graph.nodes):
-            if isinstance(node, Run):
-                outs = self._run(row, node, read(node.inputs))
-            elif isinstance(node, Glue):
-                outs = jex.jaxpr_as_fun(node.body)(*read(node.inputs))
-            elif isinstance(node, Transfer):
-                pairs = [(self.row[node.src], self.row[node.dst])]
-                outs = [lax.ppermute(x, GROUP, pairs) for x in read(node.inputs)]
-            else:  # Delay
-                outs = delayed[i]
-            assign_outputs(env, node.outputs, outs)
-        outs = read(graph.outputs)
-        n_state = len(self.state_types)
-        return outs[:n_state], delay_inputs(self.module, env), outs[n_state:]
-
-    def _run(self, row: jax.Array, node: Run, ins: list[Any]) -> list[Any]:
-        fdef = self.module.fragments[node.fragment]
-        body = fdef.body_for(fdef.placement.replicas)
-        zeros = [jnp.zeros(a.shape, a.dtype) for a in body.out_avals]
-        return lax.cond(row == self.row[fdef.placement.group],
-                        lambda xs: list(jex.jaxpr_as_fun(body)(*xs)), lambda xs: zeros, ins)
 
     # ------------------------------------------------------------ helpers
 

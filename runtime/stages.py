@@ -1,4 +1,13 @@
-"""Compiled stages: the nodes `fuse` grouped on one device group, as one XLA program each."""
+"""The `staged` schedule: one compiled program per stage, transfers by `device_put` between them.
+
+Each stage of the module (a subgraph made by `fuse`) is compiled as one XLA
+program on its device group. An iteration executes the module's plan in
+order: stages call their programs, transfers `device_put` onto the
+destination group, delays yield the previous iteration's value; a dispatch
+queues k iterations. Dispatch is
+asynchronous, so stages on disjoint groups that do not depend on each other
+(rollout k+1 and learn k under staleness 1) overlap without threads.
+"""
 
 from __future__ import annotations
 
@@ -6,51 +15,67 @@ import dataclasses
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 
-from fragc.ir.interpreter import eval_nodes
-from fragc.ir.module import Module, Use, Value
+from fragc.ir.interpreter import Interpreter
+from fragc.ir.module import Module, Run, Stage, Transfer
 
-from .lower import leaf_sharding
+from .lower import Lowered, leaf_sharding, lower_fragments
 
 
 @dataclasses.dataclass
-class Stage:
+class CompiledStage:
+    """One XLA program: `Program.hlo(name)` prints it, `Program.cost()` reads it."""
+
     name: str
-    group: str
-    nodes: tuple[int, ...]
-    inputs: list[Use]  # leaves read from outside the stage
-    outputs: list[Use]  # leaves the stage makes that others read
-    lowered: Any = None
-    compiled: Any = None
+    fragments: tuple[str, ...]
+    lowered: Any
+    compiled: Any
+    iterations: int = 1
+    """Iterations one call of the program runs."""
 
 
-def plan_stages(module: Module) -> list[Stage]:
+def stage_fragments(module: Module, nodes: Sequence[int]) -> tuple[str, ...]:
     graph = module.graph
-    stages = []
-    for name, group, idx in module.attrs["stages"]:
-        made = {v for i in idx for v in graph.nodes[i].outputs}
-        inputs = list(dict.fromkeys(u for i in idx for u in _reads(graph.nodes[i]) if u.value not in made))
-        later = [u for j, node in enumerate(graph.nodes) if j not in idx for u in _reads(node)]
-        outputs = list(dict.fromkeys(u for u in later + list(graph.outputs) if u.value in made))
-        stages.append(Stage(name, group, tuple(idx), inputs, outputs))
-    return stages
+    return tuple(graph.nodes[i].fragment for i in nodes if isinstance(graph.nodes[i], Run))
 
 
-def _reads(node: Any) -> tuple[Use, ...]:
-    return tuple(node.inputs) + tuple(getattr(node, "initial", ()))
+class StagedProgram(Interpreter):
+    """A module whose schedule is `staged`, executed one iteration a dispatch."""
+
+    donates = False
+
+    def __init__(self, module: Module, devices: Sequence[jax.Device]):
+        super().__init__(module)
+        self.devices = devices
+        body = Lowered(module, lower_fragments(module, devices))
+        self.stages = [compile_stage(s, body, devices) for s in module.stages]
+        self._programs = {s.name: c.compiled for s, c in zip(module.stages, self.stages)}
+        self.state_shardings = [self.leaf_sharding(t) for t in module.graph.inputs[0].type.leaves]
+
+    def leaf_sharding(self, leaf: Any) -> Any:
+        return leaf_sharding(leaf, self.module, self.devices)
+
+    def __call__(self, state: list[Any], delays: dict | None, n: int) -> tuple[list, dict, list]:
+        """`n` iterations, queued without waiting; metrics stacked, one row per iteration."""
+        n_state, metrics = len(state), []
+        for _ in range(n):
+            outs, delays = self.iteration(state, delays)
+            state = outs[:n_state]
+            metrics.append(outs[n_state:])
+        return state, delays, [jnp.stack(rows) for rows in zip(*metrics)]
+
+    def stage(self, stage: Stage, leaves: list[Any]) -> list[Any]:
+        return self._programs[stage.name](*leaves)
+
+    def transfer(self, i: int, node: Transfer, leaves: list[Any]) -> list[Any]:
+        return [jax.device_put(x, self.leaf_sharding(t)) for x, t in zip(leaves, node.outputs[0].type.leaves)]
 
 
-def compile_stage(stage: Stage, module: Module, devices: Sequence[jax.Device], lowered_frags: dict) -> Stage:
-    def fn(*leaves: Any) -> list[Any]:
-        env: dict[Value, list[Any]] = {}
-        for u, x in zip(stage.inputs, leaves):
-            env.setdefault(u.value, [None] * len(u.value.type.leaves))[u.index] = x
-        eval_nodes(module, stage.nodes, env, lambda node, fdef, ins: lowered_frags[fdef.name](*ins))
-        return [env[u.value][u.index] for u in stage.outputs]
-
+def compile_stage(stage: Stage, body: Lowered, devices: Sequence[jax.Device]) -> CompiledStage:
+    module = body.module
     structs = [jax.ShapeDtypeStruct(u.type.shape, u.type.dtype, sharding=leaf_sharding(u.type, module, devices))
                for u in stage.inputs]
     out_shardings = [leaf_sharding(u.type, module, devices) for u in stage.outputs]
-    stage.lowered = jax.jit(fn, out_shardings=out_shardings).lower(*structs)
-    stage.compiled = stage.lowered.compile()
-    return stage
+    lowered = jax.jit(lambda *leaves: body.stage(stage, list(leaves)), out_shardings=out_shardings).lower(*structs)
+    return CompiledStage(stage.name, stage_fragments(module, stage.nodes), lowered, lowered.compile())

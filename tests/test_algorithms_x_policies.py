@@ -1,8 +1,18 @@
-"""Every algorithm under every built-in policy, 2 iterations on 8 simulated devices.
+"""Every algorithm under the policies whose semantics differ, 2 iterations on 8 simulated devices.
+
+The full algorithm x policy matrix runs for the policies that exercise a
+different meaning of the program: `anakin` (8 replicas and their
+collectives), `actor_learner_async` (transfers, stages and a delay) and a
+population (seeds vectorised over one program, one replica). `single`,
+`gspmd` and `actor_learner` compute what the interpreter computes with one
+replica or with replicas by role, as those three do; they are checked on PPO
+in test_policies.py, and `actor_learner` on DQN here (a third role and glue
+between stages). Stage and transfer counts of every algorithm under every
+built-in policy are checked without compiling in test_schedule.py.
 
 Synchronous policies match the reference interpreter with the same replica
 counts; the asynchronous one matches the interpreter on its pipelined module;
-a population member matches a single run of its seed.
+a population member matches the interpreter from its seed.
 """
 
 import jax
@@ -11,49 +21,55 @@ import pytest
 
 import fragc
 from conftest import assert_trees_close
-from fragc.algos import a2c, dqn, impala, ppo, ppo_continuous
+from shared_programs import ALGOS, small_algo, traced
 
 ITERATIONS = 2
 
-ALGOS = {
-    "ppo": lambda: ppo.PPO(ppo.Config(num_envs=8, num_steps=8, num_minibatches=2, update_epochs=1)),
-    "a2c": lambda: a2c.A2C(a2c.Config(num_envs=8, num_steps=8)),
-    "dqn": lambda: dqn.DQN(dqn.Config(num_envs=8, num_steps=2, buffer_size=64, batch_size=16, learning_starts=0)),
-    "impala": lambda: impala.IMPALA(impala.Config(num_envs=8, num_steps=8)),
-    "ppo_continuous": lambda: ppo_continuous.PPOContinuous(
-        ppo_continuous.Config(num_envs=8, num_steps=8, num_minibatches=2, update_epochs=1)),
-}
-SYNC = {"single": 1, "anakin": 8, "gspmd": 1, "actor_learner": 4}
+REPLICAS = {"anakin": 8, "actor_learner": {"actor": 4, "buffer": 4, "learner": 4}}
+SYNC = [(name, "anakin") for name in sorted(ALGOS)] + [("dqn", "actor_learner")]
 
 
 @pytest.fixture(scope="module", params=sorted(ALGOS))
-def algo(request):
-    return ALGOS[request.param]()
+def name(request):
+    return request.param
 
 
-@pytest.mark.parametrize("policy", sorted(SYNC))
-def test_synchronous_policy_equals_interpreter(algo, policy):
-    prog = fragc.compile(algo, policy, devices=1 if policy == "single" else 8)
+def interpret_n(module, state, replicas, iterations=ITERATIONS):
+    history = []
+    for _ in range(iterations):
+        state, metrics = fragc.interpret(module, state, replicas=replicas)
+        history.append(metrics)
+    return state, history
+
+
+@pytest.mark.parametrize("algo_name,policy", SYNC)
+def test_synchronous_policy_equals_interpreter(algo_name, policy):
+    algo = small_algo(algo_name)
+    prog = fragc.compile(algo, policy, devices=8)
     state = prog.init(0)
     out, history = prog.run(state, ITERATIONS)
-    ref, module = state, fragc.trace(algo)
-    for i in range(ITERATIONS):
-        ref, metrics = fragc.interpret(module, ref, replicas=SYNC[policy])
+    module = traced(algo_name)
+    roles = {f.role for f in module.fragments.values()}
+    replicas = REPLICAS[policy] if isinstance(REPLICAS[policy], int) else {
+        r: n for r, n in REPLICAS[policy].items() if r in roles}
+    ref, ref_history = interpret_n(module, state, replicas)
+    for i, metrics in enumerate(ref_history):
         np.testing.assert_allclose(history["episode_return"][i], metrics["episode_return"], rtol=1e-4, atol=1e-4)
     assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
 
 
-def test_async_policy_equals_pipelined_interpreter(algo):
+def test_async_policy_equals_pipelined_interpreter(name):
+    algo = small_algo(name)
     prog = fragc.compile(algo, "actor_learner_async", devices=8)
     state = prog.init(0)
     out, _ = prog.run(state, ITERATIONS)
-    ref, _ = fragc.run_iterations(prog.pipeline.after("pipeline"), state, ITERATIONS)
+    ref, _ = fragc.run_iterations(prog.pipeline.after("insert_delays"), state, ITERATIONS)
     assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
 
 
-def test_population_member_equals_single_run(algo):
+def test_population_member_equals_interpreter_from_its_seed(name):
+    algo = small_algo(name)
     prog = fragc.compile(algo, fragc.population("single", 2))
     out, _ = prog.run(prog.init(0), ITERATIONS)
-    single = fragc.compile(algo, "single")
-    one, _ = single.run(single.init(1), ITERATIONS)
+    one, _ = interpret_n(traced(name), algo.init(jax.random.key(1)), 1)
     assert_trees_close(jax.tree.map(lambda x: x[1], out), one, rtol=2e-4, atol=2e-5)

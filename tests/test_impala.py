@@ -82,7 +82,7 @@ def test_impala_async_equals_its_pipelined_module(algo):
     prog = fragc.compile(algo, "actor_learner_async", devices=8)
     state = prog.init(0)
     out, history = prog.run(state, 3)
-    ref, ref_history = fragc.run_iterations(prog.pipeline.after("pipeline"), state, 3)
+    ref, ref_history = fragc.run_iterations(prog.pipeline.after("insert_delays"), state, 3)
     assert_trees_close(out, ref, rtol=1e-4, atol=1e-5)
     assert history["mean_rho"][0] == pytest.approx(1.0)  # first iteration: the delay starts from the same params
     assert abs(float(history["mean_rho"][2]) - 1.0) > 1e-7  # then the actors' parameters are stale

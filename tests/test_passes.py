@@ -28,11 +28,11 @@ def test_a_pass_that_breaks_the_module_is_named_with_the_passes_before_it():
         run_pipeline(fragc.trace(Regression()), [Canonicalize(), DropFirstNode()])
 
 
-def test_pass_options_appear_in_the_stage_name():
+def test_pass_options_appear_in_the_module_label():
     from fragc.passes import Loop
 
     result = run_pipeline(fragc.trace(Regression()), [Canonicalize(), Loop(k=4)])
-    assert [m.stage for m in result.stages] == ["001_trace", "002_canonicalize", "003_loop{k=4}"]
+    assert [m.label for m in result.modules] == ["001_trace", "002_canonicalize", "003_loop{k=4}"]
 
 
 def test_canonicalize_drops_dead_glue_and_fragments():

@@ -1,4 +1,7 @@
-"""Every built-in policy against the reference semantics, on 8 simulated devices (PPO, 3 iterations)."""
+"""Every built-in policy against the reference semantics, on 8 simulated devices (PPO, 3 iterations).
+
+Programs and runs are shared (tests/shared_programs.py): each policy compiles once.
+"""
 
 import jax
 import numpy as np
@@ -6,14 +9,12 @@ import pytest
 
 import fragc
 from conftest import as_numbers, assert_trees_close
-from fragc.algos import ppo
-
-ITERATIONS = 3
+from shared_programs import ITERATIONS, ppo_algo, ppo_run
 
 
 @pytest.fixture(scope="module")
 def algo():
-    return ppo.PPO(ppo.Config(num_envs=16, num_steps=16, num_minibatches=2, update_epochs=2))
+    return ppo_algo()
 
 
 @pytest.fixture(scope="module")
@@ -22,10 +23,8 @@ def module(algo):
 
 
 def run_program(algo, policy, devices=8, seed=0):
-    prog = fragc.compile(algo, policy, devices=devices)
-    state = prog.init(seed)
-    out, history = prog.run(state, ITERATIONS)
-    return prog, state, out, history
+    assert algo is ppo_algo()
+    return ppo_run(policy, devices, seed)
 
 
 def interpret_n(module, state, replicas):
@@ -67,7 +66,7 @@ def test_actor_learner_equals_interpreter_with_matching_replicas(algo, module):
 
 def test_actor_learner_async_equals_its_pipelined_module_and_repeats(algo):
     prog, state, out, history = run_program(algo, "actor_learner_async")
-    pipelined = prog.pipeline.after("pipeline")
+    pipelined = prog.pipeline.after("insert_delays")
     assert any(n.kind == "delay" for n in pipelined.graph.nodes)
     ref, ref_history = fragc.run_iterations(pipelined, state, ITERATIONS)
     assert_trees_close(out, ref, rtol=1e-4, atol=1e-5)
@@ -89,8 +88,9 @@ def test_async_differs_from_sync(algo):
 
 
 def test_population_equals_separate_single_runs(algo):
-    prog, state, out, history = run_program(algo, fragc.population("single", 4), devices=None)
+    prog, state, out, history = run_program(algo, fragc.population("single", 4), devices=1)
+    single = run_program(algo, "single", devices=1)[0]  # one compiled program, run from each seed
     for i in range(4):
-        _, _, single_out, single_history = run_program(algo, "single", devices=1, seed=i)
+        single_out, single_history = single.run(single.init(i), ITERATIONS)
         assert_trees_close(jax.tree.map(lambda x: x[i], out), single_out, rtol=1e-4, atol=1e-5)
         assert_history_close({k: v[i] for k, v in history.items()}, single_history)

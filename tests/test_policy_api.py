@@ -1,4 +1,7 @@
-"""Policies as data: a user's own policy, cost accounting, and clear errors."""
+"""Policies as data: a user's own policy, cost accounting, and clear errors.
+
+Built-in policies' programs are shared with test_policies.py (tests/shared_programs.py).
+"""
 
 import jax
 import numpy as np
@@ -7,11 +10,13 @@ import pytest
 import fragc
 from conftest import assert_trees_close
 from fragc.algos import ppo
+from shared_programs import ppo_algo, ppo_program
 from toy_algos import Regression
 
 
 @pytest.fixture(scope="module")
 def algo():
+    """12 environments: 6 actor replicas divide them, 8 do not."""
     return ppo.PPO(ppo.Config(num_envs=12, num_steps=8, num_minibatches=2, update_epochs=2, total_steps=960))
 
 
@@ -38,25 +43,29 @@ def _param_bytes(algo):
     return sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(params))
 
 
-def test_anakin_collectives_are_one_gradient_allreduce_per_minibatch_plus_metrics(algo):
-    prog = fragc.compile(algo, "anakin", devices=4)
+def test_anakin_collectives_are_one_gradient_allreduce_per_minibatch_plus_metrics():
+    algo, prog = ppo_algo(), ppo_program("anakin")
     c = algo.config
-    learn_metrics = 4 * 4  # four f32 scalars
-    rollout_metrics = 3 * 4  # completed episodes, return sum, episodes done
-    expected = c.update_epochs * c.num_minibatches * _param_bytes(algo) + learn_metrics + rollout_metrics
+
+    def received(elements):  # per device: a reduce-scatter and an all-gather of ceil(n/4) f32 each from 3 others
+        return 2 * 3 * -(-elements // 4) * 4
+
+    scalars = 4 + 3  # learn: four metrics; rollout: completed episodes, return sum, episodes done
+    grads = _param_bytes(algo) // 4
+    expected = c.update_epochs * c.num_minibatches * received(grads) + scalars * received(1)
     cost = prog.cost()
     assert cost["total"]["collective_bytes"] == expected
     assert cost["total"]["transfer_bytes"] == 0
     assert cost["iteration"]["flops"] > 0
 
 
-def test_single_moves_nothing(algo):
-    cost = fragc.compile(algo, "single").cost()
+def test_single_moves_nothing():
+    cost = ppo_program("single", 1).cost()
     assert cost["total"] == {"collective_bytes": 0.0, "transfer_bytes": 0.0}
 
 
-def test_actor_learner_transfers_trajectory_and_parameters(algo):
-    prog = fragc.compile(algo, "actor_learner", devices=8)
+def test_actor_learner_transfers_trajectory_and_parameters():
+    algo, prog = ppo_algo(), ppo_program("actor_learner")
     module = prog.pipeline.final
     traj_bytes = module.fragments["rollout"].out_types[0].nbytes
     c = algo.config
@@ -65,7 +74,7 @@ def test_actor_learner_transfers_trajectory_and_parameters(algo):
     # obs, action, log_prob, value, next_obs, next_value, reward, terminated, done
     assert traj_bytes == per_step * (obs * 4 + 4 + 4 + 4 + obs * 4 + 4 + 4 + 1 + 1)
     assert prog.cost()["total"]["transfer_bytes"] == traj_bytes + _param_bytes(algo)
-    pipelined = fragc.compile(algo, "actor_learner_async", devices=8)
+    pipelined = ppo_program("actor_learner_async")
     assert pipelined.cost()["total"]["transfer_bytes"] == traj_bytes + _param_bytes(algo)  # the delay adds no move
 
 
@@ -92,8 +101,8 @@ def test_population_of_a_staged_policy_is_refused():
         fragc.compile(Regression(), fragc.population("actor_learner", 2), devices=2)
 
 
-def test_stages_and_hlo_per_stage(algo):
-    prog = fragc.compile(algo, "actor_learner", devices=4)
+def test_stages_and_hlo_per_stage():
+    prog = ppo_program("actor_learner")
     assert prog.stages == ["actors", "learner"]
     assert "stablehlo" in prog.hlo("learner")
     assert "all-gather" in prog.hlo("learner", optimized=True)

@@ -1,4 +1,10 @@
-"""The compiled single-device program against the reference interpreter."""
+"""The compiled single-device program against the reference interpreter.
+
+Programs are shared: PPO's with test_policies.py (tests/shared_programs.py), Regression's
+within this file (one per dispatch size).
+"""
+
+import functools
 
 import jax
 import numpy as np
@@ -6,16 +12,20 @@ import pytest
 
 import fragc
 from conftest import assert_trees_close
+from shared_programs import ITERATIONS, ppo_algo, ppo_run
 from toy_algos import Regression
 
 
-def test_compiled_single_equals_interpreter_over_three_iterations(ppo_algo):
-    prog = fragc.compile(ppo_algo, "single")
-    state = prog.init(0)
-    got, history = prog.run(state, 3)
-    module = fragc.trace(ppo_algo)
+@functools.cache
+def regression_program(k=16):
+    return fragc.compile(Regression(), "single", iterations_per_dispatch=k)
+
+
+def test_compiled_single_equals_interpreter_over_three_iterations():
+    prog, state, got, history = ppo_run("single", 1)
+    module = fragc.trace(ppo_algo())
     ref = state
-    for i in range(3):
+    for i in range(ITERATIONS):
         ref, metrics = fragc.interpret(module, ref)
         for name, value in metrics.items():
             np.testing.assert_allclose(history[name][i], value, rtol=1e-5, atol=1e-6, err_msg=name)
@@ -25,7 +35,7 @@ def test_compiled_single_equals_interpreter_over_three_iterations(ppo_algo):
 @pytest.mark.parametrize("k,iterations", [(1, 3), (4, 3), (4, 9)])
 def test_any_run_length_with_any_dispatch_size(k, iterations):
     algo = Regression()
-    prog = fragc.compile(algo, "single", iterations_per_dispatch=k)
+    prog = regression_program(k)
     state = prog.init(0)
     got, history = prog.run(state, iterations)
     assert history["loss"].shape == (iterations,)
@@ -37,7 +47,7 @@ def test_any_run_length_with_any_dispatch_size(k, iterations):
 
 
 def test_run_keeps_the_callers_state_and_reports_progress():
-    prog = fragc.compile(Regression(), "single", iterations_per_dispatch=2)
+    prog = regression_program(2)
     state = prog.init(0)
     seen = []
     prog.run(state, 5, callback=lambda done, metrics: seen.append((done, len(metrics["loss"]))))
@@ -46,7 +56,7 @@ def test_run_keeps_the_callers_state_and_reports_progress():
 
 
 def test_ir_after_named_passes_and_stage_names():
-    prog = fragc.compile(Regression(), "single")
+    prog = regression_program()
     assert prog.ir(after="trace").startswith("// fragc.ir · regression · after 001_trace\n")
     assert "after 003_place{policy=single}" in prog.ir(after="place")
     assert "on @main shard_map replicas=1" in prog.ir()
@@ -55,7 +65,7 @@ def test_ir_after_named_passes_and_stage_names():
 
 
 def test_hlo_and_cost():
-    prog = fragc.compile(Regression(), "single")
+    prog = regression_program()
     assert "stablehlo" in prog.hlo("iteration")
     assert prog.hlo("iteration", optimized=True).startswith("HloModule")
     cost = prog.cost()["iteration"]
@@ -66,10 +76,10 @@ def test_print_after_all_and_dump_dir(tmp_path):
     printed = []
     fragc.compile(Regression(), "single", print_after_all=True, dump_dir=str(tmp_path), printer=printed.append)
     assert [p.splitlines()[0].split("after ")[1] for p in printed] == [
-        "001_trace", "002_canonicalize", "003_place{policy=single}", "004_pipeline{staleness=0,role=actor}",
-        "005_insert_transfers", "006_fuse", "007_loop{k=16}"]
+        "001_trace", "002_canonicalize", "003_place{policy=single}", "004_insert_delays{staleness=0,role=actor}",
+        "005_insert_transfers{carrier=device_put}", "006_fuse", "007_loop{k=16}"]
     assert sorted(f.name for f in tmp_path.iterdir()) == [
-        "001_trace.fir", "002_canonicalize.fir", "003_place.fir", "004_pipeline.fir", "005_insert_transfers.fir",
+        "001_trace.fir", "002_canonicalize.fir", "003_place.fir", "004_insert_delays.fir", "005_insert_transfers.fir",
         "006_fuse.fir", "007_loop.fir"]
 
 
@@ -97,7 +107,7 @@ def test_policy_that_names_a_role_the_algorithm_lacks():
 
 
 def test_state_of_the_wrong_type_is_refused():
-    prog = fragc.compile(Regression(), "single")
+    prog = regression_program()
     with pytest.raises(fragc.FragcError, match="does not match the program's state type"):
         prog.run({"w": 1}, 1)
     with pytest.raises(fragc.FragcError, match="iterations must be a positive int"):

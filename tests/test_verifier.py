@@ -1,83 +1,225 @@
-"""The verifier rejects hand-broken modules and names the node at fault."""
+"""The verifier's rule tables: each rule rejects a hand-broken module, naming the node and the rule.
+
+Modules come from the passes only (no XLA): the traced Regression, Regression
+under actor_learner on 2 devices (transfers, stages, a schedule), and PPO under
+actor_learner_async (a delay).
+"""
 
 import dataclasses
 
 import pytest
 
 import fragc
-from fragc.ir import Glue, Use, verify
+from fragc.algos import ppo
+from fragc.ir import Mesh, Schedule, Use, Value, verify
+from fragc.ir.verifier import MODULE_RULES, NODE_RULES
+from fragc.passes import default_passes, resolve, run_pipeline
 from toy_algos import Regression
 
 
 @pytest.fixture(scope="module")
-def module():
-    return fragc.trace(Regression())
+def modules():
+    traced = fragc.trace(Regression())
+    staged = run_pipeline(traced, default_passes(resolve("actor_learner", 2), 4)).final
+    small_ppo = ppo.PPO(ppo.Config(num_envs=8, num_steps=4, num_minibatches=2, update_epochs=1))
+    delayed = run_pipeline(fragc.trace(small_ppo), default_passes(resolve("actor_learner_async", 2), 4)).final
+    return {"traced": traced, "staged": staged, "delayed": delayed}
 
 
-def _with_nodes(module, nodes):
+def with_nodes(module, nodes):
     return module.replace(graph=module.graph.replace(nodes=tuple(nodes)))
 
 
-def test_traced_module_verifies(module):
-    assert verify(module) is module
-
-
-def test_use_before_definition(module):
+def replace_node(module, index, **changes):
     nodes = list(module.graph.nodes)
-    broken = _with_nodes(module, [nodes[1], nodes[0], *nodes[2:]])
-    with pytest.raises(fragc.VerifyError, match=r"001_trace: node 0 \(run @learn -> %learn_0, %learn_1\): uses %data before it is defined"):
-        verify(broken)
+    nodes[index] = nodes[index].replace(**changes)
+    return with_nodes(module, nodes)
 
 
-def test_operand_of_the_wrong_type(module):
-    """@learn(w, x, y): pass the state's first leaf (w, f32[3]) where y (f32[8]) belongs."""
-    nodes = list(module.graph.nodes)
-    learn = nodes[1]
-    bad = learn.replace(inputs=(learn.inputs[0], learn.inputs[1], Use(module.graph.inputs[0], 0)))
-    broken = _with_nodes(module, [nodes[0], bad, *nodes[2:]])
-    with pytest.raises(fragc.VerifyError, match=r"node 1 \(run @learn -> %learn_0, %learn_1\): operand 2 is f32\[3\], but @learn expects f32\[8@env\]"):
-        verify(broken)
+def index_of(module, kind, nth=0):
+    return [i for i, n in enumerate(module.graph.nodes) if n.kind == kind][nth]
 
 
-def test_unknown_fragment(module):
-    nodes = list(module.graph.nodes)
-    broken = _with_nodes(module, [nodes[0].replace(fragment="nope"), *nodes[1:]])
-    with pytest.raises(fragc.VerifyError, match=r"node 0 \(run @nope -> .*\): fragment @nope is not defined"):
-        verify(broken)
+def replace_fragment(module, name, **changes):
+    return module.replace(fragments={**module.fragments, name: module.fragments[name].replace(**changes)})
 
 
-def test_value_defined_twice(module):
-    nodes = list(module.graph.nodes)
-    twice = nodes[1].replace(outputs=(nodes[0].outputs[0], nodes[1].outputs[1]))
-    broken = _with_nodes(module, [nodes[0], twice, *nodes[2:]])
-    with pytest.raises(fragc.VerifyError, match=r"node 1 \(run @learn -> %sample_0, %learn_1\): value %sample_0 is defined twice"):
-        verify(broken)
+def replace_placement(module, name, **changes):
+    placement = dataclasses.replace(module.fragments[name].placement, **changes)
+    return replace_fragment(module, name, placement=placement)
 
 
-def test_glue_with_wrong_arity(module):
-    glue = next(n for n in module.graph.nodes if isinstance(n, Glue))
-    index = module.graph.nodes.index(glue)
-    nodes = list(module.graph.nodes)
-    nodes[index] = glue.replace(inputs=())
-    with pytest.raises(fragc.VerifyError, match=rf"node {index} \(glue -> %g\): 0 operands for a body of 1 inputs"):
-        verify(_with_nodes(module, nodes))
+# ---------------------------------------------------------------- one hand-broken module per rule
 
 
-def test_returned_state_of_the_wrong_type(module):
-    outputs = list(module.graph.outputs)
+def swap_first_nodes(m):
+    nodes = list(m.graph.nodes)
+    return with_nodes(m, [nodes[1], nodes[0], *nodes[2:]])
+
+
+def define_a_value_twice(m):
+    nodes = list(m.graph.nodes)
+    return replace_node(m, 1, outputs=(nodes[0].outputs[0], nodes[1].outputs[1]))
+
+
+def call_an_unknown_fragment(m):
+    return replace_node(m, 0, fragment="nope")
+
+
+def pass_w_where_y_belongs(m):
+    """@learn(w, x, y): the state's first leaf (w, f32[3]) where y (f32[8@env]) belongs."""
+    learn = m.graph.nodes[1]
+    return replace_node(m, 1, inputs=(learn.inputs[0], learn.inputs[1], Use(m.graph.inputs[0], 0)))
+
+
+def declare_no_batch_axis(m):
+    """@learn's x declared without its batch axis: shapes agree, axes do not."""
+    fdef = m.fragments["learn"]
+    x = fdef.in_types[1]
+    in_types = (fdef.in_types[0], x.with_leaves(tuple(t.replace(axis=None) for t in x.leaves)), fdef.in_types[2])
+    return replace_fragment(m, "learn", in_types=in_types)
+
+
+def drop_a_result(m):
+    return replace_node(m, 1, outputs=m.graph.nodes[1].outputs[:1])
+
+
+def forget_the_actors_mesh(m):
+    return m.replace(meshes=tuple(mesh for mesh in m.meshes if mesh.name != "actors"))
+
+
+def two_replicas_on_one_device(m):
+    return replace_placement(m, "sample", replicas=2)
+
+
+def three_replicas_for_eight_envs(m):
+    meshes = tuple(Mesh("actors", (0, 2, 3)) if mesh.name == "actors" else mesh for mesh in m.meshes)
+    return replace_placement(m.replace(meshes=meshes), "sample", replicas=3)
+
+
+def read_a_leaf_of_another_group(m):
+    i = index_of(m, "run", 1)  # @learn reads the trajectory moved to the learner: read it unmoved instead
+    learn, transfer = m.graph.nodes[i], m.graph.nodes[index_of(m, "transfer")]
+    inputs = tuple(transfer.inputs[0] if u.value is transfer.outputs[0] else u for u in learn.inputs)
+    return replace_node(m, i, inputs=inputs)
+
+
+def glue_without_operands(m):
+    return replace_node(m, index_of(m, "glue"), inputs=())
+
+
+def glue_with_a_result_too_many(m):
+    i = index_of(m, "glue")
+    out = m.graph.nodes[i].outputs[0]
+    doubled = fragc.ir.TreeType.of([t.struct() for t in out.type.leaves * 2])
+    return replace_node(m, i, outputs=(out.replace(type=doubled),))
+
+
+def transfer_to_itself(m):
+    i = index_of(m, "transfer")
+    return replace_node(m, i, dst=m.graph.nodes[i].src)
+
+
+def transfer_from_the_wrong_group(m):
+    i = index_of(m, "transfer")
+    node = m.graph.nodes[i]
+    return replace_node(m, i, src=node.dst, dst=node.src)
+
+
+def transfer_to_a_group_its_result_is_not_on(m):
+    return replace_node(m.replace(meshes=m.meshes + (Mesh("spare", (5,)),)), index_of(m, "transfer"), dst="spare")
+
+
+def delay_with_an_initial_value_of_another_type(m):
+    i = index_of(m, "delay")
+    node = m.graph.nodes[i]
+    step = next(Use(m.graph.inputs[0], k) for k, t in enumerate(m.graph.inputs[0].type.leaves) if t.shape == ())
+    return replace_node(m, i, initial=(step,) + node.initial[1:])
+
+
+def return_an_undefined_value(m):
+    ghost = Value("ghost", m.graph.inputs[0].type)
+    outputs = list(m.graph.outputs)
+    outputs[-1] = Use(ghost, 0)
+    return m.replace(graph=m.graph.replace(outputs=tuple(outputs)))
+
+
+def return_swapped_state_leaves(m):
+    outputs = list(m.graph.outputs)
     outputs[0], outputs[1] = outputs[1], outputs[0]
-    broken = module.replace(graph=module.graph.replace(outputs=tuple(outputs)))
-    with pytest.raises(fragc.VerifyError, match=r"return: the returned state's types differ"):
-        verify(broken)
+    return m.replace(graph=m.graph.replace(outputs=tuple(outputs)))
 
 
-def test_placed_operand_on_the_wrong_group(module):
-    prog_module = fragc.compile(Regression(), "single").pipeline.after("insert_transfers")
-    nodes = list(prog_module.graph.nodes)
-    run = nodes[1]
-    elsewhere = dataclasses.replace(run.inputs[1].value, type=run.inputs[1].value.type.with_leaves(
-        tuple(t.replace(group="other") for t in run.inputs[1].value.type.leaves)))
-    nodes[0] = nodes[0].replace(outputs=(nodes[0].outputs[0], elsewhere))
-    nodes[1] = run.replace(inputs=(run.inputs[0], Use(elsewhere, 0), run.inputs[2]))
-    with pytest.raises(fragc.VerifyError, match=r"node 1 \(run @learn .*\): operand 1 lives on @other, but @learn runs on @main"):
-        verify(_with_nodes(prog_module, nodes))
+def stage_missing_an_input(m):
+    stage = m.stages[1]
+    return m.replace(stages=(m.stages[0], stage.replace(inputs=stage.inputs[1:])))
+
+
+def stage_holding_a_node_of_another_group(m):
+    first, second = m.stages
+    return m.replace(stages=(first.replace(group="learner"), second))
+
+
+def fused_schedule_over_two_stages(m):
+    return m.replace(schedule=Schedule("fused", 4))
+
+
+CASES = [
+    # rule, module, breaker, what the message says
+    ("operands_defined_before_use", "traced", swap_first_nodes,
+     r"001_trace: node 0 \(run @learn -> %learn_0, %learn_1\): uses %data before it is defined"),
+    ("results_defined_once", "traced", define_a_value_twice,
+     r"node 1 \(run @learn -> %sample_0, %learn_1\): value %sample_0 is defined twice"),
+    ("fragment_is_defined", "traced", call_an_unknown_fragment,
+     r"node 0 \(run @nope -> .*\): fragment @nope is not defined"),
+    ("operands_match_the_arguments", "traced", pass_w_where_y_belongs,
+     r"node 1 \(run @learn -> %learn_0, %learn_1\): operand 2 is f32\[3\], but @learn expects f32\[8@env\]"),
+    ("operands_match_the_arguments", "traced", declare_no_batch_axis,
+     r"node 1 \(run @learn .*\): operand 1 is f32\[8@env,3\], but @learn expects f32\[8,3\]"),
+    ("results_match_the_fragment", "traced", drop_a_result, r"node 1 \(run @learn -> %learn_0\): 1 results, but @learn returns 2"),
+    ("placed_on_a_mesh", "staged", forget_the_actors_mesh,
+     r"node 0 \(run @sample .*\): @sample runs on @actors, which the module does not define"),
+    ("replicas_fill_the_group", "staged", two_replicas_on_one_device,
+     r"node 0 \(run @sample .*\): @sample has 2 replicas, but shard_map on @actors \(1 devices\) runs 1"),
+    ("batch_axes_divide_by_replicas", "staged", three_replicas_for_eight_envs,
+     r"node 0 \(run @sample .*\): batch axis of length 8 does not divide by 3 replicas"),
+    ("operands_live_on_the_fragments_group", "staged", read_a_leaf_of_another_group,
+     r"\(run @learn .*\): operand 1 lives on @actors, but @learn runs on @learner"),
+    ("operands_match_the_glue_body", "traced", glue_without_operands, r"\(glue -> %g\): 0 operands for a body of 1 inputs"),
+    ("glue_defines_one_value_of_its_body_outputs", "traced", glue_with_a_result_too_many,
+     r"\(glue -> %g\): glue must define one value with one leaf per body output"),
+    ("transfer_moves_between_two_groups", "staged", transfer_to_itself,
+     r"\(transfer -> %x_to_learner\): moves from @actors to itself"),
+    ("transfer_source_is_the_operands_group", "staged", transfer_from_the_wrong_group,
+     r"\(transfer -> %x_to_learner\): operand 0 lives on @actors, not on the source @learner"),
+    ("transfer_destination_is_the_results_group", "staged", transfer_to_a_group_its_result_is_not_on,
+     r"\(transfer -> %x_to_learner\): result leaf 0 lives on @learner, not on the destination @spare"),
+    ("delay_types_agree", "delayed", delay_with_an_initial_value_of_another_type,
+     r"\(delay -> %stale0\): leaf 0: delayed f32\[.*\]@actors, initial i32\[\]@learner, result f32\[.*\]@actors"),
+    ("returned_leaves_are_defined", "traced", return_an_undefined_value,
+     r"001_trace: uses %ghost before it is defined"),
+    ("returned_state_has_the_input_state_type", "traced", return_swapped_state_leaves,
+     r"return: the returned state's types differ from the input state's"),
+    ("stages_close_over_the_graph", "staged", stage_missing_an_input,
+     r"stage @learner: inputs are not the leaves it reads from outside"),
+    ("stages_close_over_the_graph", "staged", stage_holding_a_node_of_another_group,
+     r"stage @actors on @learner holds node 0 \(run @sample .*\) of another group"),
+    ("schedule_fits_the_graph", "staged", fused_schedule_over_two_stages,
+     r"schedule fused, but the iteration has 2 stages and 2 transfers and delays"),
+]
+
+
+def test_the_modules_the_passes_make_verify(modules):
+    for module in modules.values():
+        assert verify(module) is module
+
+
+@pytest.mark.parametrize("rule,which,breaker,message", CASES, ids=[f"{c[0]}-{c[2].__name__}" for c in CASES])
+def test_a_broken_module_is_rejected_by_its_rule(modules, rule, which, breaker, message):
+    with pytest.raises(fragc.VerifyError, match=message + r".*\[rule " + rule + r"\]"):
+        verify(breaker(modules[which]))
+
+
+def test_every_rule_has_a_broken_module():
+    rules = {r.__name__ for table in NODE_RULES.values() for r in table} | {r.__name__ for r in MODULE_RULES}
+    assert rules == {case[0] for case in CASES}

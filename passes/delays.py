@@ -1,4 +1,4 @@
-"""pipeline{staleness}: actors read the learner's parameters `staleness` iterations late.
+"""insert_delays{staleness}: actors read the learner's parameters `staleness` iterations late.
 
 Every operand of an actor fragment that is a state leaf whose next value comes
 from another device group goes through `staleness` `delay` nodes. Rollout k+1
@@ -18,14 +18,14 @@ from .pipeline import Pass
 
 
 @dataclasses.dataclass(frozen=True)
-class Pipeline(Pass):
+class InsertDelays(Pass):
     staleness: int = 0
     role: str = "actor"
-    name = "pipeline"
+    name = "insert_delays"
 
     def run(self, module: Module) -> Module:
         if not isinstance(self.staleness, int) or self.staleness < 0:
-            raise FragcError(f"pipeline: staleness must be a non-negative int, got {self.staleness!r}")
+            raise FragcError(f"insert_delays: staleness must be a non-negative int, got {self.staleness!r}")
         if self.staleness == 0:
             return module
         graph = module.graph
@@ -43,7 +43,7 @@ class Pipeline(Pass):
                     node = node.replace(inputs=_rewire(node.inputs, stale, delayed[key]))
             nodes.append(node)
         if not delayed:
-            raise FragcError(f"pipeline: no '{self.role}' fragment reads state produced on another device group; "
+            raise FragcError(f"insert_delays: no '{self.role}' fragment reads state produced on another device group; "
                              "nothing to pipeline")
         return module.replace(graph=graph.replace(nodes=tuple(nodes)))
 

@@ -1,0 +1,384 @@
+"""`parse(text)`: read back what the printer writes (grammar in docs/ir.md).
+
+The printed form holds the graph, the types (structure as key paths, shapes,
+dtypes, batch axes, groups), fragment signatures and placements, meshes,
+stages, the schedule, the population and the transfers' carrier. It does not
+hold fragment or glue bodies (JAX's IR, printed only with `--bodies`), nor the
+Python classes of pytrees: a type reads back as `Record` nodes named after its
+alias, with its fields in printed order, so it prints the same again. Pass
+`bodies=` a module of the same trace to take fragment and glue bodies from it
+(fragments by name, glue by its result's name).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any, Iterator
+
+import jax
+import numpy as np
+
+from .errors import FragcError
+from .module import (
+    Delay, FragmentDef, Glue, Graph, Mesh, Module, Placement, Run, Schedule, Stage, Transfer, Use, Value,
+)
+from .types import _SHORT_DTYPES, LeafType, TreeType
+
+_DTYPES = {short: np.dtype(name) for name, short in _SHORT_DTYPES.items() if name != "bfloat16"}
+_LEAF = re.compile(r"^(?P<dtype>[\w<>]+)\[(?P<dims>[^\]]*)\](?:@(?P<group>\w+))?$")
+
+
+class ParseError(FragcError):
+    """The text is not a printed module; the message names the line."""
+
+
+class Record:
+    """A pytree node read back from text: named fields in printed order."""
+
+    def __init__(self, keys: tuple[str, ...], children: list[Any]):
+        self.keys, self.children = keys, children
+
+
+def _flatten_with_keys(r: Record):
+    return [(jax.tree_util.GetAttrKey(k), c) for k, c in zip(r.keys, r.children)], r.keys
+
+
+jax.tree_util.register_pytree_with_keys(Record, _flatten_with_keys, lambda keys, children: Record(keys, list(children)),
+                                        lambda r: (r.children, r.keys))
+
+
+@functools.cache
+def record_class(name: str) -> type:
+    """A `Record` subclass named after a type alias, so the alias prints under its own name again."""
+    cls = type(name, (Record,), {})
+    jax.tree_util.register_pytree_with_keys(cls, _flatten_with_keys, lambda keys, children: cls(keys, list(children)),
+                                            lambda r: (r.children, r.keys))
+    return cls
+
+
+# ---------------------------------------------------------------- types
+
+
+def parse_leaf(text: str) -> LeafType:
+    m = _LEAF.match(text.strip())
+    if not m:
+        raise ParseError(f"not a leaf type: {text!r}")
+    shape, axis = [], None
+    for i, dim in enumerate(d for d in m["dims"].split(",") if d):
+        if dim.endswith("@env"):
+            dim, axis = dim[: -len("@env")], i
+        shape.append(int(dim))
+    return LeafType(tuple(shape), _dtype(m["dtype"]), axis, m["group"])
+
+
+def _dtype(name: str) -> Any:
+    if name in _DTYPES:
+        return _DTYPES[name]
+    if name in _key_dtypes():
+        return _key_dtypes()[name]
+    raise ParseError(f"unknown dtype {name!r}")
+
+
+@functools.cache
+def _key_dtypes() -> dict[str, Any]:
+    """Typed PRNG key dtypes by printed name (`key<fry>` is threefry2x32's)."""
+    out = {}
+    for impl in ("threefry2x32", "rbg", "unsafe_rbg"):
+        dtype = jax.eval_shape(lambda: jax.random.key(0, impl=impl)).dtype  # noqa: B023
+        out[str(dtype)] = dtype
+    return out
+
+
+def _tree_type(tree: Any) -> TreeType:
+    """A tree whose leaves are `LeafType`s -> its `TreeType`."""
+    leaves, treedef = jax.tree.flatten(tree, is_leaf=lambda x: isinstance(x, LeafType))
+    return TreeType(treedef, tuple(leaves))
+
+
+def _build(name: str | None, fields: list[tuple[tuple[str, ...], Any]]) -> Any:
+    """Nested nodes from (path, subtree) pairs in order: digit keys make tuples, others Records."""
+    if len(fields) == 1 and fields[0][0] == ():
+        return fields[0][1]
+    children: dict[str, list] = {}
+    for path, sub in fields:
+        children.setdefault(path[0], []).append((path[1:], sub))
+    keys = tuple(children)
+    built = [_build(None, rest) for rest in children.values()]
+    if name is None and all(k.isdigit() for k in keys) and list(keys) == [str(i) for i in range(len(keys))]:
+        return tuple(built)
+    return (record_class(name) if name else Record)(keys, built)
+
+
+class _Types:
+    """Type aliases (`type !Name = {...}`), resolved on first use (a field may name a later alias)."""
+
+    def __init__(self) -> None:
+        self.raw: dict[str, list[tuple[str, str]]] = {}
+        self.trees: dict[str, Any] = {}
+
+    def tree(self, text: str) -> Any:
+        text = text.strip()
+        if not text.startswith("!"):
+            return parse_leaf(text)
+        name = text[1:]
+        if name not in self.trees:
+            if name not in self.raw:
+                raise ParseError(f"unknown type alias !{name}")
+            fields = [(tuple(path.split(".")), self.tree(t)) for path, t in self.raw[name]]
+            self.trees[name] = _build(name, fields)
+        return self.trees[name]
+
+    def type(self, text: str) -> TreeType:
+        return _tree_type(self.tree(text))
+
+
+# ---------------------------------------------------------------- operands
+
+
+def split_top(text: str, sep: str = ",") -> list[str]:
+    """Split at `sep` outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == sep and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    last = text[start:].strip()
+    return parts + [last] if last or parts else []
+
+
+class _Values:
+    def __init__(self) -> None:
+        self.by_name: dict[str, Value] = {}
+
+    def define(self, value: Value) -> Value:
+        self.by_name[value.name] = value
+        return value
+
+    def uses(self, text: str) -> list[Use]:
+        """The leaves an operand names: `%v`, `%v.a.b`, `%v#3`, `[op, ...]` or `()`."""
+        text = text.strip()
+        if text == "()":
+            return []
+        if text.startswith("["):
+            return [u for part in split_top(text[1:-1]) for u in self.uses(part)]
+        name, _, index = text[1:].partition("#")
+        name, *path = name.split(".")
+        value = self.by_name.get(name)
+        if value is None:
+            raise ParseError(f"operand %{name} is not defined")
+        if index:
+            return [Use(value, int(index))]
+        parts = value.type.path_parts
+        picked = [Use(value, i) for i, p in enumerate(parts) if list(p[: len(path)]) == path]
+        if not picked:
+            raise ParseError(f"%{name} has no leaves under '{'.'.join(path)}'")
+        return picked
+
+    def operands(self, text: str) -> list[Use]:
+        return [u for part in split_top(text) for u in self.uses(part)]
+
+    def tree(self, text: str) -> tuple[Any, list[Use]]:
+        """A returned tree: `{key: tree, ...}` or an operand -> (structure with placeholder leaves, leaves)."""
+        text = text.strip()
+        if text.startswith("{"):
+            keys, children, uses = [], [], []
+            for part in split_top(text[1:-1]):
+                key, _, sub = part.partition(": ")
+                tree, sub_uses = self.tree(sub)
+                keys.append(key)
+                children.append(tree)
+                uses += sub_uses
+            return Record(tuple(keys), children), uses
+        return self.structure(text), self.uses(text)
+
+    def structure(self, text: str) -> Any:
+        """The pytree structure (placeholder leaves) of the leaves an operand names."""
+        if text.startswith("["):
+            return [0] * len(self.uses(text))
+        name, _, index = text[1:].partition("#")
+        if index:
+            return 0
+        name, *path = name.split(".")
+        value = self.by_name[name]
+        tree = jax.tree.unflatten(value.type.treedef, [0] * len(value.type.leaves))
+        for key in path:
+            tree = _child(tree, key)
+        return tree
+
+
+# ---------------------------------------------------------------- the module
+
+
+def parse(text: str, bodies: Module | None = None) -> Module:
+    """The module `text` prints (see the module docstring for what it holds)."""
+    lines = iter(text.splitlines())
+    try:
+        return _Parser(lines, bodies).module()
+    except ParseError:
+        raise
+    except (ValueError, KeyError, IndexError, StopIteration) as err:
+        raise ParseError(f"cannot parse the module: {type(err).__name__}: {err}") from err
+
+
+class _Parser:
+    def __init__(self, lines: Iterator[str], bodies: Module | None):
+        self.lines = lines
+        self.bodies = bodies
+        self.types = _Types()
+        self.values = _Values()
+        self.fields: dict[str, Any] = {"meshes": [], "population": (), "carrier": None, "schedule": None}
+        self.fragments: dict[str, FragmentDef] = {}
+
+    def module(self) -> Module:
+        m = re.match(r"^// fragc\.ir · (.+) · after (.+)$", next(self.lines))
+        if not m:
+            raise ParseError("the first line is not a module header")
+        name, label = m.groups()
+        line = next(self.lines)
+        while not line.startswith("func @iteration("):
+            line = self.header_line(line)
+        graph, stages = self.func(line)
+        return Module(name, self.fragments, graph, label, tuple(self.fields["meshes"]), self.fields["population"],
+                      self.fields["carrier"], tuple(stages), self.fields["schedule"])
+
+    def header_line(self, line: str) -> str:
+        """One top-level line (and the lines that belong to it) -> the next top-level line."""
+        if m := re.match(r"^mesh @(\w+) = devices\[(.*)\]$", line):
+            self.fields["meshes"].append(Mesh(m[1], _ranges(m[2])))
+        elif m := re.match(r"^population seeds=\[(.*)\]$", line):
+            self.fields["population"] = tuple(int(x) for x in m[1].split(","))
+        elif m := re.match(r"^transfers via (\w+)$", line):
+            self.fields["carrier"] = m[1]
+        elif m := re.match(r"^schedule (\w+) iterations_per_dispatch=(\d+)$", line):
+            self.fields["schedule"] = Schedule(m[1], int(m[2]))
+        elif m := re.match(r"^type !(\w+) = \{", line):
+            fields = []
+            for field in self.lines:
+                if field == "}":
+                    break
+                path, _, t = field.strip().rstrip(",").partition(": ")
+                fields.append((path, t))
+            self.types.raw[m[1]] = fields
+        elif line.startswith("fragment @"):
+            return self.fragment(line)
+        elif line.strip():
+            raise ParseError(f"unexpected line: {line!r}")
+        return next(self.lines)
+
+    def fragment(self, line: str) -> str:
+        m = re.match(r"^fragment @(\w+) role=(\w+)(?: on @(\w+) (\w+) replicas=(\d+))? eqns=\S+   // (.*)$", line)
+        if not m:
+            raise ParseError(f"not a fragment line: {line!r}")
+        name, role, group, lowering, replicas, source = m.groups()
+        sig = re.match(r"^    \((.*)\) -> \((.*)\)$", next(self.lines))
+        if not sig:
+            raise ParseError(f"fragment @{name}: no signature line")
+        args = [a.partition(": ") for a in split_top(sig[1])]
+        arg_names = tuple(a[0].lstrip("%") for a in args)
+        in_types = tuple(self.types.type(a[2]) for a in args)
+        out_types = tuple(self.types.type(t) for t in split_top(sig[2]))
+        placement = Placement(group, int(replicas), lowering) if group else None
+        like = self.bodies.fragments.get(name) if self.bodies is not None else None
+        if like is not None:  # its body (and the function it traces), with the types as read
+            fdef = like.replace(in_types=in_types, out_types=out_types, placement=placement)
+        else:
+            fdef = FragmentDef(
+                name, role, None, arg_names, _structure(in_types), _structure(out_types),
+                tuple(t.axis for tt in in_types for t in tt.leaves), tuple(t.axis for tt in out_types for t in tt.leaves),
+                in_types, out_types, None, source, placement)
+        self.fragments[name] = fdef
+        line = next(self.lines)
+        while line.startswith("    "):  # a printed body
+            line = next(self.lines)
+        return line
+
+    def func(self, line: str) -> tuple[Graph, list[Stage]]:
+        params = re.match(r"^func @iteration\((.*)\) \{$", line)[1]
+        inputs = []
+        for p in split_top(params):
+            name, _, t = p.partition(": ")
+            inputs.append(self.values.define(Value(name.lstrip("%"), self.types.type(t))))
+        nodes, stages, open_stage = [], [], None
+        for line in self.lines:
+            text = line.strip()
+            if m := re.match(r"^stage @(\w+) on @(\w+)\((.*)\) \{$", text):
+                open_stage = (m[1], m[2], self.values.operands(m[3]), len(nodes))
+            elif m := re.match(r"^\} -> \((.*)\)$", text):
+                name, group, ins, start = open_stage
+                stages.append(Stage(name, group, tuple(range(start, len(nodes))), tuple(ins),
+                                    tuple(self.values.operands(m[1]))))
+                open_stage = None
+            elif text.startswith("return "):
+                m = re.match(r"^return state=(.*), metrics=(.*)$", text)
+                state_tree, state_uses = self.values.tree(m[1])
+                metrics_tree, metrics_uses = self.values.tree(m[2])
+                del state_tree  # the returned state has the input state's structure (the verifier checks it)
+                out_tree = jax.tree.structure((jax.tree.unflatten(inputs[0].type.treedef, [0] * len(state_uses)),
+                                               metrics_tree))
+                return Graph(tuple(inputs), tuple(nodes), tuple(state_uses + metrics_uses), out_tree), stages
+            elif text:
+                nodes.append(self.node(text))
+        raise ParseError("the function has no return")
+
+    def node(self, text: str) -> Any:
+        text = text.split("   // ", 1)[0]
+        if m := re.match(r"^(.*) = run @(\w+)\((.*)\)$", text):
+            fdef = self.fragments[m[2]]
+            group = fdef.placement.group if fdef.placement else None
+            outs = tuple(self.values.define(Value(n.strip().lstrip("%"), _on(t, group)))
+                         for n, t in zip(m[1].split(","), fdef.out_types))
+            return Run(m[2], tuple(self.values.operands(m[3])), outs)
+        if m := re.match(r"^%(\w+): \((.*)\) = glue\((.*)\)$", text):
+            leaves = tuple(parse_leaf(t) for t in split_top(m[2]))
+            inputs = tuple(self.values.operands(m[3]))
+            value = self.values.define(Value(m[1], _tree_type(leaves)))
+            return Glue(self._glue_body(m[1]), inputs, (value,))
+        if m := re.match(r"^%(\w+) = transfer (.*) @(\w+) -> @(\w+) via (\w+)$", text):
+            inputs = tuple(self.values.uses(m[2]))
+            value = self.values.define(Value(m[1], _tree_type(tuple(u.type.replace(group=m[4]) for u in inputs))))
+            return Transfer(inputs, (value,), m[3], m[4], m[5])
+        if m := re.match(r"^%(\w+) = delay (.*) init (.*?)(?: on @(\w+))?$", text):
+            inputs, initial = tuple(self.values.uses(m[2])), tuple(self.values.uses(m[3]))
+            value = self.values.define(Value(m[1], _tree_type(tuple(u.type.replace(group=m[4]) for u in inputs))))
+            return Delay(inputs, initial, (value,))
+        raise ParseError(f"not a node: {text!r}")
+
+    def _glue_body(self, name: str) -> Any:
+        if self.bodies is None:
+            return None
+        for node in self.bodies.graph.nodes:
+            if isinstance(node, Glue) and node.outputs[0].name == name:
+                return node.body
+        return None
+
+
+def _structure(types: tuple[TreeType, ...]) -> Any:
+    """The treedef of a tuple of values of these types."""
+    return jax.tree.structure(tuple(jax.tree.unflatten(t.treedef, [0] * len(t.leaves)) for t in types))
+
+
+def _child(tree: Any, key: str) -> Any:
+    """The child of a pytree node under a printed key (field, dict key or index)."""
+    if isinstance(tree, Record):
+        return tree.children[tree.keys.index(key)]
+    if isinstance(tree, (tuple, list)):
+        return tree[int(key)]
+    if isinstance(tree, dict):
+        return next(v for k, v in tree.items() if str(k) == key)
+    return getattr(tree, key)
+
+
+def _on(t: TreeType, group: str | None) -> TreeType:
+    return t.with_leaves(tuple(leaf.replace(group=group) for leaf in t.leaves))
+
+
+def _ranges(text: str) -> tuple[int, ...]:
+    if ".." in text:
+        a, b = text.split("..")
+        return tuple(range(int(a), int(b) + 1))
+    return tuple(int(x) for x in text.split(","))

@@ -1,0 +1,81 @@
+"""The `fused` schedule: the iteration is one stage; one XLA program scans k iterations a dispatch.
+
+Iterations past the requested count in the last dispatch are skipped with
+`lax.cond`, so one compilation serves any run length. A population (the
+module's seed offsets) vmaps the scan over a leading axis of the state,
+sharded over the devices when they divide it; its fragments then run with one
+replica and no mesh, so that the iteration can be vmapped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from fragc.ir.module import Module
+
+from .lower import Lowered, leaf_sharding, lower_fragment, lower_fragments
+from .stages import CompiledStage, stage_fragments
+
+
+class FusedProgram:
+    """A module whose schedule is `fused`, k iterations a dispatch."""
+
+    donates = True
+
+    def __init__(self, module: Module, devices: Sequence[jax.Device]):
+        self.module, self.devices = module, devices
+        self.k = module.schedule.iterations_per_dispatch
+        population = module.population
+        frags = ({name: lower_fragment(f, None) for name, f in module.fragments.items()} if population
+                 else lower_fragments(module, devices))
+        self.body = Lowered(module, frags)
+        self.state_shardings = self._state_shardings()
+        lowered = self._lower()
+        self.stages = [CompiledStage("iteration", stage_fragments(module, range(len(module.graph.nodes))),
+                                     lowered, lowered.compile(), self.k)]
+
+    def leaf_sharding(self, leaf: Any) -> Any:
+        return leaf_sharding(leaf, self.module, self.devices)
+
+    def __call__(self, state: list[Any], delays: dict | None, n: int) -> tuple[list, dict, list]:
+        state, metrics = self.stages[0].compiled(state, np.int32(n))
+        return state, {}, metrics
+
+    def _state_shardings(self) -> list[NamedSharding]:
+        leaves = self.module.graph.inputs[0].type.leaves
+        seeds = len(self.module.population)
+        if not seeds:
+            return [self.leaf_sharding(t) for t in leaves]
+        devices = self.devices if seeds % len(self.devices) == 0 else self.devices[:1]
+        mesh = Mesh(np.array(devices), ("population",))
+        return [NamedSharding(mesh, P("population")) for _ in leaves]
+
+    def _iteration(self, leaves: list[Any]) -> tuple[list[Any], list[Any]]:
+        outs, _ = self.body.iteration(leaves)
+        return outs[:len(leaves)], outs[len(leaves):]
+
+    def _lower(self) -> Any:
+        k = self.k
+        structs = [t.struct() for t in self.module.graph.inputs[0].type.leaves]
+        _, metrics_shape = jax.eval_shape(self._iteration, structs)
+
+        def chunk(leaves: list[Any], n: jax.Array) -> tuple[list[Any], Any]:
+            def skip(carry: list[Any]) -> tuple[list[Any], Any]:
+                return carry, [jnp.zeros(s.shape, s.dtype) for s in metrics_shape]
+
+            def body(carry: list[Any], i: jax.Array) -> tuple[list[Any], Any]:
+                return jax.lax.cond(i < n, self._iteration, skip, carry)
+
+            return jax.lax.scan(body, leaves, jnp.arange(k))
+
+        if self.module.population:
+            chunk = jax.vmap(chunk, in_axes=(0, None), out_axes=(0, 0))  # metrics [seeds, k]
+            structs = [jax.ShapeDtypeStruct((len(self.module.population),) + s.shape, s.dtype) for s in structs]
+        structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) for s, sh in zip(structs, self.state_shardings)]
+        return jax.jit(chunk, donate_argnums=0, out_shardings=(self.state_shardings, None)).lower(
+            structs, jax.ShapeDtypeStruct((), jnp.int32))

@@ -1,0 +1,72 @@
+"""Graceful stops: SIGINT, SIGTERM and SIGHUP end a run at a dispatch boundary, with a checkpoint.
+
+The first signal only asks: the run finishes the dispatch in flight, writes a
+checkpoint of the iteration it reached and exits with the conventional code
+(128 + the signal's number). A second signal stops at once, as Ctrl-C always
+did. In a multi-process run a signal may reach one process only (a
+scheduler's SIGTERM to one host, Ctrl-C in one terminal): at each boundary
+the processes agree (`GracefulStop.requested`, a small all-gather), so all stop
+after the same dispatch and process 0 saves the state that every one holds.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(Exception):
+    """Raised from a run's per-dispatch hook to leave it after a graceful stop."""
+
+    def __init__(self, signum: int, iteration: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name} at iteration {iteration}")
+        self.signum, self.iteration = signum, iteration
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+class GracefulStop:
+    """A context that turns the first stop signal into a request (`requested`) and the second
+    into KeyboardInterrupt. Outside the main thread, where handlers cannot be set, it does nothing."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "GracefulStop":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.signum:
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(f"fragc: {signal.Signals(signum).name}: stopping after this dispatch with a checkpoint "
+              "(send it again to stop at once)", file=sys.stderr, flush=True)
+
+    def requested(self) -> int:
+        """The signal that asked this run to stop, 0 if none: in a multi-process run, the first
+        one any process got. Every process must call it at the same points (it is a collective)."""
+        import jax
+
+        if jax.process_count() == 1:
+            return self.signum
+        from jax.experimental import multihost_utils
+
+        every = np.asarray(multihost_utils.process_allgather(np.asarray([self.signum], np.int32))).ravel()
+        asked = every[every != 0]
+        return int(asked[0]) if asked.size else 0

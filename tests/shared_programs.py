@@ -1,0 +1,52 @@
+"""Small algorithms, their traced modules, and compiled PPO programs, shared by the test files.
+
+Compiling is most of what a policy test costs, and tracing most of what a
+passes-only test costs; every file takes them from here, so each is made once
+per test session (PPO programs are run once from seed 0).
+"""
+
+import functools
+
+import fragc
+from fragc.algos import a2c, dqn, impala, ppo, ppo_continuous
+
+ALGOS = {
+    "ppo": lambda: ppo.PPO(ppo.Config(num_envs=8, num_steps=8, num_minibatches=2, update_epochs=1)),
+    "a2c": lambda: a2c.A2C(a2c.Config(num_envs=8, num_steps=8)),
+    "dqn": lambda: dqn.DQN(dqn.Config(num_envs=8, num_steps=2, buffer_size=64, batch_size=16, learning_starts=0)),
+    "impala": lambda: impala.IMPALA(impala.Config(num_envs=8, num_steps=8)),
+    "ppo_continuous": lambda: ppo_continuous.PPOContinuous(
+        ppo_continuous.Config(num_envs=8, num_steps=8, num_minibatches=2, update_epochs=1)),
+}
+"""Every algorithm, small enough for 2-iteration tests on 8 devices."""
+
+
+@functools.cache
+def small_algo(name: str):
+    return ALGOS[name]()
+
+
+@functools.cache
+def traced(name: str) -> fragc.Module:
+    return fragc.trace(small_algo(name))
+
+ITERATIONS = 3
+
+
+@functools.cache
+def ppo_algo() -> ppo.PPO:
+    return ppo.PPO(ppo.Config(num_envs=16, num_steps=16, num_minibatches=2, update_epochs=2))
+
+
+@functools.cache
+def ppo_program(policy, devices: int = 8) -> fragc.Program:
+    return fragc.compile(ppo_algo(), policy, devices=devices)
+
+
+@functools.cache
+def ppo_run(policy, devices: int = 8, seed: int = 0):
+    """(program, initial state, final state, history) of ITERATIONS iterations from `seed`."""
+    prog = ppo_program(policy, devices)
+    state = prog.init(seed)
+    out, history = prog.run(state, ITERATIONS)
+    return prog, state, out, history

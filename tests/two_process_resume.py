@@ -1,0 +1,58 @@
+"""Run by tests/test_distributed.py as
+`fragc launch -n 2 -- python tests/two_process_resume.py DIR PPO_CONFIG_JSON POLICY...`.
+
+For each policy: train 4 iterations straight, and 2 iterations that write a
+checkpoint, then resume from it on fresh state and train the other 2, as
+`fragc run --resume` does (`Checkpointer.restore_latest`, `place_state`,
+`place_delays`). Process 0 prints one JSON line per policy with both
+parameter fingerprints.
+"""
+
+import json
+import os
+import sys
+
+from fragc import distributed
+
+distributed.initialize(os.environ[distributed.ENV_COORDINATOR], int(os.environ[distributed.ENV_NUM_PROCESSES]),
+                       int(os.environ[distributed.ENV_PROCESS_ID]), local_devices=4)
+distributed.keep_native_output_off_stdout()
+
+import jax  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+
+import fragc  # noqa: E402
+from fragc.algos import make  # noqa: E402
+from fragc.runtime.checkpoint import Checkpointer  # noqa: E402
+from fragc.runtime.reporting import params_fingerprint  # noqa: E402
+
+
+def resumed_and_straight(policy: str, folder: str, config: dict) -> dict:
+    algo = make("ppo", **config)
+    prog = fragc.compile(algo, policy, iterations_per_dispatch=2)
+    straight, _ = prog.run(prog.init(0), 4)
+    checkpointer = Checkpointer(os.path.join(folder, policy))
+    meta = {"algo": "ppo", "policy": policy}
+
+    def save(done, state, delays):
+        if jax.process_index() == 0:
+            checkpointer.save(done, state, delays, meta)
+
+    prog.run(prog.init(0), 2, checkpoint=save, checkpoint_every=2)
+    multihost_utils.sync_global_devices(f"saved {policy}")  # process 1 reads what process 0 wrote
+    fresh = prog.init(0)
+    state, delays, saved = checkpointer.restore_latest(fresh, prog.initial_delays(fresh), run=meta)
+    resumed, _ = prog.run(prog.place_state(state), 2, delays=prog.place_delays(delays) if delays else None)
+    return {"policy": policy, "resumed_from": saved["iteration"], "straight": params_fingerprint(straight),
+            "resumed": params_fingerprint(resumed), "processes": jax.process_count(), "devices": len(prog.devices)}
+
+
+try:
+    for name in sys.argv[3:]:
+        result = resumed_and_straight(name, sys.argv[1], json.loads(sys.argv[2]))
+        if jax.process_index() == 0:
+            print(json.dumps(result), flush=True)
+except BaseException as err:  # stop the other process at once, as `fragc run` does
+    distributed.fail(f"{type(err).__name__}: {err}")
+    raise
+distributed.finish()
