@@ -494,7 +494,7 @@ COMMANDS = {"run": cmd_run, "ir": cmd_ir, "policies": cmd_list, "algos": cmd_lis
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
-    except KeyboardInterrupt:  # while starting: building the parser imports JAX and every algorithm
+    except KeyboardInterrupt:  # while starting: loading the algorithm imports JAX
         print("fragc: interrupted", file=sys.stderr)
         return 130
     except FragcError as err:  # while starting: e.g. a malformed FRAGC_* variable

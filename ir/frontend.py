@@ -328,6 +328,16 @@ def _check_state_round_trip(algo: Any, state_tree: Any, out_tree: Any, state_lea
     new_avals = closed.out_avals[: new_state_tree.num_leaves]
     old = [(tuple(x.shape), x.dtype) for x in state_leaves]
     new = [(tuple(a.shape), a.dtype) for a in new_avals]
+    if new_state_tree == state_tree and old != new:
+        paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
+            jax.tree.unflatten(state_tree, state_leaves))[0]]
+        path, (shape, dtype), (new_shape, new_dtype) = next(d for d in zip(paths, old, new) if d[1] != d[2])
+        raise FragcError(
+            f"{type(algo).__name__}.iteration changes state leaf state{path} from {dtype}{list(shape)} to "
+            f"{new_dtype}{list(new_shape)}; the training loop carries the state unchanged: make init create it "
+            f"as {new_dtype}{list(new_shape)} (e.g. jnp.zeros({new_shape}, jnp.{new_dtype}) instead of 0), or "
+            "cast it back in iteration"
+        )
     if new_state_tree != state_tree or old != new:
         raise FragcError(
             f"{type(algo).__name__}.iteration returns a state whose structure, shapes or dtypes "

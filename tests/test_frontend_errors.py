@@ -111,3 +111,17 @@ def test_per_environment_keys_do_not_warn(recwarn):
 def test_not_an_algorithm():
     with pytest.raises(fragc.FragcError, match=r"object is not an algorithm: it has no method 'init"):
         fragc.trace(object())
+
+
+def test_a_state_leaf_changing_dtype_is_named():
+    """PureJaxRL's LogWrapper starts an episode return as the int 0; iteration makes it a float."""
+    class Returns:
+        def init(self, key):
+            return {"returns": jnp.zeros((4,), jnp.int32), "key": key}
+
+        def iteration(self, state):
+            return {**state, "returns": state["returns"] + 0.5}, {}
+
+    with pytest.raises(fragc.FragcError, match=r"Returns.iteration changes state leaf state\['returns'\] from "
+                                               r"int32\[4\] to float32\[4\].*jnp.zeros\(\(4,\), jnp.float32\)"):
+        fragc.trace(Returns())
