@@ -28,6 +28,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from fragc.ir.errors import FragcError
+from fragc.runtime.stopping import GracefulStop, Stopped
 
 
 @dataclasses.dataclass
@@ -67,6 +68,10 @@ def train(prog: Any, state: Any, iterations: int, *, checkpoint_dir: Any = None,
       `resume=True`).
     run_info: JSON-serialisable facts saved with each checkpoint (the CLI saves
       its algorithm name and seed).
+    With a checkpoint_dir, SIGINT, SIGTERM or SIGHUP stop the run after the
+    dispatch in flight with a checkpoint, raising `fragc.runtime.stopping.Stopped`
+    (a second signal stops at once); without one they stop it at once
+    (KeyboardInterrupt).
     """
     if not isinstance(iterations, (int, np.integer)) or isinstance(iterations, bool) or iterations < 1:
         raise FragcError(f"train: iterations must be a positive int, got {iterations!r}")
@@ -111,11 +116,13 @@ class _Training:
         self.bar = _ProgressBar(self.iterations, self.steps, self.out) if self.out and _isatty(self.out) else None
         self.start = time.perf_counter()
         history: dict[str, np.ndarray] = {}
+        self.length, self.saved = stop_at - self.start_at, 0
         try:
             if self.start_at < stop_at:
-                state, history = self.prog.run(
-                    state, stop_at - self.start_at, callback=self.on_metrics, delays=delays,
-                    checkpoint=self.save if self.checkpointer else None, checkpoint_every=self.checkpoint_every)
+                with GracefulStop(graceful=self.checkpointer is not None) as self.stop:
+                    state, history = self.prog.run(  # the checkpoint hook runs after every dispatch: see `save`
+                        state, self.length, callback=self.on_metrics, delays=delays,
+                        checkpoint=self.save if self.checkpointer else None, checkpoint_every=1)
         finally:
             if self.writer is not None:
                 self.writer.close()
@@ -126,11 +133,8 @@ class _Training:
     def resume(self, fresh_state: Any) -> tuple[Any, Any]:
         """The latest good checkpoint's state and delays, placed on the program's devices."""
         prog = self.prog
-        state, delays, saved = self.checkpointer.restore_latest(fresh_state, prog.initial_delays(fresh_state))
-        for key in ("algo", "config", "policy", "devices"):
-            if saved.get(key) != self.meta[key]:
-                raise FragcError(f"--resume: the checkpoint was written with a different {key} "
-                                 f"({saved.get(key)!r}, this run has {self.meta[key]!r})")
+        state, delays, saved = self.checkpointer.restore_latest(fresh_state, prog.initial_delays(fresh_state),
+                                                                run=self.meta)
         self.start_at = int(saved["iteration"])
         self.last_return = float(saved.get("last_return", float("nan")))
         if self.out is not None:
@@ -149,11 +153,18 @@ class _Training:
             self.bar.update(done, (done - self.start_at) * self.steps / max(now, 1e-9), self.last_return)
 
     def save(self, done: int, host_state: Any, host_delays: dict) -> None:
-        """A checkpoint after `done` iterations of this call; every process holds the whole state
-        on its host, one writes it."""
-        if self.lead:
-            self.checkpointer.save(self.start_at + done, host_state, host_delays,
-                                   {**self.meta, "last_return": self.last_return})
+        """After each dispatch, with host copies of the state: a checkpoint every `checkpoint_every`
+        iterations (rounded up to whole dispatches), at the end, and where a stop signal asks for one,
+        which then ends the run (`Stopped`). Every process holds the whole state on its host; one
+        writes it."""
+        asked = self.stop.requested()  # in every process alike: the processes agree on it
+        if asked or done - self.saved >= self.checkpoint_every or done == self.length:
+            self.saved = done
+            if self.lead:
+                self.checkpointer.save(self.start_at + done, host_state, host_delays,
+                                       {**self.meta, "last_return": self.last_return})
+        if asked:
+            raise Stopped(asked, self.start_at + done)
 
 
 def _run_meta(prog: Any, run_info: dict | None) -> dict:
