@@ -300,6 +300,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import jax
 
     from fragc.runtime.reporting import enable_compilation_cache, params_fingerprint
+    from fragc.runtime.stopping import Stopped
     from fragc.training import steps_per_iteration, train
 
     if args.resume and not args.checkpoint_dir:
@@ -317,9 +318,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if progress is not None:
         print(f"fragc run {args.algo}: env {env}, policy {prog.policy.name}, {iterations} "
               f"iterations x {steps} env steps, compiled in {prog.compile_seconds:.1f} s", file=out)
-    result = train(prog, prog.init(args.seed), iterations, checkpoint_dir=checkpoints,
-                   checkpoint_every=args.checkpoint_every, resume=args.resume, metrics=args.metrics,
-                   progress=progress, stop_after=args.stop_after, run_info={"algo": args.algo, "seed": args.seed})
+    try:
+        result = train(prog, prog.init(args.seed), iterations, checkpoint_dir=checkpoints,
+                       checkpoint_every=args.checkpoint_every, resume=args.resume, metrics=args.metrics,
+                       progress=progress, stop_after=args.stop_after, run_info={"algo": args.algo, "seed": args.seed})
+    except Stopped as stop:
+        if lead:
+            print(f"fragc: {stop}; its checkpoint continues with --resume", file=sys.stderr)
+        return stop.exit_code
     fingerprint = params_fingerprint(result.state)  # on every process: it may gather across processes
     if not lead:
         return 0
@@ -327,7 +333,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         import json
 
-        print(json.dumps({"final_return": result.final_return, "env_steps": env_steps,
+        print(json.dumps({"final_return": _finite_or_none(result.final_return), "env_steps": env_steps,
                           "iterations": result.iterations, "wall_s": round(result.wall_s, 3),
                           "compile_s": round(prog.compile_seconds, 3), "policy": prog.policy.name,
                           "devices": len(prog.devices), "algo": args.algo, "env": env, "seed": args.seed,
@@ -337,6 +343,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"final mean episode return {result.final_return:.1f} after {env_steps} env steps "
               f"({result.wall_s:.1f} s)")
     return 0
+
+
+def _finite_or_none(x: float) -> float | None:
+    """JSON has no NaN: a return not measured yet (no episode ended) is null."""
+    import math
+
+    return x if math.isfinite(x) else None
 
 
 def _open_checkpoints(directory: str | None) -> Any:
@@ -492,8 +505,11 @@ COMMANDS = {"run": cmd_run, "ir": cmd_ir, "policies": cmd_list, "algos": cmd_lis
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from fragc.runtime.stopping import stop_signals_interrupt
+
     try:
-        return _main(argv)
+        with stop_signals_interrupt():
+            return _main(argv)
     except KeyboardInterrupt:  # while starting: loading the algorithm imports JAX
         print("fragc: interrupted", file=sys.stderr)
         return 130
@@ -531,9 +547,10 @@ def _multiprocess_command(early: argparse.Namespace, argv: list[str]) -> int:
 
     Joining comes first: importing the algorithm may start JAX.
 
-    A failing process exits at once rather than through JAX's shutdown barrier,
-    which would wait for processes that may be stuck in a collective with it
-    (their watchdogs then name it). A failure in a collective is most likely a
+    A run that returns, whatever its code, leaves through JAX's shutdown
+    barrier (every process returns alike). A failing process exits at once
+    rather than through it, which would wait for processes that may be stuck
+    in a collective with it (their watchdogs then name it). A failure in a collective is most likely a
     lost process: the watchdog gets time to name it before the error is shown.
     """
     import traceback
@@ -545,6 +562,8 @@ def _multiprocess_command(early: argparse.Namespace, argv: list[str]) -> int:
     _check_same_options(args)
     try:
         code = {"run": cmd_run, "bench": cmd_bench}[args.command](args)
+        distributed.finish()  # a code returned (0, or a signal's after a graceful stop) is every process's
+        return code
     except FragcError as err:
         print(f"fragc: error: {err}", file=sys.stderr)
         distributed.fail(str(err))
@@ -557,13 +576,10 @@ def _multiprocess_command(early: argparse.Namespace, argv: list[str]) -> int:
         import jax
 
         if isinstance(err, jax.errors.JaxRuntimeError):  # most likely a collective whose peer is gone
-            distributed.wait_for_verdict(distributed.LOST_AFTER_S + 5)
+            distributed.wait_for_verdict(distributed.lost_after_s() + 5)
         traceback.print_exc()
         distributed.fail(f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200] if str(err).strip() else ''}")
         code = 1
-    if code == 0:
-        distributed.finish()
-        return 0
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

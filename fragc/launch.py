@@ -6,7 +6,9 @@ its id in `FRAGC_COORDINATOR`, `FRAGC_NUM_PROCESSES` and `FRAGC_PROCESS_ID`,
 which `fragc run` and `fragc bench` read as the defaults of `--coordinator`,
 `--num-processes` and `--process-id`; it runs on the CPU with its own simulated
 devices (`--devices` counts each process's devices). Output is forwarded line
-by line with a `[i]` prefix. The launcher exits with the first non-zero exit
+by line: stderr with a `[i]` prefix, stdout as it is (as `mpirun` does without
+`--tag-output`), so that a `fragc run --json` result can be piped on (in a
+fragc run only process 0 writes to stdout). The launcher exits with the first non-zero exit
 code; when one process fails, the others get `grace_s` to stop by themselves
 (their watchdog names the lost process) before they are killed. Ctrl-C,
 SIGTERM and SIGHUP are passed on to every process, which is killed if it has
@@ -58,8 +60,8 @@ def launch(n: int, command: Sequence[str], grace_s: float = 90.0) -> int:
             except OSError as err:
                 raise FragcError(f"launch: cannot start {command[0]!r}: {err.strerror}") from err
             procs.append(proc)
-            for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
-                pumps.append(threading.Thread(target=_pump, args=(stream, out, f"[{i}] "), daemon=True))
+            for stream, out, prefix in ((proc.stdout, sys.stdout, ""), (proc.stderr, sys.stderr, f"[{i}] ")):
+                pumps.append(threading.Thread(target=_pump, args=(stream, out, prefix), daemon=True))
                 pumps[-1].start()
         os.close(lifeline)
         lifeline = -1
@@ -111,7 +113,7 @@ def _wait(procs: list[subprocess.Popen], grace_s: float) -> int:
         for i, p in enumerate(procs):
             if p.returncode not in (None, 0) and i not in reported:
                 reported.add(i)
-                why = _COORDINATOR_GONE if i == 0 and len(procs) > 1 else ""
+                why = _COORDINATOR_GONE if i > 0 and p.returncode == -signal.SIGABRT and procs[0].poll() else ""
                 print(f"fragc launch: process {i} exited with {_describe(p.returncode)}{why}", file=sys.stderr,
                       flush=True)
                 if failed_at is None:
@@ -126,8 +128,8 @@ def _wait(procs: list[subprocess.Popen], grace_s: float) -> int:
         time.sleep(0.1)
 
 
-_COORDINATOR_GONE = ("; it hosted JAX's coordination service, so JAX ends the others at once (their "
-                     "'Terminating process because the JAX distributed service detected fatal errors')")
+_COORDINATOR_GONE = (": JAX ends every process at once ('Terminating process because the JAX distributed service "
+                     "detected fatal errors') when process 0, which hosts its coordination service, is gone")
 
 
 def _code(returncode: int) -> int:

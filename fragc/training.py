@@ -30,6 +30,7 @@ import numpy as np
 from fragc.ir.errors import FragcError
 from fragc.runtime.divergence import Diverged, StateNotFinite, check_metrics, check_state
 from fragc.runtime.multihost import to_host
+from fragc.runtime.stopping import GracefulStop, Stopped
 
 
 @dataclasses.dataclass
@@ -66,15 +67,19 @@ def train(prog: Any, state: Any, iterations: int, *, checkpoint_dir: Any = None,
       steps, wall time and each metric's mean (when resuming, the lines after
       the checkpoint are dropped first: the file reads as one run's).
 
-    The first NaN or infinity in a metric or in the state stops the run with
-    `fragc.runtime.divergence.Diverged` (exit code 3 on the command line); a
-    state that is not finite is never saved as a checkpoint.
     progress: a text stream (or True for stderr) for progress: a line when
       resuming, and a progress bar if the stream is a terminal.
     stop_after: run at most this many iterations now (to be continued with
       `resume=True`).
     run_info: JSON-serialisable facts saved with each checkpoint (the CLI saves
       its algorithm name and seed).
+    With a checkpoint_dir, SIGINT, SIGTERM or SIGHUP stop the run after the
+    dispatch in flight with a checkpoint, raising `fragc.runtime.stopping.Stopped`
+    (a second signal stops at once); without one they stop it at once
+    (KeyboardInterrupt).
+    The first NaN or infinity in a metric or in the state stops the run with
+    `fragc.runtime.divergence.Diverged` (exit code 3 on the command line); a
+    state that is not finite is never saved as a checkpoint.
     """
     if not isinstance(iterations, (int, np.integer)) or isinstance(iterations, bool) or iterations < 1:
         raise FragcError(f"train: iterations must be a positive int, got {iterations!r}")
@@ -120,12 +125,17 @@ class _Training:
         self.bar = _ProgressBar(self.iterations, self.steps, self.out) if self.out and _isatty(self.out) else None
         self.start = time.perf_counter()
         history: dict[str, np.ndarray] = {}
+        self.asked, self.reached = 0, self.start_at
         try:
             if self.start_at < stop_at:
-                state, history = self.prog.run(
-                    state, stop_at - self.start_at, callback=self.on_metrics, delays=delays,
-                    checkpoint=self.save if self.checkpointer else None, checkpoint_every=self.checkpoint_every,
-                    check_finite=True)
+                with GracefulStop(graceful=self.checkpointer is not None) as self.stop:
+                    state, history = self.prog.run(
+                        state, stop_at - self.start_at, callback=self.on_metrics, delays=delays,
+                        checkpoint=self.save if self.checkpointer else None,
+                        checkpoint_every=self.checkpoint_every, check_finite=True,
+                        stop=self.stop_requested if self.checkpointer else None)
+                if self.asked:
+                    raise Stopped(self.asked, self.reached)
                 if not self.checkpointer:  # else `save` checked the final state
                     check_state(to_host(state), stop_at)
         except Diverged as err:
@@ -146,11 +156,8 @@ class _Training:
             if self.out is not None:
                 print(f"no checkpoint in '{self.checkpointer.directory}' yet: starting afresh", file=self.out)
             return fresh_state, None
-        state, delays, saved = self.checkpointer.restore_latest(fresh_state, prog.initial_delays(fresh_state))
-        for key in ("algo", "config", "policy", "devices"):
-            if saved.get(key) != self.meta[key]:
-                raise FragcError(f"--resume: the checkpoint was written with a different {key} "
-                                 f"({saved.get(key)!r}, this run has {self.meta[key]!r})")
+        state, delays, saved = self.checkpointer.restore_latest(fresh_state, prog.initial_delays(fresh_state),
+                                                                run=self.meta)
         self.start_at = self.saved_at = int(saved["iteration"])
         self.last_return = float(saved.get("last_return", float("nan")))
         if self.out is not None:
@@ -160,6 +167,7 @@ class _Training:
     def on_metrics(self, done: int, metrics: dict) -> None:
         """Each dispatch's metrics as they arrive; `done` counts the iterations of this call."""
         done += self.start_at
+        self.reached = done
         if "episode_return" in metrics:
             self.last_return = float(np.mean(np.asarray(metrics["episode_return"])[..., -1]))
         now = time.perf_counter() - self.start
@@ -177,6 +185,12 @@ class _Training:
             self.checkpointer.save(self.start_at + done, host_state, host_delays,
                                    {**self.meta, "last_return": self.last_return})
         self.saved_at = self.start_at + done
+
+    def stop_requested(self) -> bool:
+        """Asked by `Program.run` after every dispatch (in every process alike: the processes agree
+        on it): a stop signal ends the run there, after a checkpoint when there is a folder."""
+        self.asked = self.stop.requested()
+        return bool(self.asked)
 
 
 def steps_per_iteration(algo: Any) -> int:

@@ -116,7 +116,8 @@ class Program:
     def run(self, state: Any, iterations: int, callback: Callable[[int, dict], None] | None = None,
             checkpoint: Callable[[int, Any, dict], None] | None = None, checkpoint_every: int = 0,
             delays: dict[int, list[Any]] | None = None,
-            check_finite: bool = False) -> tuple[Any, dict[str, np.ndarray]]:
+            check_finite: bool = False,
+            stop: Callable[[], bool] | None = None) -> tuple[Any, dict[str, np.ndarray]]:
         """Run `iterations` iterations -> (state, history: metric -> array with one row per iteration).
 
         callback(done, metrics): called as each dispatch's metrics arrive.
@@ -130,6 +131,8 @@ class Program:
           dispatch's metrics (no extra synchronisation) and the first leaf that is not finite
           stops the run with `StateNotFinite` (iterations counted within this call), after
           `callback` has seen that dispatch's metrics.
+        stop(): asked after every dispatch; when true the run ends there, after a `checkpoint`
+          of the iterations done (if one is given), returning what it reached.
         After the run, `last_delays` holds the delay values to continue with.
         """
         if not isinstance(iterations, (int, np.integer)) or isinstance(iterations, bool) or iterations < 1:
@@ -156,13 +159,24 @@ class Program:
             if checkpoint is not None and checkpoint_every and (done - saved >= checkpoint_every or done == iterations):
                 self._collect(rows, *pending, callback)
                 pending, saved = None, done
-                checkpoint(done, jax.tree.unflatten(self._state_tree, to_host(carry[0])), to_host(carry[1] or {}))
+                self._checkpoint(checkpoint, done, carry)
+            if done < iterations and stop is not None and stop():
+                if pending is not None:
+                    self._collect(rows, *pending, callback)
+                    pending = None
+                if checkpoint is not None and saved != done:
+                    self._checkpoint(checkpoint, done, carry)
+                break
         if pending is not None:
             self._collect(rows, *pending, callback)
         self.last_delays = carry[1]
         axis = 1 if self.population else 0
         history = {k: np.concatenate([r[k] for r in rows], axis=axis) for k in rows[0]}
         return jax.tree.unflatten(self._state_tree, carry[0]), history
+
+    def _checkpoint(self, checkpoint: Callable, done: int, carry: tuple) -> None:
+        """`checkpoint` with host copies, before the next dispatch reuses the buffers."""
+        checkpoint(done, jax.tree.unflatten(self._state_tree, to_host(carry[0])), to_host(carry[1] or {}))
 
     def place_delays(self, delays: dict) -> dict[int, list[Any]]:
         """Delay values (from a checkpoint) on the devices their delay nodes live on."""

@@ -11,14 +11,32 @@ after the same dispatch and process 0 saves the state that every one holds.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stop_signals_interrupt() -> Iterator[None]:
+    """Within it SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does: until a run's
+    `GracefulStop` takes them over, a command stops with one line (and, in a multi-process run,
+    tells the others). In the main thread only."""
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)} if main else {}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class Stopped(Exception):
@@ -35,10 +53,11 @@ class Stopped(Exception):
 
 class GracefulStop:
     """A context that turns the first stop signal into a request (`requested`) and the second
-    into KeyboardInterrupt. Outside the main thread, where handlers cannot be set, it does nothing."""
+    into KeyboardInterrupt; with `graceful=False` (nothing to save) the first stops at once.
+    Outside the main thread, where handlers cannot be set, it does nothing."""
 
-    def __init__(self) -> None:
-        self.signum = 0
+    def __init__(self, graceful: bool = True) -> None:
+        self.graceful, self.signum = graceful, 0
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "GracefulStop":
@@ -52,7 +71,7 @@ class GracefulStop:
         self._previous = {}
 
     def _handle(self, signum: int, frame: object) -> None:
-        if self.signum:
+        if self.signum or not self.graceful:
             raise KeyboardInterrupt
         self.signum = signum
         print(f"fragc: {signal.Signals(signum).name}: stopping after this dispatch with a checkpoint "

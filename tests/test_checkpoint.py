@@ -12,7 +12,7 @@ import pytest
 
 from fragc.cli import main
 
-RUN = ["run", "ppo", "--total-steps", "262144", "--iterations-per-dispatch", "4", "--json", "--quiet"]
+RUN = ["run", "ppo", "--total-steps", "131072", "--iterations-per-dispatch", "4", "--json", "--quiet"]
 
 
 def fragc_subprocess(*argv):
@@ -27,22 +27,54 @@ def fingerprint(proc):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def test_sigkill_mid_run_then_resume_reaches_the_uninterrupted_fingerprint(tmp_path):
-    uninterrupted = fragc_subprocess(*RUN)
-    ckpt = tmp_path / "ckpt"
+@pytest.fixture(scope="module")
+def uninterrupted():
+    """The --json summary of RUN without interruption, started once for the tests that kill RUN."""
+    proc = fragc_subprocess(*RUN)
+    summary = []
+    yield lambda: summary[0] if summary else summary.append(fingerprint(proc)) or summary[0]
+    proc.kill()
+    proc.communicate()
+
+
+def started_run(ckpt):
+    """RUN with checkpoints every 8 iterations, once it has written two."""
     victim = fragc_subprocess(*RUN, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "8")
     deadline = time.time() + 240
-    while time.time() < deadline and victim.poll() is None:  # wait for two finished checkpoints
+    while time.time() < deadline and victim.poll() is None:
         if len([p for p in ckpt.glob("*") if p.name.isdigit()]) >= 2:
             break
         time.sleep(0.05)
-    assert victim.poll() is None, "the run ended before it could be killed; make it longer"
+    assert victim.poll() is None, "the run ended before it could be stopped; make it longer"
+    return victim
+
+
+def saved_steps(ckpt):
+    return sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit())
+
+
+def test_sigkill_mid_run_then_resume_reaches_the_uninterrupted_fingerprint(tmp_path, uninterrupted):
+    ckpt = tmp_path / "ckpt"
+    victim = started_run(ckpt)
     victim.send_signal(signal.SIGKILL)
     victim.wait()
-    resumed = fragc_subprocess(*RUN, "--checkpoint-dir", str(ckpt), "--resume")
-    got, expected = fingerprint(resumed), fingerprint(uninterrupted)
-    assert 0 < got["resumed_from"] < expected["iterations"]
-    assert got["params_fingerprint"] == expected["params_fingerprint"]
+    got = fingerprint(fragc_subprocess(*RUN, "--checkpoint-dir", str(ckpt), "--resume"))
+    assert 0 < got["resumed_from"] < uninterrupted()["iterations"]
+    assert got["params_fingerprint"] == uninterrupted()["params_fingerprint"]
+
+
+def test_sigterm_saves_where_the_run_stops_and_resume_reaches_the_uninterrupted_fingerprint(tmp_path, uninterrupted):
+    """Issue 15.3: a graceful stop finishes the dispatch, writes a checkpoint there and exits 128 + 15."""
+    ckpt = tmp_path / "ckpt"
+    victim = started_run(ckpt)
+    victim.send_signal(signal.SIGTERM)
+    _, err = victim.communicate(timeout=120)
+    assert victim.returncode == 128 + signal.SIGTERM, err
+    stopped_at = int(err.split("stopped by SIGTERM at iteration ")[1].split(";")[0])
+    assert saved_steps(ckpt)[-1] == stopped_at and stopped_at % 4 == 0
+    got = fingerprint(fragc_subprocess(*RUN, "--checkpoint-dir", str(ckpt), "--resume"))
+    assert got["resumed_from"] == stopped_at
+    assert got["params_fingerprint"] == uninterrupted()["params_fingerprint"]
 
 
 def _flip_a_byte_of_the_largest_array_file(step_dir: pathlib.Path) -> None:
@@ -149,11 +181,17 @@ def test_checkpoint_errors_are_one_line_and_exit_code_2(capsys, tmp_path, extra,
     assert err.count("\n") == 1 and message in err, err
 
 
-def test_resuming_with_another_configuration_is_refused(capsys, tmp_path):
+def test_resuming_with_another_configuration_is_refused_naming_what_differs(capsys, tmp_path):
+    """Issue 15.5: another environment is not 'damage', and another seed is not accepted."""
     ckpt = str(tmp_path / "ckpt")
     assert main(["run", "ppo", "--total-steps", "4096", "--checkpoint-dir", ckpt, "--quiet"]) == 0
-    assert main(["run", "ppo", "--total-steps", "4096", "--lr", "0.001", "--checkpoint-dir", ckpt, "--resume"]) == 2
-    assert "the checkpoint was written with a different config" in capsys.readouterr().err
+    capsys.readouterr()
+    for option, named in ((["--env", "Acrobot-v1"], "--env is 'CartPole-v1' in the checkpoint and 'Acrobot-v1' here"),
+                          (["--seed", "7"], "--seed is 0 in the checkpoint and 7 here.")):
+        assert main(["run", "ppo", "--total-steps", "4096", *option, "--checkpoint-dir", ckpt, "--resume"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "fragc: error: --resume: the checkpoint at iteration 8" in err, err
+        assert named in err and "damaged" not in err, err
 
 
 @pytest.mark.parametrize("run,named", [
