@@ -77,6 +77,9 @@ def _ordered_sum(flat: jax.Array, replicas: int) -> jax.Array:
     size = flat.shape[0]
     chunk = -(-size // replicas)
     rows = jnp.pad(flat, (0, chunk * replicas - size)).reshape(replicas, chunk)
+    # The same on every replica, whatever the operand: vmap's all_to_all rule (the reference
+    # interpreter's replicas) gives a wrong shape for an operand not batched over the replicas.
+    rows = lax.select(jnp.full(rows.shape, lax.axis_index(REPLICA) >= 0), rows, rows)
     received = lax.all_to_all(rows, REPLICA, split_axis=0, concat_axis=0)  # row r: replica r's copy of my chunk
     mine = received[0]
     for r in range(1, replicas):  # spelled out: a `reduce` leaves its order to the compiler

@@ -46,9 +46,11 @@ def _param_bytes(algo):
 def test_anakin_collectives_are_one_gradient_allreduce_per_minibatch_plus_metrics():
     algo, prog = ppo_algo(), ppo_program("anakin")
     c = algo.config
+    r = prog.pipeline.final.fragments["learn"].placement.replicas
+    assert r == len(prog.devices)
 
-    def received(elements):  # per device: a reduce-scatter and an all-gather of ceil(n/4) f32 each from 3 others
-        return 2 * 3 * -(-elements // 4) * 4
+    def received(elements):  # per device: a reduce-scatter and an all-gather of ceil(n/R) 4-byte values from R-1 others
+        return 2 * (r - 1) * -(-elements // r) * 4
 
     scalars = 4 + 3  # learn: four metrics; rollout: completed episodes, return sum, episodes done
     grads = _param_bytes(algo) // 4
