@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
-from typing import Any, Sequence
+import warnings
+from typing import Any, Iterator, Sequence
 
 from fragc.ir.errors import FragcError
 
@@ -508,13 +510,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fragc.runtime.stopping import stop_signals_interrupt
 
     try:
-        with stop_signals_interrupt():
+        with stop_signals_interrupt(), _one_line_warnings():
             return _main(argv)
     except KeyboardInterrupt:  # while starting: loading the algorithm imports JAX
         print("fragc: interrupted", file=sys.stderr)
         return 130
     except FragcError as err:  # while starting: e.g. a malformed FRAGC_* variable
         return _usage_error(err)
+
+
+@contextlib.contextmanager
+def _one_line_warnings() -> Iterator[None]:
+    """Python warnings (a damaged checkpoint, a shared key) as one `fragc: warning:` line each,
+    without the source line Python adds (recorded warnings, as in pytest.warns, stay recorded)."""
+    def one_line(message: Any, category: type, filename: str, lineno: int, line: Any = None) -> str:
+        return f"fragc: warning: {message}\n"
+
+    previous, warnings.formatwarning = warnings.formatwarning, one_line
+    try:
+        yield
+    finally:
+        warnings.formatwarning = previous
 
 
 def _main(argv: Sequence[str] | None) -> int:

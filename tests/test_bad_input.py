@@ -294,3 +294,16 @@ def test_resume_before_the_first_checkpoint_starts_fresh_with_a_notice(tmp_path,
     assert result.resumed_from == 0 and result.iterations == ITERATIONS
     assert f"no checkpoint in '{tmp_path / 'empty'}' yet: starting afresh" in progress.getvalue()
     np.testing.assert_allclose(result.state.w, healthy.init(0).w * 0.9**ITERATIONS, rtol=1e-5)
+
+
+def test_warnings_on_the_command_line_are_one_line():
+    """A damaged checkpoint's fallback notice (a Python warning) reads as one line, without the source line."""
+    import warnings
+
+    from fragc.cli import _one_line_warnings
+
+    message = "checkpoint 96 in 'D' is damaged; falling back to the previous one"
+    with _one_line_warnings():
+        shown = warnings.formatwarning(UserWarning(message), UserWarning, "runtime/checkpoint.py", 182)
+    assert shown == f"fragc: warning: {message}\n"
+    assert not warnings.formatwarning(UserWarning(message), UserWarning, "x.py", 1).startswith("fragc:")  # restored
