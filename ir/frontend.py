@@ -24,6 +24,7 @@ from .errors import FragcError, FragmentError
 from .graph_builder import build_graph
 from .module import REPLICA, FragmentDef, Module
 from .replicas import run_replicated
+from .shared_keys import shared_draws
 from .types import LeafType, TreeType
 
 _TRACING: contextvars.ContextVar["_TraceContext | None"] = contextvars.ContextVar("fragc_trace", default=None)
@@ -246,27 +247,28 @@ def _source(fn: Callable[..., Any]) -> str:
 
 
 def _warn_replicated_key_split(fdef: FragmentDef) -> None:
-    """Warn when a replicated key is split into one key per environment.
+    """Warn when per-environment randomness comes from a replicated key.
 
-    With R replicas every replica would split the same key and draw the same
-    streams; per-environment keys belong in the batched state instead.
+    With R replicas every replica would split (or sample from) the same key and
+    draw the same streams; per-environment keys belong in the batched state.
+    Found through `lax.scan` bodies and other nested jaxprs (see shared_keys.py).
     """
     n = fdef.batch_length()
     if n is None:
         return
-    jaxpr = fdef.body.jaxpr
-    batched = {v for v, t in zip(jaxpr.invars, fdef.in_leaf_types) if t.axis is not None}
-    for eqn in jaxpr.eqns:
-        inputs = [v for v in eqn.invars if isinstance(v, jex.Var)]
-        if any(v in batched for v in inputs):
-            batched.update(eqn.outvars)
-        elif eqn.primitive.name == "random_split" and eqn.outvars[0].aval.shape[:1] == (n,):
-            warnings.warn(
-                f"fragment '{fdef.name}' splits a replicated key into {n} keys, one per environment: "
-                "with several replicas every replica would draw the same random streams. Carry "
-                "per-environment keys in the batched state instead (see docs/architecture.md).",
-                stacklevel=4,
-            )
+    varying = [t.axis is not None for t in fdef.in_leaf_types]
+    draws = shared_draws(fdef.body.jaxpr, varying, n)
+    if not draws:
+        return
+    draw = draws[0]
+    what = (f"splits a replicated key into {n} keys, one per environment" if draw.is_split else
+            f"samples random numbers of shape {list(draw.shape)} (one per environment) from a replicated key")
+    warnings.warn(
+        f"fragment '{fdef.name}' {what} (at {draw.where}): with several "
+        "replicas every replica would draw the same random streams. Carry per-environment keys in the "
+        "batched state (split them per environment with jax.vmap(jax.random.split)) instead; see docs/porting.md.",
+        stacklevel=4,
+    )
 
 
 # ---------------------------------------------------------------- trace

@@ -102,9 +102,59 @@ def test_warns_when_a_replicated_key_is_split_per_environment():
         noisy(jax.random.key(0), jnp.zeros(8))
 
 
+def _split_in_scan(key, obs):
+    def step(key, _):
+        key, sub = jax.random.split(key)
+        return key, jax.vmap(jax.random.normal)(jax.random.split(sub, obs.shape[0]))
+
+    return obs + jax.lax.scan(step, key, None, 3)[1].sum(0)
+
+
+def _categorical_in_scan(key, obs):
+    """PureJaxRL's rollout: `pi.sample(seed=_rng)` on a batch of logits with the runner's one key."""
+    def step(key, _):
+        key, sub = jax.random.split(key)
+        return key, jax.random.categorical(sub, jnp.stack([obs, -obs], axis=-1))
+
+    return obs + jax.lax.scan(step, key, None, 3)[1].sum(0)
+
+
+def _normal_noise(key, obs):
+    return obs + jax.random.normal(key, obs.shape)
+
+
+@pytest.mark.parametrize("body, what", [
+    (_split_in_scan, r"splits a replicated key into 8 keys"),
+    (_categorical_in_scan, r"samples random numbers of shape \[8, 2\] \(one per environment\) from a replicated key"),
+    (_normal_noise, r"samples random numbers of shape \[8\]"),
+])
+def test_warns_when_per_environment_noise_comes_from_a_replicated_key(body, what):
+    frag = fragc.fragment(role="actor", in_axes=(None, 0), out_axes=0)(body)
+    with pytest.warns(UserWarning, match=rf"fragment '{body.__name__}' {what}.* \(at .*test_frontend_errors.py:\d+"):
+        jax.eval_shape(frag, jax.random.key(0), jnp.zeros(8))
+
+
 def test_per_environment_keys_do_not_warn(recwarn):
-    algo = Regression(num_envs=8)
-    fragc.trace(algo)
+    """Keys carried per environment through a scan, a replicated key that shuffles a batch that is not
+    per environment (PPO's minibatches), and keys made per replica from `axis_index`."""
+    @fragc.fragment(role="actor", in_axes=(None, 0, 0), out_axes=0)
+    def per_env(key, keys, obs):
+        def step(keys, _):
+            keys = jax.vmap(jax.random.split)(keys)
+            return keys[:, 0], jax.vmap(jax.random.normal)(keys[:, 1])
+
+        noise = jax.lax.scan(step, keys, None, 3)[1]  # [3, 8]
+        order = jax.random.permutation(key, noise.size)
+        return obs + noise.reshape(-1)[order].reshape(noise.shape).sum(0)
+
+    @fragc.fragment(role="actor", in_axes=(None, 0), out_axes=0)
+    def per_replica(key, obs):
+        key = jax.random.fold_in(key, jax.lax.axis_index(fragc.REPLICA))
+        return obs + jax.random.normal(key, obs.shape)
+
+    fragc.trace(Regression(num_envs=8))
+    jax.eval_shape(per_env, jax.random.key(0), jax.random.split(jax.random.key(1), 8), jnp.zeros(8))
+    jax.eval_shape(per_replica, jax.random.key(0), jnp.zeros(8))  # traces, runs nothing
     assert not [w for w in recwarn if "replicated key" in str(w.message)]
 
 
