@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import jax
 from jax.extend import core as jex
+from jax.extend import source_info_util
 
 from .collectives import pmean, psum  # noqa: F401  (re-exported: `fragc.pmean`)
 from .errors import FragcError, FragmentError
@@ -320,8 +321,38 @@ def trace(algo: Any, name: str | None = None) -> Module:
     finally:
         _TRACING.reset(token)
     _check_state_round_trip(algo, state_tree, out_tree_cell[0], state_leaves, closed)
+    _refuse_effects_outside_fragments(algo, closed.jaxpr)
     graph = build_graph(closed, fragment_call_p, TreeType.of(state), out_tree_cell[0], ctx.defs_by_name)
     return Module(name=name or type(algo).__name__.lower(), fragments=dict(ctx.defs_by_name), graph=graph)
+
+
+_EFFECT_NAMES = {"debug_print": "jax.debug.print", "debug_callback": "jax.debug.callback",
+                 "io_callback": "jax.experimental.io_callback"}
+"""What users call the primitives with effects that appear in iterations."""
+
+
+def _refuse_effects_outside_fragments(algo: Any, jaxpr: jex.Jaxpr) -> None:
+    """Glue between fragments is pure dataflow: passes drop what nothing reads, move it between
+    device groups and replicate it, so a print or callback there would vanish or repeat."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is not fragment_call_p and eqn.effects:
+            inner, where = _first_effect(eqn, "")
+            name = _EFFECT_NAMES.get(inner.primitive.name, inner.primitive.name)
+            raise FragcError(
+                f"{type(algo).__name__}.iteration calls {name} outside any fragment (at {where or '?'}); fragc "
+                "runs only pure code between fragments: it drops what nothing reads. Call it inside a @fragc.fragment, "
+                "or return the value as a metric (iteration's second result) and print it from the run's history"
+            )
+
+
+def _first_effect(eqn: jex.JaxprEqn, where: str) -> tuple[jex.JaxprEqn, str]:
+    """The innermost equation with an effect inside `eqn` (a callback in a scan), and the user's line."""
+    where = source_info_util.summarize(eqn.source_info) or where
+    for sub in jex.jaxprs_in_params(eqn.params):
+        for inner in sub.eqns:
+            if inner.effects:
+                return _first_effect(inner, where)
+    return eqn, where
 
 
 def _check_state_round_trip(algo: Any, state_tree: Any, out_tree: Any, state_leaves: list, closed: Any) -> None:

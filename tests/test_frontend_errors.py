@@ -175,3 +175,52 @@ def test_a_state_leaf_changing_dtype_is_named():
     with pytest.raises(fragc.FragcError, match=r"Returns.iteration changes state leaf state\['returns'\] from "
                                                r"int32\[4\] to float32\[4\].*jnp.zeros\(\(4,\), jnp.float32\)"):
         fragc.trace(Returns())
+
+
+class _Printing:
+    """PureJaxRL's DEBUG callback: `jax.debug.callback` on the metrics, in the update step."""
+
+    def __init__(self, effect):
+        self.effect = effect
+
+    def init(self, key):
+        return {"x": jnp.zeros(4)}
+
+    @fragc.fragment(role="actor", in_axes=(0,), out_axes=(0, None))
+    def step(self, x):
+        jax.debug.callback(lambda m: None, x.sum())  # inside a fragment: allowed
+        return x + 1, {"mean": fragc.pmean(x.mean())}
+
+    def iteration(self, state):
+        x, metrics = self.step(state["x"])
+        self.effect(metrics)
+        return {"x": x}, metrics
+
+
+@pytest.mark.parametrize("effect, name", [
+    (lambda m: jax.debug.print("{}", m["mean"]), "jax.debug.print"),
+    (lambda m: jax.debug.callback(print, m), "jax.debug.callback"),
+    (lambda m: jax.lax.scan(lambda c, _: (jax.debug.print("{}", c) or c, None), m["mean"], None, 2),
+     "jax.debug.print"),
+])
+def test_an_effect_outside_fragments_is_refused_not_dropped(effect, name):
+    with pytest.raises(fragc.FragcError, match=rf"_Printing.iteration calls {name} outside any fragment "
+                                               r"\(at .*test_frontend_errors.py:\d+.*\); .*inside a @fragc.fragment, "
+                                               r"or return the value as a metric"):
+        fragc.trace(_Printing(effect))
+
+
+def test_an_effect_inside_a_fragment_runs(capfd):
+    """The refusal is for glue only: a callback inside a fragment runs (here in the reference interpreter)."""
+    seen = []
+
+    class Recording(_Printing):
+        @fragc.fragment(role="actor", in_axes=(0,), out_axes=(0, None))
+        def step(self, x):
+            jax.debug.callback(seen.append, x.sum())
+            return x + 1, {"mean": fragc.pmean(x.mean())}
+
+    algo = Recording(lambda m: None)
+    fragc.interpret(fragc.trace(algo), algo.init(jax.random.key(0)), replicas=1)
+    jax.effects_barrier()
+    assert [float(s) for s in seen] == [0.0]
