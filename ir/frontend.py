@@ -140,8 +140,18 @@ def define(frag: Fragment, args: tuple, name: str | None = None) -> FragmentDef:
         body=body,
         source=_source(frag.fn),
     )
+    _check_per_replica(fdef)
     _warn_replicated_key_split(fdef)
     return fdef
+
+
+def _check_per_replica(fdef: FragmentDef) -> None:
+    """Trace a batch-parallel fragment at 2 replicas' shapes (when its axes divide by 2), so that a
+    body or axis declaration that only works with one replica fails here, under every policy.
+    The per-replica body is cached for policies that run 2 replicas."""
+    n = fdef.batch_length()
+    if n is not None and n % 2 == 0:
+        fdef.body_for(2)
 
 
 def _as_results(frag: Fragment, outs: Any) -> tuple:
@@ -252,13 +262,17 @@ def _warn_replicated_key_split(fdef: FragmentDef) -> None:
 
     With R replicas every replica would split (or sample from) the same key and
     draw the same streams; per-environment keys belong in the batched state.
-    Found through `lax.scan` bodies and other nested jaxprs (see shared_keys.py).
+    Found through `lax.scan` bodies and other nested jaxprs (see shared_keys.py), and
+    confirmed in the body traced at 2 replicas, where a per-environment draw halves.
     """
     n = fdef.batch_length()
     if n is None:
         return
     varying = [t.axis is not None for t in fdef.in_leaf_types]
     draws = shared_draws(fdef.body.jaxpr, varying, n)
+    if draws and n % 2 == 0:  # confirmed at 2 replicas: a dimension that is n only by chance stays n
+        halved = {(d.where, d.eqn.primitive) for d in shared_draws(fdef.body_for(2).jaxpr, varying, n // 2)}
+        draws = [d for d in draws if (d.where, d.eqn.primitive) in halved]
     if not draws:
         return
     draw = draws[0]

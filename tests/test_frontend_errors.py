@@ -136,7 +136,8 @@ def test_warns_when_per_environment_noise_comes_from_a_replicated_key(body, what
 
 def test_per_environment_keys_do_not_warn(recwarn):
     """Keys carried per environment through a scan, a replicated key that shuffles a batch that is not
-    per environment (PPO's minibatches), and keys made per replica from `axis_index`."""
+    per environment (PPO's minibatches) or draws a size that equals the environment count by chance,
+    and keys made per replica from `axis_index`."""
     @fragc.fragment(role="actor", in_axes=(None, 0, 0), out_axes=0)
     def per_env(key, keys, obs):
         def step(keys, _):
@@ -152,7 +153,12 @@ def test_per_environment_keys_do_not_warn(recwarn):
         key = jax.random.fold_in(key, jax.lax.axis_index(fragc.REPLICA))
         return obs + jax.random.normal(key, obs.shape)
 
+    @fragc.fragment(role="buffer", in_axes=(None, 0), out_axes=None)
+    def sample_eight(key, obs):  # as DQN's buffer: 8 draws, whatever the environment count (8 by chance)
+        return fragc.pmean(obs[jax.random.randint(key, (8,), 0, obs.shape[0])].sum())
+
     fragc.trace(Regression(num_envs=8))
+    jax.eval_shape(sample_eight, jax.random.key(0), jnp.zeros(8))
     jax.eval_shape(per_env, jax.random.key(0), jax.random.split(jax.random.key(1), 8), jnp.zeros(8))
     jax.eval_shape(per_replica, jax.random.key(0), jnp.zeros(8))  # traces, runs nothing
     assert not [w for w in recwarn if "replicated key" in str(w.message)]
@@ -224,3 +230,39 @@ def test_an_effect_inside_a_fragment_runs(capfd):
     fragc.interpret(fragc.trace(algo), algo.init(jax.random.key(0)), replicas=1)
     jax.effects_barrier()
     assert [float(s) for s in seen] == [0.0]
+
+
+class _PerReplica:
+    """An actor whose body works only with one replica: a size from the config, or a wrong axis."""
+
+    num_envs, num_steps = 8, 4
+
+    def __init__(self, body, in_axes=(0,)):
+        self.step = fragc.fragment(role="actor", in_axes=in_axes, out_axes=0)(body)
+
+    def init(self, key):
+        return {"obs": jnp.zeros((self.num_steps, self.num_envs))}
+
+    def iteration(self, state):
+        return {"obs": state["obs"]}, {"mean": self.step(state["obs"]).mean()}
+
+
+def test_a_body_using_a_config_size_fails_at_trace_naming_the_replicas():
+    def flatten(obs):  # [T, n] declared with its environment axis 1
+        return obs.reshape(_PerReplica.num_steps * _PerReplica.num_envs)
+
+    algo = _PerReplica(flatten, in_axes=(1,))
+    with pytest.raises(fragc.FragmentError, match=r"fragment 'flatten' traced with 2 replicas .*each seeing 1/2 of "
+                                                  r"every declared axis \(obs f32\[4,8@env\] -> f32\[4,4\]\): its body "
+                                                  r"fails: cannot reshape .*take batch sizes from the arguments' shapes"):
+        fragc.trace(algo)
+
+
+def test_a_wrong_axis_declaration_fails_at_trace():
+    def per_env_mean(obs):  # [T, n], but declared with its environment axis 0
+        return obs.mean(axis=0)
+
+    with pytest.raises(fragc.FragmentError, match=r"fragment 'per_env_mean' traced with 2 replicas .*it returns "
+                                                  r"result 0 as f32\[8\], but f32\[8@env\] declared out_axes 0 makes "
+                                                  r"it f32\[4\] per replica"):
+        fragc.trace(_PerReplica(per_env_mean))
