@@ -13,6 +13,9 @@ import contextvars
 import itertools
 import functools
 import inspect
+import os
+import re
+import traceback
 import warnings
 from typing import Any, Callable
 
@@ -228,12 +231,52 @@ def _trace_body(frag: Fragment, in_tree: Any, leaf_types: list[LeafType]) -> tup
         return out_leaves
 
     structs = [t.struct() for t in leaf_types]
-    body = jax.make_jaxpr(flat_fn, axis_env=[(REPLICA, 1)])(*structs)
+    try:
+        body = jax.make_jaxpr(flat_fn, axis_env=[(REPLICA, 1)])(*structs)
+    except TypeError as err:
+        _explain_carry_dtype(frag, in_tree, leaf_types, err)
+        raise
     if any(isinstance(c, jax.core.Tracer) for c in body.consts):
         raise FragmentError(
             f"fragment '{frag.name}' closes over a value traced outside it; pass that value as an argument"
         )
     return body, out_tree_cell[0], flat_fn
+
+
+_CARRY_DTYPE = re.compile(r"input carry (?:component |at path )?(?:(\S+) )?has type (\S+) but the corresponding "
+                          r"output carry component has type (\S+), so the dtypes do not match")
+"""JAX's message (jax/_src/lax/control_flow/loops.py, `_check_carry_type`) for a carry that changes dtype."""
+
+
+def _explain_carry_dtype(frag: Fragment, in_tree: Any, leaf_types: list[LeafType], err: TypeError) -> None:
+    """A `lax.scan` whose step changes a carry's dtype (PureJaxRL's LogWrapper starts an episode
+    return as the int 0 and adds float rewards): name the fragment, the line, the arguments it
+    may come from, and the fix."""
+    match = _CARRY_DTYPE.search(str(err))
+    if match is None:
+        return
+    component, before, after = match.groups()
+    names = [f"{arg}{'.' + path if path else ''}" for arg, t in zip(
+        frag.arg_names(len(in_tree.children())), _split_types(in_tree, leaf_types)) for path in t.paths]
+    sources = [name for name, t in zip(names, leaf_types) if t.dtype.name == before.split("[")[0]]
+    hint = f"; arguments of dtype {before.split('[')[0]}: {', '.join(sources[:4])}" if sources else ""
+    raise FragmentError(
+        f"fragment '{frag.name}': the lax.scan at {_user_line(err)} turns its carry{' ' + component if component else ''} from "
+        f"{before} into {after}{hint}. The carry must keep its type: create it with the dtype the step "
+        f"makes (in init, e.g. jnp.zeros(shape, jnp.{after.split('[')[0]}) instead of 0), or cast it back "
+        "in the step (.astype(...))"
+    ) from err
+
+
+def _user_line(err: BaseException) -> str:
+    """file:line of the innermost frame of `err` in the user's code (not JAX's, not fragc's)."""
+    library = [os.path.dirname(jax.__file__)] + [os.path.join(_ROOT, d) for d in ("ir", "passes", "runtime", "fragc")]
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if not any(f.filename.startswith(d + os.sep) for d in library)]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _split_types(tree: Any, leaf_types: list[LeafType]) -> tuple[TreeType, ...]:

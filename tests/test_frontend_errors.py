@@ -266,3 +266,18 @@ def test_a_wrong_axis_declaration_fails_at_trace():
                                                   r"result 0 as f32\[8\], but f32\[8@env\] declared out_axes 0 makes "
                                                   r"it f32\[4\] per replica"):
         fragc.trace(_PerReplica(per_env_mean))
+
+
+def test_a_carry_changing_dtype_in_a_fragments_scan_is_named():
+    """LogWrapper's int episode returns, accumulated with float rewards inside the rollout's scan."""
+    @fragc.fragment(role="actor", in_axes=(0, 0), out_axes=0)
+    def rollout(log, obs):
+        def step(returns, _):
+            return returns + obs * 0.5, None
+
+        return jax.lax.scan(step, log["returns"], None, 3)[0]
+
+    with pytest.raises(fragc.FragmentError, match=r"fragment 'rollout': the lax.scan at .*test_frontend_errors.py:\d+ "
+                                                  r"turns its carry returns from int32\[8\] into float32\[8\]; arguments "
+                                                  r"of dtype int32: log.returns\. .*jnp.zeros\(shape, jnp.float32\)"):
+        jax.eval_shape(rollout, {"returns": jnp.zeros(8, jnp.int32)}, jnp.zeros(8))
