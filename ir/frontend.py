@@ -143,18 +143,20 @@ def define(frag: Fragment, args: tuple, name: str | None = None) -> FragmentDef:
         body=body,
         source=_source(frag.fn),
     )
-    _check_per_replica(fdef)
     _warn_replicated_key_split(fdef)
     return fdef
 
 
-def _check_per_replica(fdef: FragmentDef) -> None:
-    """Trace a batch-parallel fragment at 2 replicas' shapes (when its axes divide by 2), so that a
-    body or axis declaration that only works with one replica fails here, under every policy.
-    The per-replica body is cached for policies that run 2 replicas."""
-    n = fdef.batch_length()
-    if n is not None and n % 2 == 0:
-        fdef.body_for(2)
+def check_per_replica(module: Module) -> None:
+    """Trace at 2 replicas' shapes every batch-parallel fragment that the module runs with one
+    replica (unplaced, or placed so by `single`, `gspmd`, populations) and whose axes divide by 2,
+    so that a body or axis declaration that only works with one replica fails under every policy,
+    not only on several devices. Fragments placed with R > 1 replicas are traced at R by lowering
+    anyway (`FragmentDef.body_for`, with the same message)."""
+    for fdef in module.fragments.values():
+        n = fdef.batch_length()
+        if (fdef.placement is None or fdef.placement.replicas == 1) and n is not None and n % 2 == 0:
+            fdef.body_for(2)
 
 
 def _as_results(frag: Fragment, outs: Any) -> tuple:

@@ -247,25 +247,25 @@ class _PerReplica:
         return {"obs": state["obs"]}, {"mean": self.step(state["obs"]).mean()}
 
 
-def test_a_body_using_a_config_size_fails_at_trace_naming_the_replicas():
+def test_a_body_using_a_config_size_fails_under_single_naming_the_replicas():
     def flatten(obs):  # [T, n] declared with its environment axis 1
         return obs.reshape(_PerReplica.num_steps * _PerReplica.num_envs)
 
     algo = _PerReplica(flatten, in_axes=(1,))
-    with pytest.raises(fragc.FragmentError, match=r"fragment 'flatten' traced with 2 replicas .*each seeing 1/2 of "
+    with pytest.raises(fragc.FragmentError, match=r"fragment 'flatten' traced with 2 replicas, .*each seeing 1/2 of "
                                                   r"every declared axis \(obs f32\[4,8@env\] -> f32\[4,4\]\): its body "
                                                   r"fails: cannot reshape .*take batch sizes from the arguments' shapes"):
-        fragc.trace(algo)
+        fragc.compile(algo, policy="single", devices=1)  # fails after the passes, before XLA compiles
 
 
-def test_a_wrong_axis_declaration_fails_at_trace():
+def test_a_wrong_axis_declaration_fails_under_single():
     def per_env_mean(obs):  # [T, n], but declared with its environment axis 0
         return obs.mean(axis=0)
 
-    with pytest.raises(fragc.FragmentError, match=r"fragment 'per_env_mean' traced with 2 replicas .*it returns "
+    with pytest.raises(fragc.FragmentError, match=r"fragment 'per_env_mean' traced with 2 replicas, .*it returns "
                                                   r"result 0 as f32\[8\], but f32\[8@env\] declared out_axes 0 makes "
                                                   r"it f32\[4\] per replica"):
-        fragc.trace(_PerReplica(per_env_mean))
+        fragc.compile(_PerReplica(per_env_mean), policy="single", devices=1)
 
 
 def test_a_carry_changing_dtype_in_a_fragments_scan_is_named():
