@@ -316,8 +316,13 @@ def _warn_replicated_key_split(fdef: FragmentDef) -> None:
     varying = [t.axis is not None for t in fdef.in_leaf_types]
     draws = shared_draws(fdef.body.jaxpr, varying, n)
     if draws and n % 2 == 0:  # confirmed at 2 replicas: a dimension that is n only by chance stays n
-        halved = {(d.where, d.eqn.primitive) for d in shared_draws(fdef.body_for(2).jaxpr, varying, n // 2)}
-        draws = [d for d in draws if (d.where, d.eqn.primitive) in halved]
+        try:
+            body = fdef.body_for(2)
+        except FragmentError:  # fragc.compile reports it; warn about what one replica shows
+            body = None
+        if body is not None:
+            halved = {(d.where, d.eqn.primitive) for d in shared_draws(body.jaxpr, varying, n // 2)}
+            draws = [d for d in draws if (d.where, d.eqn.primitive) in halved]
     if not draws:
         return
     draw = draws[0]

@@ -124,8 +124,9 @@ def _trace_per_replica(fdef: FragmentDef, replicas: int) -> jex.ClosedJaxpr:
     except FragcError:
         raise
     except Exception as err:  # JAX's shape errors come as TypeError, ValueError, IndexError, ...
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise FragmentError(_per_replica_message(fdef, replicas, f"its body fails: {first_line}")) from err
+        text = " ".join(str(err).split()) or type(err).__name__  # JAX's details are on later lines: one line
+        text = text if len(text) <= 400 else text[:397] + "..."
+        raise FragmentError(_per_replica_message(fdef, replicas, f"its body fails: {text}")) from err
     out_names = [f"result {i}{'.' + p if p else ''}" for i, t in enumerate(fdef.out_types) for p in t.paths]
     for name, leaf, got in zip(out_names, fdef.out_leaf_types, body.out_avals):
         want = local_struct(leaf, replicas)
