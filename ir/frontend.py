@@ -13,22 +13,18 @@ import contextvars
 import itertools
 import functools
 import inspect
-import os
-import re
-import traceback
-import warnings
 from typing import Any, Callable
 
 import jax
 from jax.extend import core as jex
-from jax.extend import source_info_util
 
+from . import traps
 from .collectives import pmean, psum  # noqa: F401  (re-exported: `fragc.pmean`)
 from .errors import FragcError, FragmentError
 from .graph_builder import build_graph
 from .module import REPLICA, FragmentDef, Module
 from .replicas import run_replicated
-from .shared_keys import shared_draws
+from .shared_keys import warn_shared_draws
 from .types import LeafType, TreeType
 
 _TRACING: contextvars.ContextVar["_TraceContext | None"] = contextvars.ContextVar("fragc_trace", default=None)
@@ -143,7 +139,7 @@ def define(frag: Fragment, args: tuple, name: str | None = None) -> FragmentDef:
         body=body,
         source=_source(frag.fn),
     )
-    _warn_replicated_key_split(fdef)
+    warn_shared_draws(fdef)
     return fdef
 
 
@@ -236,49 +232,14 @@ def _trace_body(frag: Fragment, in_tree: Any, leaf_types: list[LeafType]) -> tup
     try:
         body = jax.make_jaxpr(flat_fn, axis_env=[(REPLICA, 1)])(*structs)
     except TypeError as err:
-        _explain_carry_dtype(frag, in_tree, leaf_types, err)
+        traps.explain_carry_dtype(frag.name, frag.arg_names(len(in_tree.children())),
+                                  _split_types(in_tree, leaf_types), err)
         raise
     if any(isinstance(c, jax.core.Tracer) for c in body.consts):
         raise FragmentError(
             f"fragment '{frag.name}' closes over a value traced outside it; pass that value as an argument"
         )
     return body, out_tree_cell[0], flat_fn
-
-
-_CARRY_DTYPE = re.compile(r"input carry (?:component |at path )?(?:(\S+) )?has type (\S+) but the corresponding "
-                          r"output carry component has type (\S+), so the dtypes do not match")
-"""JAX's message (jax/_src/lax/control_flow/loops.py, `_check_carry_type`) for a carry that changes dtype."""
-
-
-def _explain_carry_dtype(frag: Fragment, in_tree: Any, leaf_types: list[LeafType], err: TypeError) -> None:
-    """A `lax.scan` whose step changes a carry's dtype (PureJaxRL's LogWrapper starts an episode
-    return as the int 0 and adds float rewards): name the fragment, the line, the arguments it
-    may come from, and the fix."""
-    match = _CARRY_DTYPE.search(str(err))
-    if match is None:
-        return
-    component, before, after = match.groups()
-    names = [f"{arg}{'.' + path if path else ''}" for arg, t in zip(
-        frag.arg_names(len(in_tree.children())), _split_types(in_tree, leaf_types)) for path in t.paths]
-    sources = [name for name, t in zip(names, leaf_types) if t.dtype.name == before.split("[")[0]]
-    hint = f"; arguments of dtype {before.split('[')[0]}: {', '.join(sources[:4])}" if sources else ""
-    raise FragmentError(
-        f"fragment '{frag.name}': the lax.scan at {_user_line(err)} turns its carry{' ' + component if component else ''} from "
-        f"{before} into {after}{hint}. The carry must keep its type: create it with the dtype the step "
-        f"makes (in init, e.g. jnp.zeros(shape, jnp.{after.split('[')[0]}) instead of 0), or cast it back "
-        "in the step (.astype(...))"
-    ) from err
-
-
-def _user_line(err: BaseException) -> str:
-    """file:line of the innermost frame of `err` in the user's code (not JAX's, not fragc's)."""
-    library = [os.path.dirname(jax.__file__)] + [os.path.join(_ROOT, d) for d in ("ir", "passes", "runtime", "fragc")]
-    frames = [f for f in traceback.extract_tb(err.__traceback__)
-              if not any(f.filename.startswith(d + os.sep) for d in library)]
-    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
-
-
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _split_types(tree: Any, leaf_types: list[LeafType]) -> tuple[TreeType, ...]:
@@ -300,40 +261,6 @@ def _source(fn: Callable[..., Any]) -> str:
         return "?"
     parts = file.replace("\\", "/").split("/")
     return f"{'/'.join(parts[-2:])}:{line}"
-
-
-def _warn_replicated_key_split(fdef: FragmentDef) -> None:
-    """Warn when per-environment randomness comes from a replicated key.
-
-    With R replicas every replica would split (or sample from) the same key and
-    draw the same streams; per-environment keys belong in the batched state.
-    Found through `lax.scan` bodies and other nested jaxprs (see shared_keys.py), and
-    confirmed in the body traced at 2 replicas, where a per-environment draw halves.
-    """
-    n = fdef.batch_length()
-    if n is None:
-        return
-    varying = [t.axis is not None for t in fdef.in_leaf_types]
-    draws = shared_draws(fdef.body.jaxpr, varying, n)
-    if draws and n % 2 == 0:  # confirmed at 2 replicas: a dimension that is n only by chance stays n
-        try:
-            body = fdef.body_for(2)
-        except FragmentError:  # fragc.compile reports it; warn about what one replica shows
-            body = None
-        if body is not None:
-            halved = {(d.where, d.eqn.primitive) for d in shared_draws(body.jaxpr, varying, n // 2)}
-            draws = [d for d in draws if (d.where, d.eqn.primitive) in halved]
-    if not draws:
-        return
-    draw = draws[0]
-    what = (f"splits a replicated key into {n} keys, one per environment" if draw.is_split else
-            f"samples random numbers of shape {list(draw.shape)} (one per environment) from a replicated key")
-    warnings.warn(
-        f"fragment '{fdef.name}' {what} (at {draw.where}): with several "
-        "replicas every replica would draw the same random streams. Carry per-environment keys in the "
-        "batched state (split them per environment with jax.vmap(jax.random.split)) instead; see docs/porting.md.",
-        stacklevel=4,
-    )
 
 
 # ---------------------------------------------------------------- trace
@@ -384,59 +311,7 @@ def trace(algo: Any, name: str | None = None) -> Module:
         closed = jax.make_jaxpr(flat_iteration)(*state_leaves)
     finally:
         _TRACING.reset(token)
-    _check_state_round_trip(algo, state_tree, out_tree_cell[0], state_leaves, closed)
-    _refuse_effects_outside_fragments(algo, closed.jaxpr)
+    traps.check_state_round_trip(algo, state_tree, out_tree_cell[0], state_leaves, closed)
+    traps.refuse_effects_outside_fragments(algo, closed.jaxpr, fragment_call_p)
     graph = build_graph(closed, fragment_call_p, TreeType.of(state), out_tree_cell[0], ctx.defs_by_name)
     return Module(name=name or type(algo).__name__.lower(), fragments=dict(ctx.defs_by_name), graph=graph)
-
-
-_EFFECT_NAMES = {"debug_print": "jax.debug.print", "debug_callback": "jax.debug.callback",
-                 "io_callback": "jax.experimental.io_callback"}
-"""What users call the primitives with effects that appear in iterations."""
-
-
-def _refuse_effects_outside_fragments(algo: Any, jaxpr: jex.Jaxpr) -> None:
-    """Glue between fragments is pure dataflow: passes drop what nothing reads, move it between
-    device groups and replicate it, so a print or callback there would vanish or repeat."""
-    for eqn in jaxpr.eqns:
-        if eqn.primitive is not fragment_call_p and eqn.effects:
-            inner, where = _first_effect(eqn, "")
-            name = _EFFECT_NAMES.get(inner.primitive.name, inner.primitive.name)
-            raise FragcError(
-                f"{type(algo).__name__}.iteration calls {name} outside any fragment (at {where or '?'}); fragc "
-                "runs only pure code between fragments: it drops what nothing reads. Call it inside a @fragc.fragment, "
-                "or return the value as a metric (iteration's second result) and print it from the run's history"
-            )
-
-
-def _first_effect(eqn: jex.JaxprEqn, where: str) -> tuple[jex.JaxprEqn, str]:
-    """The innermost equation with an effect inside `eqn` (a callback in a scan), and the user's line."""
-    where = source_info_util.summarize(eqn.source_info) or where
-    for sub in jex.jaxprs_in_params(eqn.params):
-        for inner in sub.eqns:
-            if inner.effects:
-                return _first_effect(inner, where)
-    return eqn, where
-
-
-def _check_state_round_trip(algo: Any, state_tree: Any, out_tree: Any, state_leaves: list, closed: Any) -> None:
-    """The state that `iteration` returns must have the type of the one it takes."""
-    new_state_tree = out_tree.children()[0]
-    new_avals = closed.out_avals[: new_state_tree.num_leaves]
-    old = [(tuple(x.shape), x.dtype) for x in state_leaves]
-    new = [(tuple(a.shape), a.dtype) for a in new_avals]
-    if new_state_tree == state_tree and old != new:
-        paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
-            jax.tree.unflatten(state_tree, state_leaves))[0]]
-        path, (shape, dtype), (new_shape, new_dtype) = next(d for d in zip(paths, old, new) if d[1] != d[2])
-        raise FragcError(
-            f"{type(algo).__name__}.iteration changes state leaf state{path} from {dtype}{list(shape)} to "
-            f"{new_dtype}{list(new_shape)}; the training loop carries the state unchanged: make init create it "
-            f"as {new_dtype}{list(new_shape)} (e.g. jnp.zeros({new_shape}, jnp.{new_dtype}) instead of 0), or "
-            "cast it back in iteration"
-        )
-    if new_state_tree != state_tree or old != new:
-        raise FragcError(
-            f"{type(algo).__name__}.iteration returns a state whose structure, shapes or dtypes "
-            "differ from the state it takes; the training loop carries it unchanged"
-        )

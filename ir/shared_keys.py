@@ -16,10 +16,48 @@ key does not vary but whose result has the environment count in its shape.
 
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple
+import warnings
+from typing import NamedTuple
 
 from jax.extend import core as jex
 from jax.extend import source_info_util
+
+from .errors import FragmentError
+from .module import FragmentDef
+
+
+def warn_shared_draws(fdef: FragmentDef) -> None:
+    """Warn when per-environment randomness comes from a replicated key.
+
+    With R replicas every replica would split (or sample from) the same key and
+    draw the same streams; per-environment keys belong in the batched state.
+    Found through `lax.scan` bodies and other nested jaxprs (`shared_draws`), and
+    confirmed in the body traced at 2 replicas, where a per-environment draw halves.
+    """
+    n = fdef.batch_length()
+    if n is None:
+        return
+    varying = [t.axis is not None for t in fdef.in_leaf_types]
+    draws = shared_draws(fdef.body.jaxpr, varying, n)
+    if draws and n % 2 == 0:  # confirmed at 2 replicas: a dimension that is n only by chance stays n
+        try:
+            body = fdef.body_for(2)
+        except FragmentError:  # fragc.compile reports it; warn about what one replica shows
+            body = None
+        if body is not None:
+            halved = {(d.where, d.eqn.primitive) for d in shared_draws(body.jaxpr, varying, n // 2)}
+            draws = [d for d in draws if (d.where, d.eqn.primitive) in halved]
+    if not draws:
+        return
+    draw = draws[0]
+    what = (f"splits a replicated key into {n} keys, one per environment" if draw.is_split else
+            f"samples random numbers of shape {list(draw.shape)} (one per environment) from a replicated key")
+    warnings.warn(
+        f"fragment '{fdef.name}' {what} (at {draw.where}): with several replicas every replica would draw "
+        "the same random streams. Carry per-environment keys in the batched state (split them per "
+        "environment with jax.vmap(jax.random.split)) instead; see docs/porting.md.",
+        stacklevel=4,
+    )
 
 
 class SharedDraw(NamedTuple):

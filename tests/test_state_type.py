@@ -56,8 +56,9 @@ def test_a_state_with_another_optimizer_object_names_the_static_field(prog):
     made_elsewhere = prog.algo.init(jax.random.key(0))  # the same algorithm, another call of init
     for call, name in ((lambda s: prog.run(s, 1), "run"), (prog.place_state, "place_state")):
         with pytest.raises(fragc.FragcError, match=rf"{name}: the state does not match the program's state type: "
-                                                   r"state\['train'\]\.tx, a static field .* here but .* in the "
-                                                   r"program's state type\. .*optax\.chain.*build it once, in __init__"):
+                                                   r"state\['train'\]\.tx, a static field .* here but .* in "
+                                                   r"the program's state type\. .*optax\.chain.*build it once, "
+                                                   r"in __init__"):
             call(made_elsewhere)
 
 
