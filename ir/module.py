@@ -143,6 +143,7 @@ def _per_replica_message(fdef: FragmentDef, replicas: int, what: str) -> str:
                 for path, leaf in zip(t.paths, t.leaves) if leaf.axis is not None]
     shapes = ", ".join(f"{name} {leaf} -> {LeafType.of(local_struct(leaf, replicas))}" for name, leaf in declared[:4])
     more = f", and {len(declared) - 4} more" if len(declared) > 4 else ""
+    shapes = shapes or "it declares none"
     return (f"fragment '{fdef.name}' traced with {replicas} replicas, as a policy on several devices runs it "
             f"(fragc.compile checks 2 under every policy), each seeing 1/{replicas} of every declared axis "
             f"({shapes}{more}): {what}. "
