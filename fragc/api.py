@@ -8,7 +8,7 @@ from jax.sharding import Mesh
 
 from fragc.devices import devices as choose_devices
 from fragc.ir.errors import FragcError
-from fragc.ir.frontend import trace
+from fragc.ir.frontend import check_per_replica, trace
 from fragc.passes import Policy, Population, default_passes, resolve, run_pipeline
 from fragc.runtime.multihost import spans_processes
 from fragc.runtime.program import Program
@@ -57,6 +57,7 @@ def compile(
     devs = _local_copy_if_it_fits(devs, resolved)
     passes = default_passes(resolved, iterations_per_dispatch, carrier(transfers, devs))
     result = run_pipeline(trace(algo), passes, print_after_all=print_after_all, dump_dir=dump_dir, printer=printer)
+    check_per_replica(result.final)
     return Program(algo, result, devs, resolved)
 
 
