@@ -466,14 +466,19 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_ir(args: argparse.Namespace) -> int:
+    """Trace and run the passes, then print: the IR needs no XLA program, so none is compiled."""
+    from fragc.api import run_passes
+    from fragc.devices import devices
     from fragc.ir import to_dot
 
     if args.after and args.print_after_all:
         raise FragcError("pass --after or --print-after-all, not both")
-    _, prog = _compile(args, print_after_all=args.print_after_all, dump_dir=args.dump_dir)
+    devices(args.devices)  # simulate CPU devices before JAX starts
+    pipeline, _, _ = run_passes(_make_algo(args), policy=args.policy, devices=args.devices,
+                                print_after_all=args.print_after_all, dump_dir=args.dump_dir)
     if args.print_after_all:
         return 0
-    module = prog.pipeline.after(args.after)
+    module = pipeline.after(args.after)
     if args.dot:
         print(to_dot(module), end="")
     else:
