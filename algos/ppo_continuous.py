@@ -41,6 +41,9 @@ class Config(ppo.Config):
     """Discount factor (Pendulum's reward is dense; a shorter horizon learns faster)."""
     ent_coef: float = 0.0
     """Entropy bonus weight."""
+    clip_value: bool = False
+    """No value clipping: Pendulum's returns are in the hundreds, and a critic allowed to move `clip_eps` (0.2)
+    per update lags its targets (RL Baselines3 Zoo's PPO does not clip the value either)."""
 
 
 class GaussianActorCritic(nn.Module):
