@@ -42,8 +42,8 @@ class Config(ppo.Config):
     ent_coef: float = 0.0
     """Entropy bonus weight."""
     clip_value: bool = False
-    """No value clipping: Pendulum's returns are in the hundreds, and a critic allowed to move `clip_eps` (0.2)
-    per update lags its targets (RL Baselines3 Zoo's PPO does not clip the value either)."""
+    """Clip each value update to `clip_eps` around the rollout's values; off by default here: Pendulum's returns
+    are in the hundreds, and a critic held within 0.2 of them per update lags its targets (docs/results.md)."""
 
 
 class GaussianActorCritic(nn.Module):
