@@ -43,7 +43,8 @@ class Config(ppo.Config):
     """Entropy bonus weight."""
     clip_value: bool = False
     """Clip each value update to `clip_eps` around the rollout's values; off by default here: Pendulum's returns
-    are in the hundreds, and a critic held within 0.2 of them per update lags its targets (docs/results.md)."""
+    are in the hundreds, and a critic held within 0.2 of its rollout values per update lags its targets
+    (docs/results.md)."""
 
 
 class GaussianActorCritic(nn.Module):
