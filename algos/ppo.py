@@ -52,6 +52,8 @@ class Config(RunLength):
     """GAE lambda."""
     clip_eps: float = 0.2
     """PPO ratio clip."""
+    clip_value: bool = True
+    """Also clip each value update to `clip_eps` around the rollout's values (PureJaxRL's value loss)."""
     ent_coef: float = 0.01
     """Entropy bonus weight."""
     vf_coef: float = 0.5
@@ -68,10 +70,8 @@ class Config(RunLength):
         if self.activation not in ACTIVATIONS:
             raise FragcError(f"ppo: activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
         if (self.num_envs * self.num_steps) % self.num_minibatches:
-            raise FragcError(
-                f"ppo: num_envs * num_steps ({self.num_envs * self.num_steps}) must divide by "
-                f"num_minibatches ({self.num_minibatches})"
-            )
+            raise FragcError(f"ppo: num_envs * num_steps ({self.num_envs * self.num_steps}) must divide by "
+                             f"num_minibatches ({self.num_minibatches})")
 
 
 # ---------------------------------------------------------------- network
@@ -296,8 +296,11 @@ class PPO:
         log_prob, entropy, value = self.evaluate(params, traj.obs, traj.action)
         entropy = jnp.mean(entropy)
 
-        value_clipped = traj.value + jnp.clip(value - traj.value, -c.clip_eps, c.clip_eps)
-        value_loss = 0.5 * jnp.mean(jnp.maximum((value - targets) ** 2, (value_clipped - targets) ** 2))
+        if c.clip_value:
+            value_clipped = traj.value + jnp.clip(value - traj.value, -c.clip_eps, c.clip_eps)
+            value_loss = 0.5 * jnp.mean(jnp.maximum((value - targets) ** 2, (value_clipped - targets) ** 2))
+        else:
+            value_loss = 0.5 * jnp.mean((value - targets) ** 2)
 
         ratio = jnp.exp(log_prob - traj.log_prob)
         adv = (advantages - advantages.mean()) / (advantages.std() + 1e-8)

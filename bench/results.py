@@ -1,6 +1,6 @@
 """Full-length learning runs of every algorithm over several seeds, for docs/results.md.
 
-    python bench/results.py [--seeds 0-9] [--only ppo,a2c] [--out bench/results]
+    python bench/results.py [--seeds 0-9] [--only ppo,a2c] [--out bench/results] [--steps N]
     python bench/results.py --seeds 0 --only ppo_breakout_minatar,ppo_spaceinvaders_minatar,...
 
 Per run: the final return (mean over environments of each one's last
@@ -67,30 +67,47 @@ def bootstrap_ci(x: np.ndarray, stat=iqm, resamples: int = 2000, level: float = 
     return float(np.quantile(stats, (1 - level) / 2)), float(np.quantile(stats, (1 + level) / 2))
 
 
-def final_returns(name: str, policy: str, devices: int, overrides: dict, seeds: list[int]) -> list[float]:
-    import fragc
-    from fragc import algos
+class Progress:
+    """`Program.run` callback: prints each seed's latest return every `every` environment steps, and keeps them
+    (`rows`: one per report; a run of several seeds one after another reports each seed in turn)."""
 
-    algo = algos.make(name, **overrides)
+    def __init__(self, label: str, steps_per_iteration: int, every: int = 1_000_000):
+        self.label, self.steps_per_iteration, self.every = label, steps_per_iteration, every
+        self.rows: list[dict] = []
+        self.next_report = every
+
+    def __call__(self, done: int, metrics: dict) -> None:
+        steps = done * self.steps_per_iteration
+        if self.rows and steps < self.rows[-1]["steps"]:  # the next seed's run has started
+            self.next_report = self.every
+        if steps >= self.next_report:
+            returns = [round(float(r), 1) for r in np.atleast_1d(np.asarray(metrics["episode_return"])[..., -1])]
+            self.rows.append({"steps": steps, "returns": returns})
+            self.next_report = (steps // self.every + 1) * self.every
+            print(f"  {self.label} after {steps:,} steps: returns {returns}", flush=True)
+
+
+def run_length(algo, max_steps: int | None) -> int:
+    """Iterations to run: the configured run's, or only its first `max_steps` environment steps (the
+    learning-rate schedule stays that of the whole configured run)."""
     iterations = algo.config.iterations
+    return iterations if max_steps is None else min(iterations, max(1, max_steps // algo.steps_per_iteration))
+
+
+def final_returns(algo, policy: str, devices: int, seeds: list[int], iterations: int,
+                  progress: Progress) -> list[float]:
+    import fragc
+
     if policy == "single" and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
         prog = fragc.compile(algo, fragc.population("single", len(seeds)), devices=1, iterations_per_dispatch=32)
-        _, history = prog.run(prog.init(seeds[0]), iterations)
+        _, history = prog.run(prog.init(seeds[0]), iterations, callback=progress)
         return [float(r) for r in history["episode_return"][:, -1]]  # [seeds, iterations]
     out = []
     prog = fragc.compile(algo, policy, devices=devices, iterations_per_dispatch=32)
     for seed in seeds:
-        _, history = prog.run(prog.init(seed), iterations)
+        _, history = prog.run(prog.init(seed), iterations, callback=progress)
         out.append(float(history["episode_return"][-1]))
     return out
-
-
-def algos_steps(name: str, overrides: dict) -> int:
-    """Environment steps of one run (compile included in the rate: a wall-clock figure, not a throughput bench)."""
-    from fragc import algos
-
-    config = algos.load(name)[1](**overrides)
-    return config.iterations * config.steps_per_iteration
 
 
 def main() -> None:
@@ -98,32 +115,45 @@ def main() -> None:
     parser.add_argument("--seeds", default="0", help="'0-9' or '0,1,2'")
     parser.add_argument("--only", default="", help="comma-separated run names (default: the five algorithms)")
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="stop each run after its first STEPS environment steps (a partial run: the learning-rate "
+                             "schedule stays the configured run's); default: the whole run")
     args = parser.parse_args()
     import jax
 
     jax.config.update("jax_num_cpu_devices", 8)
+    from fragc import algos
+
     seeds = seed_list(args.seeds)
     only = set(filter(None, args.only.split(",")))
     rows = []
     for name, algo, policy, devices, threshold, overrides in RUNS:
         if name not in (only or DEFAULT):
             continue
+        algorithm = algos.make(algo, **overrides)
+        iterations = run_length(algorithm, args.steps)
+        steps = iterations * algorithm.steps_per_iteration
+        configured_steps = algorithm.config.iterations * algorithm.steps_per_iteration
+        progress = Progress(name, algorithm.steps_per_iteration)
         start = time.perf_counter()
-        returns = final_returns(algo, policy, devices, overrides, seeds)
+        returns = final_returns(algorithm, policy, devices, seeds, iterations, progress)
         wall = time.perf_counter() - start
         lo, hi = bootstrap_ci(returns)
         reached = None if threshold is None else int(sum(r >= threshold for r in returns))
         row = {"run": name, "algo": algo, "policy": policy, "config": overrides, "seeds": seeds,
                "threshold": threshold, "final_returns": [round(r, 1) for r in returns], "at_threshold": reached,
                "iqm": round(iqm(returns), 1), "iqm_ci95": [round(lo, 1), round(hi, 1)], "wall_s": round(wall, 1),
-               "env_steps_per_s": round(len(seeds) * algos_steps(algo, overrides) / wall)}
+               "env_steps": steps, "configured_env_steps": configured_steps,
+               "env_steps_per_s": round(len(seeds) * steps / wall),  # compile included: wall clock, not a bench
+               "returns_by_steps": progress.rows}
         rows.append(row)
         check = "" if threshold is None else f"{reached}/{len(seeds)} >= {threshold:g}  "
-        print(f"{name:22} {policy:20} {check}IQM {row['iqm']:.1f} [{lo:.1f}, {hi:.1f}]  {wall:.0f} s  "
+        partial = "" if steps == configured_steps else f"PARTIAL: {steps:,} of {configured_steps:,} steps  "
+        print(f"{name:22} {policy:20} {partial}{check}IQM {row['iqm']:.1f} [{lo:.1f}, {hi:.1f}]  {wall:.0f} s  "
               f"returns {row['final_returns']}", flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(rows, f, indent=2)
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "results.json"), "w") as f:  # after each run: a stopped job keeps them
+            json.dump(rows, f, indent=2)
 
 
 if __name__ == "__main__":

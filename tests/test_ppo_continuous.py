@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import fragc
-from fragc.algos import ppo_continuous as pc
+from fragc.algos import ppo, ppo_continuous as pc
 
 
 def test_gaussian_log_prob_matches_scipy_formula():
@@ -21,6 +21,27 @@ def test_actions_are_clipped_for_the_environment_only():
     assert float(jnp.max(algo.env_action(jnp.array([[5.0], [-7.0]])))) == 2.0
     state = algo.init(jax.random.key(0))
     assert state.learner.params["params"]["log_std"].shape == (1,)
+
+
+def test_value_loss_is_clipped_only_when_asked():
+    """The value loss against numpy: plain squared error for ppo_continuous's default, PureJaxRL's clipped
+    form (PPO's default) with `clip_value`."""
+    assert not pc.Config().clip_value and ppo.Config().clip_value
+    obs = np.asarray(jax.random.normal(jax.random.key(1), (8, 3)))
+    zeros = np.zeros(8, np.float32)
+    for clip_value in (False, True):
+        algo = pc.PPOContinuous(pc.Config(num_envs=2, num_steps=4, num_minibatches=2, clip_value=clip_value))
+        params = algo.init(jax.random.key(0)).learner.params
+        value = np.asarray(algo.value(params, obs))
+        old_value = value + np.linspace(-1, 1, 8, dtype=np.float32)  # the rollout's values, up to 1 away
+        targets = value + np.linspace(3, -3, 8, dtype=np.float32)
+        traj = ppo.Transition(obs, np.zeros((8, 1), np.float32), zeros, old_value, obs, zeros, zeros, zeros, zeros)
+        _, metrics = algo._loss(params, traj, zeros, targets)
+        expected = (value - targets) ** 2
+        if clip_value:
+            clipped = old_value + np.clip(value - old_value, -0.2, 0.2)
+            expected = np.maximum(expected, (clipped - targets) ** 2)
+        np.testing.assert_allclose(metrics["value_loss"], 0.5 * expected.mean(), rtol=1e-5)
 
 
 def test_short_run_return_rises():
