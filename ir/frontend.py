@@ -22,6 +22,7 @@ from jax.extend import core as jex
 from .collectives import pmean, psum  # noqa: F401  (re-exported: `fragc.pmean`)
 from .errors import FragcError, FragmentError
 from .graph_builder import build_graph
+from .host import find_host_steps
 from .module import REPLICA, FragmentDef, Module
 from .replicas import run_replicated
 from .types import LeafType, TreeType
@@ -137,6 +138,7 @@ def define(frag: Fragment, args: tuple, name: str | None = None) -> FragmentDef:
         out_types=out_types,
         body=body,
         source=_source(frag.fn),
+        host_steps=find_host_steps(body.jaxpr),
     )
     _warn_replicated_key_split(fdef)
     return fdef

@@ -1,0 +1,189 @@
+"""Host environments (algos/host_envs.py): a gymnax environment stepped on the host through the host path
+gives the device path's trajectory step for step; the Gymnasium backend equals a plain Gymnasium loop; the
+IR shows the host step and its bytes; policies that cannot run host environments say so in one line."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import warnings
+
+import gymnasium
+import jax
+import numpy as np
+import pytest
+
+import fragc
+from fragc.algos import ppo, ppo_continuous
+from fragc.algos.envs import VecEnv, split_env_name
+from fragc.algos.host_envs import HostPool, HostVecEnv, register_host_pool, seeds_of
+from fragc.ir import parse
+from tests.conftest import assert_trees_close
+
+
+class GymnaxHostPool(HostPool):
+    """The test adapter: a gymnax environment stepped on the host, numpy in and out, with the keys the
+    device path would use, so the host path must reproduce the device path exactly."""
+
+    @classmethod
+    def spaces(cls, env_id):
+        import gymnax
+
+        env, params = gymnax.make(env_id)
+        return env.observation_space(params), env.action_space(params)
+
+    def __init__(self, env_id, num_envs):
+        import gymnax
+
+        super().__init__(env_id, num_envs)
+        env, params = gymnax.make(env_id)
+        self._reset = jax.jit(jax.vmap(lambda k: env.reset(k, params)))
+        self._step = jax.jit(jax.vmap(lambda k, s, a: env.step(k, s, a, params)))
+        self.state = None
+
+    def reset(self, keys):
+        obs, self.state = self._reset(jax.random.wrap_key_data(keys))
+        return np.asarray(obs)
+
+    def step(self, actions, keys):
+        obs, self.state, reward, terminated, truncated, info = self._step(
+            jax.random.wrap_key_data(keys), self.state, actions)
+        return tuple(np.asarray(x) for x in (obs, reward, terminated, truncated, info["final_observation"]))
+
+
+register_host_pool("gymnax_host", GymnaxHostPool, "gymnax environments stepped on the host (tests only)")
+
+SMALL = dict(num_envs=4, num_steps=8, num_minibatches=2, update_epochs=1, hidden=16, total_steps=4 * 8 * 4)
+
+
+def ppo_on(env):
+    return ppo.PPO(ppo.Config(env=env, **SMALL))
+
+
+def rollout(algo, steps_key=0):
+    """The rollout fragment's reference semantics (one replica), jitted, from the algorithm's initial state."""
+    state = jax.jit(algo.init)(jax.random.key(steps_key))
+    traj, runner, _ = jax.jit(algo.rollout)(state.learner.params, state.runner)
+    return traj, runner
+
+
+def runner_numbers(runner):
+    """What the two paths share of a runner (the environment state is the device's or a pool index)."""
+    return (runner.obs, runner.key, runner.episode_return, runner.last_return, runner.has_return)
+
+
+@pytest.mark.parametrize("make_algo,env_id", [
+    (lambda env: ppo.PPO(ppo.Config(env=env, num_envs=4, num_steps=64, hidden=16)), "CartPole-v1"),  # terminations
+    (lambda env: ppo_continuous.PPOContinuous(ppo_continuous.Config(env=env, num_envs=2, num_steps=208, hidden=16,
+                                                                     num_minibatches=2)),
+     "Pendulum-v1"),  # every episode is truncated at step 200
+])
+def test_host_path_gives_the_device_paths_trajectory_step_for_step(make_algo, env_id):
+    dev_traj, dev_runner = rollout(make_algo(env_id))
+    host_traj, host_runner = rollout(make_algo(f"gymnax_host:{env_id}"))
+    assert_trees_close(host_traj, dev_traj, rtol=0, atol=0)
+    assert_trees_close(runner_numbers(host_runner), runner_numbers(dev_runner), rtol=0, atol=0)
+    assert dev_traj.done.any()  # the comparison covers episode ends and auto-resets
+    if env_id == "Pendulum-v1":  # truncation, not termination, bootstrapping from the state reached
+        assert not dev_traj.terminated.any() and dev_traj.done[199].all()
+        assert not np.array_equal(dev_traj.next_obs[199], dev_traj.obs[200])
+
+
+@pytest.fixture(scope="module")
+def host_single():
+    return fragc.compile(ppo_on("gymnax_host:CartPole-v1"), "single", iterations_per_dispatch=2)
+
+
+def test_single_and_actor_learner_programs_equal_the_device_program(host_single):
+    device = fragc.compile(ppo_on("CartPole-v1"), "single", iterations_per_dispatch=2)
+    dev_state, dev_metrics = device.run(device.init(3), 2)
+    for host in (host_single, fragc.compile(ppo_on("gymnax_host:CartPole-v1"), "actor_learner", devices=2, iterations_per_dispatch=2)):
+        state, metrics = host.run(host.init(3), 2)
+        assert_trees_close(metrics, dev_metrics, rtol=0, atol=0)
+        assert_trees_close(state.learner, dev_state.learner, rtol=0, atol=0)
+        assert_trees_close(runner_numbers(state.runner), runner_numbers(dev_state.runner), rtol=0, atol=0)
+
+
+def test_the_ir_shows_the_host_step_and_its_bytes(host_single):
+    n, t, obs = SMALL["num_envs"], SMALL["num_steps"], 4
+    to_host = t * n * (4 + 4 + 8)  # per step: pool indices (i32), actions (i32), key data (2 x u32)
+    from_host = t * n * (obs * 4 + 4 + 1 + 1 + obs * 4)  # obs, reward, terminated, truncated, final obs
+    text = host_single.ir()
+    line = f'host step "gymnax_host:CartPole-v1 step" on cpu calls={t} to_host={to_host} from_host={from_host}'
+    rollout_lines = text.split("fragment @rollout", 1)[1].split("fragment @learn", 1)
+    assert line in rollout_lines[0] and "host step" not in rollout_lines[1]
+    total = host_single.cost()["total"]
+    assert (total["device_to_host_bytes"], total["host_to_device_bytes"]) == (to_host, from_host)
+    assert parse(text).fragments["rollout"].host_steps == host_single.module.fragments["rollout"].host_steps
+
+
+@pytest.mark.parametrize("policy,devices,message", [
+    ("anakin", 2, "fragment 'rollout' steps host environments and has 2 replicas"),
+    ("gspmd", 2, "fragment 'rollout' steps host environments and is spread over 2 devices"),
+    ("population(single,2)", 1, "a population with host environments is not supported yet"),
+])
+def test_policies_that_cannot_run_host_environments_refuse_in_one_line(policy, devices, message):
+    with pytest.raises(fragc.FragcError, match=message):
+        fragc.compile(ppo_on("gymnasium:CartPole-v1"), policy, devices=devices)
+
+
+def test_gymnasium_backend_equals_a_plain_gymnasium_loop():
+    n, steps = 3, 40
+    env = VecEnv("gymnasium:CartPole-v1")
+    runner = jax.jit(env.reset, static_argnums=1)(jax.random.key(7), n)
+    step = jax.jit(env.step)
+    reference = gymnasium.make_vec("CartPole-v1", num_envs=n, vectorization_mode="sync",
+                                   vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP})
+    reset_keys = jax.vmap(jax.random.split)(jax.random.split(jax.random.key(7), n))[:, 0]
+    obs, _ = reference.reset(seed=seeds_of(np.asarray(jax.random.key_data(reset_keys))))
+    np.testing.assert_array_equal(runner.obs, obs)
+    rng = np.random.default_rng(0)
+    ends = 0
+    for _ in range(steps):
+        action = rng.integers(0, 2, n)
+        runner, out = step(runner, jax.numpy.asarray(action, jax.numpy.int32))
+        obs, reward, terminated, truncated, info = reference.step(action)
+        np.testing.assert_array_equal(runner.obs, obs)
+        np.testing.assert_array_equal(out.reward, reward)
+        np.testing.assert_array_equal(out.terminated, terminated)
+        np.testing.assert_array_equal(out.truncated, truncated)
+        for i in np.flatnonzero(terminated | truncated):
+            np.testing.assert_array_equal(out.final_obs[i], info["final_obs"][i])
+            ends += 1
+    assert ends > 0
+
+
+def test_a_resumed_run_resets_the_host_environments_with_a_warning():
+    env = VecEnv("gymnasium:CartPole-v1")
+    runner = jax.jit(env.reset, static_argnums=1)(jax.random.key(0), 2)
+    env.pool = None  # a new process: the checkpoint restores the runner, not the pool
+    with pytest.warns(UserWarning, match="state is not in the checkpoint"):
+        runner, out = jax.jit(env.step)(runner, jax.numpy.zeros(2, jax.numpy.int32))
+        jax.block_until_ready(out)
+    assert out.truncated.all() and not out.terminated.any() and (out.reward == 0).all()
+
+
+def test_envpool_steps_with_same_step_autoreset():
+    pytest.importorskip("envpool", reason="envpool is the optional extra fragc[host]")
+    env = VecEnv("envpool:CartPole-v1")
+    runner = jax.jit(env.reset, static_argnums=1)(jax.random.key(0), 2)
+    step = jax.jit(env.step)
+    ends = 0
+    for _ in range(40):  # always pushing right ends every episode within ~10 steps
+        runner, out = step(runner, jax.numpy.ones(2, jax.numpy.int32))
+        for i in np.flatnonzero(out.episode_done):
+            x, _, theta, _ = np.asarray(out.final_obs[i])
+            assert abs(theta) > 0.2094 or abs(x) > 2.4  # the terminal state reached...
+            assert np.abs(np.asarray(runner.obs[i])).max() <= 0.05  # ...and the next episode's first observation
+            ends += 1
+    assert ends >= 4
+
+
+def test_bad_environment_names_get_one_clear_line(monkeypatch):
+    with pytest.raises(fragc.FragcError, match="unknown environment backend 'gym'"):
+        split_env_name("gym:CartPole-v1")
+    with pytest.raises(fragc.FragcError, match="gymnasium: cannot make 'NoSuchEnv-v0'"):
+        VecEnv("gymnasium:NoSuchEnv-v0")
+    monkeypatch.setitem(sys.modules, "envpool", None)  # as if the extra were not installed
+    with pytest.raises(fragc.FragcError, match=r"pip install 'fragc\[host\]'"):
+        VecEnv("envpool:Pong-v5")
