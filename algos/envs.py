@@ -27,8 +27,20 @@ from fragc.ir.errors import FragcError
 BACKENDS = {
     "gymnax": "JAX environments stepped on the device inside the rollout (the default: a bare id is gymnax)",
     "gymnasium": "any Gymnasium id, a vector env stepped on the host CPU (synchronous, autoreset SAME_STEP)",
-    "envpool": "EnvPool's C++ pool stepped on the host CPU (synchronous); pip install 'fragc[host]'",
+    "envpool": "EnvPool's C++ pool stepped on the host CPU (synchronous)",
 }
+
+_EXTRAS = {"envpool": "envpool"}  # backend -> the module it needs beyond fragc's dependencies
+
+
+def backend_summary(backend: str) -> str:
+    """What `fragc envs` says of a backend, and whether it can be used here."""
+    import importlib.util
+
+    module = _EXTRAS.get(backend)
+    if module is not None and importlib.util.find_spec(module) is None:
+        return f"{BACKENDS[backend]}; not installed: pip install 'fragc[host]'"
+    return BACKENDS[backend]
 
 
 def split_env_name(name: str) -> tuple[str, str]:

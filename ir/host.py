@@ -113,10 +113,12 @@ def host_placement_error(module: Any, shape: str) -> str | None:
             continue
         if p.replicas > 1:
             return (f"fragment '{fdef.name}' steps host environments and has {p.replicas} replicas; "
-                    "host environments run in one replica on one device for now: use single or actor_learner")
+                    "host environments run in one replica on one device for now: use single, or actor_learner(_async) "
+                    "with one actor device (--devices 2)")
         if sizes.get(p.group, 1) > 1:
             return (f"fragment '{fdef.name}' steps host environments and is spread over {sizes[p.group]} devices "
-                    f"of group @{p.group}; host environments run on one device for now: use single or actor_learner")
+                    f"of group @{p.group}; host environments run on one device for now: use single, or actor_learner(_async) "
+                    "with one actor device (--devices 2)")
     if module.population:
         return "a population with host environments is not supported yet (every member would step the same environments)"
     if shape == "spmd":

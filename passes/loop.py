@@ -10,6 +10,8 @@ In every shape a dispatch is k iterations: metrics come back, callbacks run
 and checkpoints may be written between dispatches.
 
 A population (seeds vectorised over one program) needs the `fused` shape.
+Fragments that step host environments (ir/host.py) are checked here against
+where the policy put them: one replica on one device, no population, no spmd.
 """
 
 from __future__ import annotations
