@@ -205,3 +205,11 @@ def test_bad_environment_names_get_one_clear_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "envpool", None)  # as if the extra were not installed
     with pytest.raises(fragc.FragcError, match=r"pip install 'fragc\[host\]'"):
         VecEnv("envpool:Pong-v5")
+
+
+@pytest.mark.slow  # 5e5 CartPole steps through Gymnasium on the host: 197 s of running on 2 busy cores
+def test_ppo_on_gymnasium_cartpole_reaches_475():
+    from conftest import train_returns
+
+    returns = train_returns(ppo.PPO(ppo.Config(env="gymnasium:CartPole-v1", total_steps=500_000)))
+    assert returns[-1] >= 475, returns[-10:]
