@@ -18,9 +18,11 @@ Semantics, the same as the device path's:
   run is deterministic given its seed (for environments that are
   deterministic given their seed);
 - the pool's state lives in the host process and is not part of the
-  training state: a checkpoint cannot hold it. A run resumed in a new process
-  finds no pool; its first step resets the environments (seeded from that
-  step's keys), reports every episode as truncated there, and warns.
+  training state: a checkpoint cannot hold it. The runner carries the pool's
+  step count (`HostEnvState.pool_step`); a step whose runner does not
+  continue the pool's last step (a resumed run, in a new process or not)
+  resets the environments (seeded from that step's keys), reports every
+  episode as truncated there with reward 0, and warns.
 
 `register_host_pool` adds a backend by name; the built-in ones are
 `gymnasium` and `envpool`.
@@ -35,6 +37,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from flax import struct
 
 from fragc.algos.envs import BACKENDS, Runner, Step, VecEnv, split_env_name
 from fragc.ir.errors import FragcError
@@ -190,6 +194,14 @@ def register_host_pool(backend: str, pool: type[HostPool], summary: str) -> None
 # ---------------------------------------------------------------- the VecEnv interface
 
 
+@struct.dataclass
+class HostEnvState:
+    """`Runner.env_state` of a host environment, per environment: where it is, and how far the pool was."""
+
+    index: jax.Array  # int32: the environment's index in the host pool
+    pool_step: jax.Array  # int32: the pool's step count when this runner was made (0 after a reset)
+
+
 class HostVecEnv(VecEnv):
     """`VecEnv` over a host pool: reset and step are host calls from inside the jitted program."""
 
@@ -205,6 +217,7 @@ class HostVecEnv(VecEnv):
         self._obs_size = int(np.prod(obs_space.shape)) if obs_space.shape else 1
         self._action_space = to_gymnax_space(action_space, name)
         self.pool: HostPool | None = None
+        self.pool_step = 0  # steps of the pool since its last reset
 
     @property
     def action_space(self) -> Any:
@@ -218,50 +231,62 @@ class HostVecEnv(VecEnv):
         keys = jax.random.split(key, num_envs)
         reset_keys, carry_keys = jax.vmap(jax.random.split, out_axes=1)(keys)
         ids = jnp.arange(num_envs, dtype=jnp.int32)
-        obs = host_call(f"{self.name} reset", self._host_reset, self._obs_struct(num_envs), ids, _key_data(reset_keys))
-        return self._new_runner(ids, obs, carry_keys)
+        obs, pool_step = host_call(f"{self.name} reset", self._host_reset, (self._obs_struct(num_envs), _counts(num_envs)),
+                                   ids, _key_data(reset_keys))
+        return self._new_runner(HostEnvState(ids, pool_step), obs, carry_keys)
 
     def step(self, runner: Runner, action: jax.Array, step_keys: jax.Array | None = None) -> tuple[Runner, Step]:
         step_keys, carry_keys = self._keys(runner, step_keys)
         n = action.shape[0]
         flags = jax.ShapeDtypeStruct((n,), jnp.bool_)
-        shapes = (self._obs_struct(n), jax.ShapeDtypeStruct((n,), jnp.float32), flags, flags, self._obs_struct(n))
-        obs, reward, terminated, truncated, final_obs = host_call(
-            f"{self.name} step", self._host_step, shapes, runner.env_state, action, _key_data(step_keys))
-        return self._advance(runner, runner.env_state, obs, carry_keys, reward, terminated, truncated, final_obs)
+        shapes = (self._obs_struct(n), jax.ShapeDtypeStruct((n,), jnp.float32), flags, flags, self._obs_struct(n),
+                  _counts(n))
+        state = runner.env_state
+        obs, reward, terminated, truncated, final_obs, pool_step = host_call(
+            f"{self.name} step", self._host_step, shapes, state.index, state.pool_step, action, _key_data(step_keys))
+        return self._advance(runner, HostEnvState(state.index, pool_step), obs, carry_keys, reward, terminated,
+                             truncated, final_obs)
 
     def _obs_struct(self, n: int) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct((n, self.obs_size), jnp.float32)
 
     # ------------------------------------------------------------ on the host
 
-    def _host_reset(self, ids: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    def _host_reset(self, ids: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return _per_env(ids, self._reset_pool, keys)
 
-    def _reset_pool(self, num_envs: int, keys: np.ndarray) -> tuple[np.ndarray]:
+    def _reset_pool(self, num_envs: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self.pool is None or self.pool.num_envs != num_envs:
             if self.pool is not None:
                 self.pool.close()
             self.pool = self.pool_type(self.env_id, num_envs)
-        return (_flat_obs(self.pool.reset(keys)),)
+        obs = _flat_obs(self.pool.reset(keys))
+        self.pool_step = 0
+        return obs, np.zeros(num_envs, np.int32)
 
-    def _host_step(self, ids: np.ndarray, actions: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, ...]:
-        def step(num_envs: int, actions: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, ...]:
-            if self.pool is None or self.pool.num_envs != num_envs:
+    def _host_step(self, ids: np.ndarray, pool_step: np.ndarray, actions: np.ndarray,
+                   keys: np.ndarray) -> tuple[np.ndarray, ...]:
+        def step(num_envs: int, pool_step: np.ndarray, actions: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, ...]:
+            if self.pool is None or self.pool.num_envs != num_envs or np.any(pool_step != self.pool_step):
                 return self._reset_on_resume(num_envs, keys)
             obs, reward, terminated, truncated, final_obs = self.pool.step(actions, keys)
+            self.pool_step += 1
             return (_flat_obs(obs), np.asarray(reward, np.float32), np.asarray(terminated, bool),
-                    np.asarray(truncated, bool), _flat_obs(final_obs))
+                    np.asarray(truncated, bool), _flat_obs(final_obs), np.full(num_envs, self.pool_step, np.int32))
 
-        return _per_env(ids, step, actions, keys)
+        return _per_env(ids, step, pool_step, actions, keys)
 
     def _reset_on_resume(self, num_envs: int, keys: np.ndarray) -> tuple[np.ndarray, ...]:
-        warnings.warn(f"{self.name}: host environments were not reset in this process (a resumed run: their "
-                      "state is not in the checkpoint); resetting them, every episode is truncated here",
-                      stacklevel=2)
-        (obs,) = self._reset_pool(num_envs, keys)
+        warnings.warn(f"{self.name}: the training state does not continue the host environments' last step (a "
+                      "resumed run: their state is not in the checkpoint); resetting them, every episode is "
+                      "truncated here", stacklevel=2)
+        obs, pool_step = self._reset_pool(num_envs, keys)
         no = np.zeros(num_envs, bool)
-        return obs, np.zeros(num_envs, np.float32), no, ~no, obs
+        return obs, np.zeros(num_envs, np.float32), no, ~no, obs, pool_step
+
+
+def _counts(n: int) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct((n,), jnp.int32)
 
 
 def _key_data(keys: jax.Array) -> jax.Array:
@@ -295,5 +320,4 @@ def _per_env(ids: np.ndarray, fn: Callable[..., tuple[np.ndarray, ...]], *arrays
         pool_order[flat] = a
         ordered.append(pool_order)
     results = fn(n, *ordered)
-    out = tuple(np.asarray(r)[flat].reshape(ids.shape + np.shape(r)[1:]) for r in results)
-    return out[0] if len(out) == 1 else out
+    return tuple(np.asarray(r)[flat].reshape(ids.shape + np.shape(r)[1:]) for r in results)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import warnings
 
 import chex
 import gymnasium
@@ -124,8 +125,8 @@ def test_actor_learner_program_equals_the_device_program():
 def test_the_ir_shows_the_host_step_and_its_bytes(host_single):
     c = host_single.algo.config
     n, t, obs = c.num_envs, c.num_steps, 4
-    to_host = t * n * (4 + 4 + 8)  # per step: pool indices (i32), actions (i32), key data (2 x u32)
-    from_host = t * n * (obs * 4 + 4 + 1 + 1 + obs * 4)  # obs, reward, terminated, truncated, final obs
+    to_host = t * n * (4 + 4 + 4 + 8)  # per step: pool indices, pool step (i32), actions (i32), key data (2 x u32)
+    from_host = t * n * (obs * 4 + 4 + 1 + 1 + obs * 4 + 4)  # obs, reward, terminated, truncated, final obs, pool step
     text = host_single.ir()
     line = f'host step "gymnax_host:CartPole-v1 step" on cpu calls={t} to_host={to_host} from_host={from_host}'
     rollout_lines = text.split("fragment @rollout", 1)[1].split("fragment @learn", 1)
@@ -173,12 +174,20 @@ def test_gymnasium_backend_equals_a_plain_gymnasium_loop():
 
 def test_a_resumed_run_resets_the_host_environments_with_a_warning():
     env = VecEnv("gymnasium:CartPole-v1")
-    runner = jax.jit(env.reset, static_argnums=1)(jax.random.key(0), 2)
-    env.pool = None  # a new process: the checkpoint restores the runner, not the pool
-    with pytest.warns(UserWarning, match="state is not in the checkpoint"):
-        runner, out = jax.jit(env.step)(runner, jax.numpy.zeros(2, jax.numpy.int32))
+    start = jax.jit(env.reset, static_argnums=1)(jax.random.key(0), 2)
+    step = jax.jit(env.step)
+    action = jax.numpy.zeros(2, jax.numpy.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # continuing the pool's last step does not warn
+        runner, out = step(*step(start, action)[:1], action)
         jax.block_until_ready(out)
-    assert out.truncated.all() and not out.terminated.any() and (out.reward == 0).all()
+    assert not out.truncated.any()
+    for resumed in (start, runner):  # a state the pool has moved on from (a checkpoint restored in this process)...
+        env.pool = None if resumed is runner else env.pool  # ...or a new process, where no pool exists
+        with pytest.warns(UserWarning, match="state is not in the checkpoint"):
+            _, out = step(resumed, action)
+            jax.block_until_ready(out)
+        assert out.truncated.all() and not out.terminated.any() and (out.reward == 0).all()
 
 
 def test_envpool_steps_with_same_step_autoreset():
