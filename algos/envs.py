@@ -4,6 +4,7 @@ A name is `BACKEND:ID` or a bare gymnax id (`BACKENDS` lists the backends, `frag
 
 - `CartPole-v1` (or `gymnax:CartPole-v1`): a gymnax environment, stepped on the device inside the rollout;
 - `gymnasium:CartPole-v1`: a Gymnasium vector environment stepped on the host (algos/host_envs.py);
+  `gymnasium_async:CartPole-v1` the same with a worker process per environment;
 - `envpool:Pong-v5`: an EnvPool pool stepped on the host (`pip install 'fragc[host]'`).
 
 Every backend auto-resets and keeps episode statistics the same way: `VecEnv.step` returns the
@@ -27,6 +28,7 @@ from fragc.ir.errors import FragcError
 BACKENDS = {
     "gymnax": "JAX environments stepped on the device inside the rollout (the default: a bare id is gymnax)",
     "gymnasium": "any Gymnasium id, a vector env stepped on the host CPU (synchronous, autoreset SAME_STEP)",
+    "gymnasium_async": "the same with one worker process per env, shared memory (AsyncVectorEnv, spawned workers)",
     "envpool": "EnvPool's C++ pool stepped on the host CPU (synchronous)",
 }
 

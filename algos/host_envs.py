@@ -81,11 +81,11 @@ def seeds_of(keys: np.ndarray) -> list[int]:
 
 
 class GymnasiumPool(HostPool):
-    """`gymnasium.make_vec(..., vectorization_mode="sync")` with SAME_STEP autoreset.
+    """`gymnasium.make_vec(..., vectorization_mode="sync")` with SAME_STEP autoreset: every environment
+    steps in this process, one after another."""
 
-    Sync: every environment steps in this process, one after another. Gymnasium's `async` mode (worker
-    processes with shared memory) is the way to more host cores; it is not wired up yet.
-    """
+    mode = "sync"
+    vector_kwargs: dict = {}
 
     @classmethod
     def spaces(cls, env_id: str) -> tuple[Any, Any]:
@@ -104,8 +104,8 @@ class GymnasiumPool(HostPool):
         import gymnasium
 
         super().__init__(env_id, num_envs)
-        self.envs = gymnasium.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
-                                       vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP})
+        self.envs = gymnasium.make_vec(env_id, num_envs=num_envs, vectorization_mode=self.mode, vector_kwargs={
+            "autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP, **self.vector_kwargs})
 
     def reset(self, keys: np.ndarray) -> np.ndarray:
         obs, _ = self.envs.reset(seed=seeds_of(keys))
@@ -121,6 +121,15 @@ class GymnasiumPool(HostPool):
 
     def close(self) -> None:
         self.envs.close()
+
+
+class GymnasiumAsyncPool(GymnasiumPool):
+    """`gymnasium.make_vec(..., vectorization_mode="async")`: one worker process per environment, observations
+    through shared memory, SAME_STEP autoreset. Workers are spawned, not forked (forking a process that runs
+    JAX's threads can deadlock), so the environment id must be registered when its module is imported."""
+
+    mode = "async"
+    vector_kwargs = {"shared_memory": True, "context": "spawn"}
 
 
 class EnvPoolPool(HostPool):
@@ -180,7 +189,8 @@ def _import_envpool() -> Any:
     return envpool
 
 
-HOST_POOLS: dict[str, type[HostPool]] = {"gymnasium": GymnasiumPool, "envpool": EnvPoolPool}
+HOST_POOLS: dict[str, type[HostPool]] = {
+    "gymnasium": GymnasiumPool, "gymnasium_async": GymnasiumAsyncPool, "envpool": EnvPoolPool}
 
 
 def register_host_pool(backend: str, pool: type[HostPool], summary: str) -> None:

@@ -17,7 +17,7 @@ import pytest
 import fragc
 from fragc.algos import ppo
 from fragc.algos.envs import VecEnv, split_env_name
-from fragc.algos.host_envs import HostPool, HostVecEnv, register_host_pool, seeds_of
+from fragc.algos.host_envs import HOST_POOLS, HostPool, register_host_pool, seeds_of
 from fragc.ir import parse
 import shared_programs
 from conftest import assert_trees_close
@@ -170,6 +170,20 @@ def test_gymnasium_backend_equals_a_plain_gymnasium_loop():
             np.testing.assert_array_equal(out.final_obs[i], info["final_obs"][i])
             ends += 1
     assert ends > 0
+
+
+def test_async_gymnasium_pool_steps_as_the_sync_one():
+    """Worker processes with shared memory give the sync pool's numbers (the pools alone: numpy, no JAX)."""
+    keys = np.arange(6, dtype=np.uint32).reshape(3, 2)
+    pools = [HOST_POOLS[b]("CartPole-v1", 3) for b in ("gymnasium", "gymnasium_async")]
+    try:
+        chex.assert_trees_all_equal(*[p.reset(keys) for p in pools])
+        actions = np.random.default_rng(0).integers(0, 2, (30, 3))
+        for a in actions:
+            chex.assert_trees_all_equal(*[p.step(a, keys) for p in pools])
+    finally:
+        for p in pools:
+            p.close()
 
 
 def test_a_resumed_run_resets_the_host_environments_with_a_warning():
