@@ -236,3 +236,16 @@ def test_ppo_on_gymnasium_cartpole_reaches_475():
 
     returns = train_returns(ppo.PPO(ppo.Config(env="gymnasium:CartPole-v1", total_steps=500_000)))
     assert returns[-1] >= 475, returns[-10:]
+
+
+def test_fragc_envs_lists_the_backends_and_a_bad_backend_is_one_line(capsys):
+    from fragc.cli import main
+
+    assert main(["envs"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in out[:4]] == ["gymnax:ID", "gymnasium:ID", "gymnasium_async:ID", "envpool:ID"]
+    assert any(line.startswith("CartPole-v1 ") for line in out)
+    assert main(["ir", "ppo", "--env", "gym:CartPole-v1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "fragc: error: unknown environment backend 'gym' in 'gym:CartPole-v1'; backends: gymnax, gymnasium, "
+        "gymnasium_async, envpool, gymnax_host"]
