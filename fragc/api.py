@@ -8,8 +8,8 @@ from jax.sharding import Mesh
 
 from fragc.devices import devices as choose_devices
 from fragc.ir.errors import FragcError
-from fragc.ir.frontend import trace
-from fragc.passes import Policy, Population, default_passes, resolve, run_pipeline
+from fragc.ir.frontend import check_per_replica, trace
+from fragc.passes import Policy, Population, PipelineResult, default_passes, resolve, run_pipeline
 from fragc.runtime.multihost import spans_processes
 from fragc.runtime.program import Program
 
@@ -37,6 +37,25 @@ def compile(
       `collective` inside one SPMD program over all groups (any number of
       processes), or `auto`: the first within one process, else the second.
     """
+    pipeline, devs, resolved = run_passes(algo, policy, devices, mesh, iterations_per_dispatch, print_after_all,
+                                          dump_dir, printer, transfers)
+    check_per_replica(pipeline.final)
+    return Program(algo, pipeline, devs, resolved)
+
+
+def run_passes(
+    algo: Any,
+    policy: str | Policy | Population = "single",
+    devices: int | Sequence[Any] | None = None,
+    mesh: Mesh | None = None,
+    iterations_per_dispatch: int = 16,
+    print_after_all: bool = False,
+    dump_dir: str | None = None,
+    printer: Callable[[str], None] = print,
+    transfers: str = "auto",
+) -> tuple[PipelineResult, list[Any], Policy]:
+    """`compile` without the XLA programs: trace `algo` and run the passes of `policy` ->
+    (the module after every pass, the devices, the resolved policy). `fragc ir` prints this."""
     _check_arguments(devices, mesh, iterations_per_dispatch)
     if mesh is not None and devices is not None:
         raise FragcError("compile: pass devices or mesh, not both")
@@ -56,8 +75,8 @@ def compile(
         )
     devs = _local_copy_if_it_fits(devs, resolved)
     passes = default_passes(resolved, iterations_per_dispatch, carrier(transfers, devs))
-    result = run_pipeline(trace(algo), passes, print_after_all=print_after_all, dump_dir=dump_dir, printer=printer)
-    return Program(algo, result, devs, resolved)
+    pipeline = run_pipeline(trace(algo), passes, print_after_all=print_after_all, dump_dir=dump_dir, printer=printer)
+    return pipeline, devs, resolved
 
 
 TRANSFERS = ("auto", "device_put", "collective")

@@ -14,7 +14,10 @@ from fragc.ir.errors import FragcError
 
 
 def _config_options(parser: argparse.ArgumentParser, algo: str) -> None:
-    """The fields of `algo`'s config as `--field-name` options, their docstrings as help."""
+    """The fields of `algo`'s config as `--field-name` options, their docstrings as help.
+
+    Added after the command's own options: a field named like one of them (`iterations` beside
+    `fragc bench --iterations`) becomes `--config-field-name`, and its help says why."""
     from fragc.algos import load
 
     config_cls = load(algo)[1]
@@ -26,11 +29,16 @@ def _config_options(parser: argparse.ArgumentParser, algo: str) -> None:
     group = parser.add_argument_group(f"options of {algo}",
                                       f"fields of {config_cls.__module__}.{config_cls.__qualname__}; "
                                       "the algorithm's default where not given")
+    own = set(parser._option_string_actions)  # argparse's table of the option strings taken so far
     for field in dataclasses.fields(config_cls):
         if not field.init:
             continue
         kind, what = _option_type(field)
-        group.add_argument("--" + field.name.replace("_", "-"), dest=f"cfg_{field.name}", type=kind, default=None,
+        flag = "--" + field.name.replace("_", "-")
+        if flag in own:
+            what += f" (config field {field.name}: {flag} is {parser.prog}'s own option)"
+            flag = "--config-" + flag[2:]
+        group.add_argument(flag, dest=f"cfg_{field.name}", type=kind, default=None,
                            metavar=field.name.upper(), help=(docs.get(field.name, "") + what).strip())
 
 
@@ -167,17 +175,15 @@ def _flag(dest: str) -> str:
     return "--" + (dest[4:] if dest.startswith("cfg_") else dest).replace("_", "-")
 
 
-def _algo_argument(parser: argparse.ArgumentParser, algo: str | None) -> None:
-    """The ALGO argument, and the options of that algorithm's config (when it is known)."""
+def _algo_argument(parser: argparse.ArgumentParser) -> None:
+    """The ALGO argument; the options of that algorithm's config come last (`_config_options`)."""
     parser.add_argument("algo", metavar="ALGO", help="a built-in algorithm (fragc algos), or your own class as "
                         "path/to/file.py:Class or package.module:Class; its config's fields are options, "
                         f"listed by {parser.prog} ALGO --help")
-    if algo is not None:
-        _config_options(parser, algo)
 
 
-def _common(parser: argparse.ArgumentParser, algo: str | None) -> None:
-    _algo_argument(parser, algo)
+def _common(parser: argparse.ArgumentParser) -> None:
+    _algo_argument(parser)
     parser.add_argument("--policy", default="single", help="distribution policy (default single)")
     parser.add_argument("--devices", type=_count, default=None, help="devices to use; simulated on CPU if needed")
 
@@ -208,7 +214,7 @@ def _parser(algo: str | None = None, parser_class: type = _Parser) -> argparse.A
     parser = parser_class(prog="fragc", description="Compile and run RL training loops as fragmented dataflow graphs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=parser_class)
     run = sub.add_parser("run", help="train an algorithm and print progress and the final mean return")
-    _common(run, algo)
+    _common(run)
     run.add_argument("--seed", type=_seed, default=0, help="PRNG seed, 0 to 2**32 - 1 (default 0)")
     run.add_argument("--iterations-per-dispatch", type=_count, default=16, help="iterations scanned per dispatch")
     run.add_argument("--quiet", action="store_true", help="print only the final line")
@@ -224,14 +230,14 @@ def _parser(algo: str | None = None, parser_class: type = _Parser) -> argparse.A
                      help="do not use the persistent compilation cache (default: on, in FRAGC_CACHE_DIR or ~/.cache/fragc)")
     _process_options(run)
     ir = sub.add_parser("ir", help="print the traced module, or the module after a pass")
-    _common(ir, algo)
+    _common(ir)
     ir.add_argument("--after", default=None, help="print the module after this pass (default: the last)")
     ir.add_argument("--print-after-all", action="store_true", help="print the module after every pass")
     ir.add_argument("--dump-dir", default=None, help="write the module after every pass to numbered .fir files")
     ir.add_argument("--dot", action="store_true", help="print the graph in Graphviz DOT instead")
     ir.add_argument("--bodies", action="store_true", help="print fragment bodies (jaxprs) too")
     bench = sub.add_parser("bench", help="compare distribution policies on one algorithm configuration")
-    _algo_argument(bench, algo)
+    _algo_argument(bench)
     bench.add_argument("--policies", default="single,anakin,gspmd,actor_learner,actor_learner_async",
                        help="comma-separated policies (default: all built-in)")
     bench.add_argument("--devices", type=_count, default=8, help="devices for the distributed policies (default 8)")
@@ -239,6 +245,9 @@ def _parser(algo: str | None = None, parser_class: type = _Parser) -> argparse.A
     bench.add_argument("--repeats", type=_count, default=3, help="alternating repeats (default 3)")
     bench.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png (default bench-out)")
     _process_options(bench)
+    if algo is not None:
+        for command in (run, ir, bench):
+            _config_options(command, algo)
     for name, what in (("policies", "built-in distribution policies"), ("algos", "algorithms"),
                        ("envs", "environment backends and the gymnax environments")):
         sub.add_parser(name, help=f"list the {what}, one line each")
@@ -460,14 +469,19 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_ir(args: argparse.Namespace) -> int:
+    """Trace and run the passes, then print: the IR needs no XLA program, so none is compiled."""
+    from fragc.api import run_passes
+    from fragc.devices import devices
     from fragc.ir import to_dot
 
     if args.after and args.print_after_all:
         raise FragcError("pass --after or --print-after-all, not both")
-    _, prog = _compile(args, print_after_all=args.print_after_all, dump_dir=args.dump_dir)
+    devices(args.devices)  # simulate CPU devices before JAX starts
+    pipeline, _, _ = run_passes(_make_algo(args), policy=args.policy, devices=args.devices,
+                                print_after_all=args.print_after_all, dump_dir=args.dump_dir)
     if args.print_after_all:
         return 0
-    module = prog.pipeline.after(args.after)
+    module = pipeline.after(args.after)
     if args.dot:
         print(to_dot(module), end="")
     else:

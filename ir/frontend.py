@@ -13,18 +13,19 @@ import contextvars
 import itertools
 import functools
 import inspect
-import warnings
 from typing import Any, Callable
 
 import jax
 from jax.extend import core as jex
 
+from . import traps
 from .collectives import pmean, psum  # noqa: F401  (re-exported: `fragc.pmean`)
 from .errors import FragcError, FragmentError
 from .graph_builder import build_graph
 from .host import find_host_steps
 from .module import REPLICA, FragmentDef, Module
 from .replicas import run_replicated
+from .shared_keys import warn_shared_draws
 from .types import LeafType, TreeType
 
 _TRACING: contextvars.ContextVar["_TraceContext | None"] = contextvars.ContextVar("fragc_trace", default=None)
@@ -140,8 +141,20 @@ def define(frag: Fragment, args: tuple, name: str | None = None) -> FragmentDef:
         source=_source(frag.fn),
         host_steps=find_host_steps(body.jaxpr),
     )
-    _warn_replicated_key_split(fdef)
+    warn_shared_draws(fdef)
     return fdef
+
+
+def check_per_replica(module: Module) -> None:
+    """Trace at 2 replicas' shapes every batch-parallel fragment that the module runs with one
+    replica (unplaced, or placed so by `single`, `gspmd`, populations) and whose axes divide by 2,
+    so that a body or axis declaration that only works with one replica fails under every policy,
+    not only on several devices. Fragments placed with R > 1 replicas are traced at R by lowering
+    anyway (`FragmentDef.body_for`, with the same message)."""
+    for fdef in module.fragments.values():
+        n = fdef.batch_length()
+        if (fdef.placement is None or fdef.placement.replicas == 1) and n is not None and n % 2 == 0:
+            fdef.body_for(2)
 
 
 def _as_results(frag: Fragment, outs: Any) -> tuple:
@@ -218,7 +231,12 @@ def _trace_body(frag: Fragment, in_tree: Any, leaf_types: list[LeafType]) -> tup
         return out_leaves
 
     structs = [t.struct() for t in leaf_types]
-    body = jax.make_jaxpr(flat_fn, axis_env=[(REPLICA, 1)])(*structs)
+    try:
+        body = jax.make_jaxpr(flat_fn, axis_env=[(REPLICA, 1)])(*structs)
+    except TypeError as err:
+        traps.explain_carry_dtype(frag.name, frag.arg_names(len(in_tree.children())),
+                                  _split_types(in_tree, leaf_types), err)
+        raise
     if any(isinstance(c, jax.core.Tracer) for c in body.consts):
         raise FragmentError(
             f"fragment '{frag.name}' closes over a value traced outside it; pass that value as an argument"
@@ -245,30 +263,6 @@ def _source(fn: Callable[..., Any]) -> str:
         return "?"
     parts = file.replace("\\", "/").split("/")
     return f"{'/'.join(parts[-2:])}:{line}"
-
-
-def _warn_replicated_key_split(fdef: FragmentDef) -> None:
-    """Warn when a replicated key is split into one key per environment.
-
-    With R replicas every replica would split the same key and draw the same
-    streams; per-environment keys belong in the batched state instead.
-    """
-    n = fdef.batch_length()
-    if n is None:
-        return
-    jaxpr = fdef.body.jaxpr
-    batched = {v for v, t in zip(jaxpr.invars, fdef.in_leaf_types) if t.axis is not None}
-    for eqn in jaxpr.eqns:
-        inputs = [v for v in eqn.invars if isinstance(v, jex.Var)]
-        if any(v in batched for v in inputs):
-            batched.update(eqn.outvars)
-        elif eqn.primitive.name == "random_split" and eqn.outvars[0].aval.shape[:1] == (n,):
-            warnings.warn(
-                f"fragment '{fdef.name}' splits a replicated key into {n} keys, one per environment: "
-                "with several replicas every replica would draw the same random streams. Carry "
-                "per-environment keys in the batched state instead (see docs/architecture.md).",
-                stacklevel=4,
-            )
 
 
 # ---------------------------------------------------------------- trace
@@ -319,29 +313,7 @@ def trace(algo: Any, name: str | None = None) -> Module:
         closed = jax.make_jaxpr(flat_iteration)(*state_leaves)
     finally:
         _TRACING.reset(token)
-    _check_state_round_trip(algo, state_tree, out_tree_cell[0], state_leaves, closed)
+    traps.check_state_round_trip(algo, state_tree, out_tree_cell[0], state_leaves, closed)
+    traps.refuse_effects_outside_fragments(algo, closed.jaxpr, fragment_call_p)
     graph = build_graph(closed, fragment_call_p, TreeType.of(state), out_tree_cell[0], ctx.defs_by_name)
     return Module(name=name or type(algo).__name__.lower(), fragments=dict(ctx.defs_by_name), graph=graph)
-
-
-def _check_state_round_trip(algo: Any, state_tree: Any, out_tree: Any, state_leaves: list, closed: Any) -> None:
-    """The state that `iteration` returns must have the type of the one it takes."""
-    new_state_tree = out_tree.children()[0]
-    new_avals = closed.out_avals[: new_state_tree.num_leaves]
-    old = [(tuple(x.shape), x.dtype) for x in state_leaves]
-    new = [(tuple(a.shape), a.dtype) for a in new_avals]
-    if new_state_tree == state_tree and old != new:
-        paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
-            jax.tree.unflatten(state_tree, state_leaves))[0]]
-        path, (shape, dtype), (new_shape, new_dtype) = next(d for d in zip(paths, old, new) if d[1] != d[2])
-        raise FragcError(
-            f"{type(algo).__name__}.iteration changes state leaf state{path} from {dtype}{list(shape)} to "
-            f"{new_dtype}{list(new_shape)}; the training loop carries the state unchanged: make init create it "
-            f"as {new_dtype}{list(new_shape)} (e.g. jnp.zeros({new_shape}, jnp.{new_dtype}) instead of 0), or "
-            "cast it back in iteration"
-        )
-    if new_state_tree != state_tree or old != new:
-        raise FragcError(
-            f"{type(algo).__name__}.iteration returns a state whose structure, shapes or dtypes "
-            "differ from the state it takes; the training loop carries it unchanged"
-        )

@@ -20,6 +20,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 from jax.extend import core as jex
 
+from .errors import FragcError, FragmentError
 from .types import LeafType, TreeType
 
 REPLICA = "replica"
@@ -108,9 +109,47 @@ class FragmentDef:
         if replicas == 1:
             return self.body
         if replicas not in self._bodies:
-            structs = [local_struct(leaf, replicas) for leaf in self.in_leaf_types]
-            self._bodies[replicas] = jax.make_jaxpr(self.fn, axis_env=[(REPLICA, replicas)])(*structs)
+            self._bodies[replicas] = _trace_per_replica(self, replicas)
         return self._bodies[replicas]
+
+
+def _trace_per_replica(fdef: FragmentDef, replicas: int) -> jex.ClosedJaxpr:
+    """Trace `fdef.fn` at the shapes one of `replicas` replicas sees; check its results' shapes.
+
+    A body that takes a batch size from the config instead of its arguments, or axes declared
+    on the wrong dimension, trace fine with one replica and fail here: the error says so.
+    """
+    structs = [local_struct(leaf, replicas) for leaf in fdef.in_leaf_types]
+    try:
+        body = jax.make_jaxpr(fdef.fn, axis_env=[(REPLICA, replicas)])(*structs)
+    except FragcError:
+        raise
+    except Exception as err:  # JAX's shape errors come as TypeError, ValueError, IndexError, ...
+        text = " ".join(str(err).split()) or type(err).__name__  # JAX's details are on later lines: one line
+        text = text if len(text) <= 400 else text[:397] + "..."
+        raise FragmentError(_per_replica_message(fdef, replicas, f"its body fails: {text}")) from err
+    out_names = [f"result {i}{'.' + p if p else ''}" for i, t in enumerate(fdef.out_types) for p in t.paths]
+    for name, leaf, got in zip(out_names, fdef.out_leaf_types, body.out_avals):
+        want = local_struct(leaf, replicas)
+        if (tuple(got.shape), got.dtype) != (want.shape, want.dtype):
+            axis = "replicated (out_axes None)" if leaf.axis is None else f"out_axes {leaf.axis}"
+            raise FragmentError(_per_replica_message(
+                fdef, replicas, f"it returns {name} as {LeafType.of(got)}, but {leaf} declared {axis} "
+                f"makes it {LeafType.of(want)} per replica"))
+    return body
+
+
+def _per_replica_message(fdef: FragmentDef, replicas: int, what: str) -> str:
+    declared = [(f"{arg}.{path}" if path else arg, leaf) for arg, t in zip(fdef.arg_names, fdef.in_types)
+                for path, leaf in zip(t.paths, t.leaves) if leaf.axis is not None]
+    shapes = ", ".join(f"{name} {leaf} -> {LeafType.of(local_struct(leaf, replicas))}" for name, leaf in declared[:4])
+    more = f", and {len(declared) - 4} more" if len(declared) > 4 else ""
+    shapes = shapes or "it declares none"
+    return (f"fragment '{fdef.name}' traced with {replicas} replicas, as a policy on several devices runs it "
+            f"(fragc.compile checks 2 under every policy), each seeing 1/{replicas} of every declared axis "
+            f"({shapes}{more}): {what}. "
+            "Inside a fragment take batch sizes from the arguments' shapes (x.shape[axis]), not from the config, "
+            "and check that in_axes/out_axes name each value's environment axis")
 
 
 def local_struct(leaf: LeafType, replicas: int) -> jax.ShapeDtypeStruct:

@@ -33,6 +33,7 @@ from .fused import FusedProgram
 from .multihost import place, to_host
 from .seeds import check_seed
 from .spmd import SpmdProgram
+from .state_diff import differences, only_static, same_leaf_type
 from .stages import CompiledStage, StagedProgram
 
 EXECUTORS = {"fused": FusedProgram, "staged": StagedProgram, "spmd": SpmdProgram}
@@ -106,14 +107,25 @@ class Program:
     def init(self, seed: int) -> Any:
         """The initial training state for `seed`, placed on the program's devices.
 
-        For a population, member i starts from seed `seed + offset_i`.
+        For a population, member i starts from seed `seed + offset_i`. A state whose static
+        fields are new objects at each call of `init` (an optimizer built inside it) gets the
+        ones the program was traced with, which are the ones the compiled program uses.
         """
-        return self.place_state(self._init(jnp.asarray(check_seed(seed), jnp.uint32)))
+        state = self._init(jnp.asarray(check_seed(seed), jnp.uint32))
+        if jax.tree.structure(state) != self._state_tree:
+            diffs = list(differences(self._expected_state(), state))
+            if not only_static(diffs):
+                raise FragcError(f"Program.init: {type(self.algo).__name__}.init makes a state whose type differs "
+                                 f"from the one fragc traced: {diffs[0].text if diffs else 'its structure'}")
+            state = jax.tree.unflatten(self._state_tree, jax.tree.leaves(state))
+        return self._place(self._check_state(state, "Program.init"))
 
     def place_state(self, state: Any) -> Any:
         """A state (for example read from a checkpoint) on the program's devices, leaf by leaf:
         device groups are disjoint device sets, and one jit cannot output to several meshes."""
-        leaves = self._check_state(state)
+        return self._place(self._check_state(state, "place_state"))
+
+    def _place(self, leaves: list[Any]) -> Any:
         return jax.tree.unflatten(self._state_tree, [place(x, sh) for x, sh in zip(leaves, self._shardings)])
 
     def run(self, state: Any, iterations: int, callback: Callable[[int, dict], None] | None = None,
@@ -140,7 +152,7 @@ class Program:
         """
         if not isinstance(iterations, (int, np.integer)) or isinstance(iterations, bool) or iterations < 1:
             raise FragcError(f"iterations must be a positive int, got {iterations!r}")
-        leaves = self._check_state(state)
+        leaves = self._check_state(state, "run")
         if delays is not None:
             delays = self.place_delays(delays)
         elif self._executor.donates:  # delays are explicit (and donated) program arguments
@@ -237,14 +249,21 @@ class Program:
                          self._state_tree, range(self._state_tree.num_leaves)))[0]]
             raise StateNotFinite(names[bad[0]], done)
 
-    def _check_state(self, state: Any) -> list[Any]:
+    def _expected_state(self) -> Any:
+        """The program's state type as a pytree of `ShapeDtypeStruct`s (a population's with its member axis)."""
+        members = (len(self.population),) if self.population else ()
+        leaves = [jax.ShapeDtypeStruct(members + t.shape, t.dtype) for t in self.module.graph.inputs[0].type.leaves]
+        return jax.tree.unflatten(self._state_tree, leaves)
+
+    def _check_state(self, state: Any, caller: str) -> list[Any]:
+        """The state's leaves, if it has the program's state type; else an error naming the first difference."""
         leaves, tree = jax.tree.flatten(state)
-        expected = [t.shape for t in self.module.graph.inputs[0].type.leaves]
-        if self.population:
-            expected = [(len(self.population),) + s for s in expected]
-        if tree != self._state_tree or [tuple(x.shape) for x in leaves] != expected:
-            raise FragcError("run: the state does not match the program's state type; use Program.init(seed)")
-        return leaves
+        expected = jax.tree.leaves(self._expected_state())
+        if tree == self._state_tree and all(same_leaf_type(e, x) for e, x in zip(expected, leaves)):
+            return leaves
+        diff = next(differences(self._expected_state(), state), None)
+        raise FragcError(f"{caller}: the state does not match the program's state type: "
+                         f"{diff.text if diff else 'its structure differs'}; Program.init(seed) makes one that does")
 
 
 _FINITE = "__state_finite__"

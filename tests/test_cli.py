@@ -19,6 +19,25 @@ def test_ir_prints_the_traced_module(capsys):
     assert "run @rollout(%state.learner.params.params, %state.runner)" in out
 
 
+def test_ir_runs_the_passes_only(capsys, monkeypatch):
+    """`fragc ir` prints what the passes make (the golden module) and compiles no program. DQN under
+    actor_learner on 8 devices: two stages, three transfers an iteration."""
+    import pathlib
+
+    import fragc.api
+
+    def no_program(*args, **kwargs):
+        raise AssertionError("fragc ir built a Program")
+
+    monkeypatch.setattr(fragc.api, "Program", no_program)
+    assert main(["ir", "dqn", "--policy", "actor_learner", "--devices", "8"]) == 0
+    out = capsys.readouterr().out
+    assert out == (pathlib.Path(__file__).parent / "golden" / "dqn_actor_learner.fir").read_text()
+    lines = out.splitlines()
+    assert sum(line.lstrip().startswith("stage @") for line in lines) == 2
+    assert sum(" = transfer " in line for line in lines) == 3
+
+
 def test_ir_dot(capsys):
     assert main(["ir", "ppo", "--dot"]) == 0
     assert capsys.readouterr().out.startswith('digraph "ppo"')

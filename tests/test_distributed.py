@@ -95,7 +95,8 @@ def child_pids(proc):
 
 
 def test_runs_across_processes_match_one_process_and_resume(tmp_path):
-    """One launch: per policy, 4 iterations straight, and 2 + 2 through a checkpoint, in two processes."""
+    """One launch: per policy, 4 iterations straight, 2 a dispatch (`prog.k` as asked, also for the
+    SPMD program of a staged policy), and 2 + 2 through a checkpoint, in two processes."""
     script = os.path.join(os.path.dirname(__file__), "two_process_resume.py")
     proc = launch(sys.executable, script, str(tmp_path), json.dumps(CONFIG), *RESUMED_IN_ONE_LAUNCH)
     out, err = proc.communicate(timeout=600)
@@ -104,6 +105,7 @@ def test_runs_across_processes_match_one_process_and_resume(tmp_path):
     assert sorted(results) == sorted(RESUMED_IN_ONE_LAUNCH), out[-3000:]
     for policy, result in results.items():
         assert result["processes"] == 2 and result["devices"] == 8 and result["resumed_from"] == 2
+        assert result["k"] == 2 and result["dispatch_ends"] == [2, 4], policy
         assert result["resumed"] == result["straight"], policy
         assert result["straight"] == reference_fingerprint(policy, 4), policy
 

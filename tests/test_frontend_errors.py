@@ -102,9 +102,65 @@ def test_warns_when_a_replicated_key_is_split_per_environment():
         noisy(jax.random.key(0), jnp.zeros(8))
 
 
+def _split_in_scan(key, obs):
+    def step(key, _):
+        key, sub = jax.random.split(key)
+        return key, jax.vmap(jax.random.normal)(jax.random.split(sub, obs.shape[0]))
+
+    return obs + jax.lax.scan(step, key, None, 3)[1].sum(0)
+
+
+def _categorical_in_scan(key, obs):
+    """PureJaxRL's rollout: `pi.sample(seed=_rng)` on a batch of logits with the runner's one key."""
+    def step(key, _):
+        key, sub = jax.random.split(key)
+        return key, jax.random.categorical(sub, jnp.stack([obs, -obs], axis=-1))
+
+    return obs + jax.lax.scan(step, key, None, 3)[1].sum(0)
+
+
+def _normal_noise(key, obs):
+    return obs + jax.random.normal(key, obs.shape)
+
+
+@pytest.mark.parametrize("body, what", [
+    (_split_in_scan, r"splits a replicated key into 8 keys"),
+    (_categorical_in_scan, r"samples random numbers of shape \[8, 2\] \(one per environment\) from a replicated key"),
+    (_normal_noise, r"samples random numbers of shape \[8\]"),
+])
+def test_warns_when_per_environment_noise_comes_from_a_replicated_key(body, what):
+    frag = fragc.fragment(role="actor", in_axes=(None, 0), out_axes=0)(body)
+    with pytest.warns(UserWarning, match=rf"fragment '{body.__name__}' {what}.* \(at .*test_frontend_errors.py:\d+"):
+        jax.eval_shape(frag, jax.random.key(0), jnp.zeros(8))
+
+
 def test_per_environment_keys_do_not_warn(recwarn):
-    algo = Regression(num_envs=8)
-    fragc.trace(algo)
+    """Keys carried per environment through a scan, a replicated key that shuffles a batch that is not
+    per environment (PPO's minibatches) or draws a size that equals the environment count by chance,
+    and keys made per replica from `axis_index`."""
+    @fragc.fragment(role="actor", in_axes=(None, 0, 0), out_axes=0)
+    def per_env(key, keys, obs):
+        def step(keys, _):
+            keys = jax.vmap(jax.random.split)(keys)
+            return keys[:, 0], jax.vmap(jax.random.normal)(keys[:, 1])
+
+        noise = jax.lax.scan(step, keys, None, 3)[1]  # [3, 8]
+        order = jax.random.permutation(key, noise.size)
+        return obs + noise.reshape(-1)[order].reshape(noise.shape).sum(0)
+
+    @fragc.fragment(role="actor", in_axes=(None, 0), out_axes=0)
+    def per_replica(key, obs):
+        key = jax.random.fold_in(key, jax.lax.axis_index(fragc.REPLICA))
+        return obs + jax.random.normal(key, obs.shape)
+
+    @fragc.fragment(role="buffer", in_axes=(None, 0), out_axes=None)
+    def sample_eight(key, obs):  # as DQN's buffer: 8 draws, whatever the environment count (8 by chance)
+        return fragc.pmean(obs[jax.random.randint(key, (8,), 0, obs.shape[0])].sum())
+
+    fragc.trace(Regression(num_envs=8))
+    jax.eval_shape(sample_eight, jax.random.key(0), jnp.zeros(8))
+    jax.eval_shape(per_env, jax.random.key(0), jax.random.split(jax.random.key(1), 8), jnp.zeros(8))
+    jax.eval_shape(per_replica, jax.random.key(0), jnp.zeros(8))  # traces, runs nothing
     assert not [w for w in recwarn if "replicated key" in str(w.message)]
 
 
@@ -125,3 +181,106 @@ def test_a_state_leaf_changing_dtype_is_named():
     with pytest.raises(fragc.FragcError, match=r"Returns.iteration changes state leaf state\['returns'\] from "
                                                r"int32\[4\] to float32\[4\].*jnp.zeros\(\(4,\), jnp.float32\)"):
         fragc.trace(Returns())
+
+
+class _Printing:
+    """PureJaxRL's DEBUG callback: `jax.debug.callback` on the metrics, in the update step."""
+
+    def __init__(self, effect):
+        self.effect = effect
+
+    def init(self, key):
+        return {"x": jnp.zeros(4)}
+
+    @fragc.fragment(role="actor", in_axes=(0,), out_axes=(0, None))
+    def step(self, x):
+        jax.debug.callback(lambda m: None, x.sum())  # inside a fragment: allowed
+        return x + 1, {"mean": fragc.pmean(x.mean())}
+
+    def iteration(self, state):
+        x, metrics = self.step(state["x"])
+        self.effect(metrics)
+        return {"x": x}, metrics
+
+
+@pytest.mark.parametrize("effect, name", [
+    (lambda m: jax.debug.print("{}", m["mean"]), "jax.debug.print"),
+    (lambda m: jax.debug.callback(print, m), "jax.debug.callback"),
+    (lambda m: jax.lax.scan(lambda c, _: (jax.debug.print("{}", c) or c, None), m["mean"], None, 2),
+     "jax.debug.print"),
+])
+def test_an_effect_outside_fragments_is_refused_not_dropped(effect, name):
+    with pytest.raises(fragc.FragcError, match=rf"_Printing.iteration calls {name} outside any fragment "
+                                               r"\(at .*test_frontend_errors.py:\d+.*\); .*inside a @fragc.fragment, "
+                                               r"or return the value as a metric"):
+        fragc.trace(_Printing(effect))
+
+
+def test_an_effect_inside_a_fragment_runs(capfd):
+    """The refusal is for glue only: a callback inside a fragment runs (here in the reference interpreter)."""
+    seen = []
+
+    class Recording(_Printing):
+        @fragc.fragment(role="actor", in_axes=(0,), out_axes=(0, None))
+        def step(self, x):
+            jax.debug.callback(seen.append, x.sum())
+            return x + 1, {"mean": fragc.pmean(x.mean())}
+
+    algo = Recording(lambda m: None)
+    fragc.interpret(fragc.trace(algo), algo.init(jax.random.key(0)), replicas=1)
+    jax.effects_barrier()
+    assert [float(s) for s in seen] == [0.0]
+
+
+class _PerReplica:
+    """An actor whose body works only with one replica: a size from the config, or a wrong axis."""
+
+    num_envs, num_steps = 8, 4
+
+    def __init__(self, body, in_axes=(0,)):
+        self.step = fragc.fragment(role="actor", in_axes=in_axes, out_axes=0)(body)
+
+    def init(self, key):
+        return {"obs": jnp.zeros((self.num_steps, self.num_envs))}
+
+    def iteration(self, state):
+        return {"obs": state["obs"]}, {"mean": self.step(state["obs"]).mean()}
+
+
+def test_a_body_using_a_config_size_fails_under_single_naming_the_replicas():
+    def flatten(obs):  # [T, n] declared with its environment axis 1
+        return obs.reshape(_PerReplica.num_steps * _PerReplica.num_envs)
+
+    algo = _PerReplica(flatten, in_axes=(1,))
+    with pytest.raises(fragc.FragmentError, match=r"fragment 'flatten' traced with 2 replicas, .*each seeing 1/2 of "
+                                                  r"every declared axis \(obs f32\[4,8@env\] -> f32\[4,4\]\): its body "
+                                                  r"fails: cannot reshape .*take batch sizes from the arguments' shapes"):
+        fragc.compile(algo, policy="single", devices=1)  # fails after the passes, before XLA compiles
+    with pytest.raises(fragc.FragmentError, match=r"fragment 'flatten' traced with 4 replicas, .*obs f32\[4,8@env\] "
+                                                  r"-> f32\[4,2\]"):
+        fragc.interpret(fragc.trace(algo), algo.init(jax.random.key(0)), replicas=4)
+
+
+def test_a_wrong_axis_declaration_fails_under_single():
+    def per_env_mean(obs):  # [T, n], but declared with its environment axis 0
+        return obs.mean(axis=0)
+
+    with pytest.raises(fragc.FragmentError, match=r"fragment 'per_env_mean' traced with 2 replicas, .*it returns "
+                                                  r"result 0 as f32\[8\], but f32\[8@env\] declared out_axes 0 makes "
+                                                  r"it f32\[4\] per replica"):
+        fragc.compile(_PerReplica(per_env_mean), policy="single", devices=1)
+
+
+def test_a_carry_changing_dtype_in_a_fragments_scan_is_named():
+    """LogWrapper's int episode returns, accumulated with float rewards inside the rollout's scan."""
+    @fragc.fragment(role="actor", in_axes=(0, 0), out_axes=0)
+    def rollout(log, obs):
+        def step(returns, _):
+            return returns + obs * 0.5, None
+
+        return jax.lax.scan(step, log["returns"], None, 3)[0]
+
+    with pytest.raises(fragc.FragmentError, match=r"fragment 'rollout': the lax.scan at .*test_frontend_errors.py:\d+ "
+                                                  r"turns its carry returns from int32\[8\] into float32\[8\]; arguments "
+                                                  r"of dtype int32: log.returns\. .*jnp.zeros\(shape, jnp.float32\)"):
+        jax.eval_shape(rollout, {"returns": jnp.zeros(8, jnp.int32)}, jnp.zeros(8))

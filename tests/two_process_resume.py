@@ -1,11 +1,12 @@
 """Run by tests/test_distributed.py as
 `fragc launch -n 2 -- python tests/two_process_resume.py DIR PPO_CONFIG_JSON POLICY...`.
 
-For each policy: train 4 iterations straight, and 2 iterations that write a
-checkpoint, then resume from it on fresh state and train the other 2, as
-`fragc run --resume` does (`Checkpointer.restore_latest`, `place_state`,
-`place_delays`). Process 0 prints one JSON line per policy with both
-parameter fingerprints.
+For each policy, compiled with collective transfers and 2 iterations per
+dispatch: train 4 iterations straight (noting where each dispatch ends), and 2
+iterations that write a checkpoint, then resume from it on fresh state and train
+the other 2, as `fragc run --resume` does (`Checkpointer.restore_latest`,
+`place_state`, `place_delays`). Process 0 prints one JSON line per policy with
+both parameter fingerprints, `prog.k` and the dispatch ends.
 """
 
 import json
@@ -29,8 +30,9 @@ from fragc.runtime.reporting import params_fingerprint  # noqa: E402
 
 def resumed_and_straight(policy: str, folder: str, config: dict) -> dict:
     algo = make("ppo", **config)
-    prog = fragc.compile(algo, policy, iterations_per_dispatch=2)
-    straight, _ = prog.run(prog.init(0), 4)
+    prog = fragc.compile(algo, policy, iterations_per_dispatch=2, transfers="collective")
+    dispatch_ends = []
+    straight, _ = prog.run(prog.init(0), 4, callback=lambda done, metrics: dispatch_ends.append(done))
     checkpointer = Checkpointer(os.path.join(folder, policy))
     meta = {"algo": "ppo", "policy": policy}
 
@@ -44,7 +46,8 @@ def resumed_and_straight(policy: str, folder: str, config: dict) -> dict:
     state, delays, saved = checkpointer.restore_latest(fresh, prog.initial_delays(fresh), run=meta)
     resumed, _ = prog.run(prog.place_state(state), 2, delays=prog.place_delays(delays) if delays else None)
     return {"policy": policy, "resumed_from": saved["iteration"], "straight": params_fingerprint(straight),
-            "resumed": params_fingerprint(resumed), "processes": jax.process_count(), "devices": len(prog.devices)}
+            "resumed": params_fingerprint(resumed), "processes": jax.process_count(), "devices": len(prog.devices),
+            "k": prog.k, "dispatch_ends": dispatch_ends}
 
 
 try:

@@ -1,0 +1,116 @@
+"""Mistakes that JAX lets through silently, or reports from deep inside tracing, caught by the frontend.
+
+Each check names what is wrong in the user's terms (the state leaf, the fragment, the
+line) and the usual fix; PureJaxRL's code, ported, meets each of them:
+
+- `check_state_round_trip`: `iteration` must return a state of the type it takes
+  (a LogWrapper that starts episode returns as the int 0 makes them float);
+- `explain_carry_dtype`: the same inside a fragment's own `lax.scan`;
+- `refuse_effects_outside_fragments`: a `jax.debug.print`/`callback` between
+  fragments (PureJaxRL's DEBUG printing), which passes would drop or repeat.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import traceback
+from typing import Any
+
+import jax
+from jax.extend import core as jex
+from jax.extend import source_info_util
+
+from .errors import FragcError, FragmentError
+from .types import TreeType
+
+
+def check_state_round_trip(algo: Any, state_tree: Any, out_tree: Any, state_leaves: list, closed: Any) -> None:
+    """The state that `iteration` returns must have the type of the one it takes."""
+    new_state_tree = out_tree.children()[0]
+    new_avals = closed.out_avals[: new_state_tree.num_leaves]
+    old = [(tuple(x.shape), x.dtype) for x in state_leaves]
+    new = [(tuple(a.shape), a.dtype) for a in new_avals]
+    if new_state_tree == state_tree and old != new:
+        paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
+            jax.tree.unflatten(state_tree, state_leaves))[0]]
+        path, (shape, dtype), (new_shape, new_dtype) = next(d for d in zip(paths, old, new) if d[1] != d[2])
+        raise FragcError(
+            f"{type(algo).__name__}.iteration changes state leaf state{path} from {dtype}{list(shape)} to "
+            f"{new_dtype}{list(new_shape)}; the training loop carries the state unchanged: make init create it "
+            f"as {new_dtype}{list(new_shape)} (e.g. jnp.zeros({new_shape}, jnp.{new_dtype}) instead of 0), or "
+            "cast it back in iteration"
+        )
+    if new_state_tree != state_tree or old != new:
+        raise FragcError(
+            f"{type(algo).__name__}.iteration returns a state whose structure, shapes or dtypes "
+            "differ from the state it takes; the training loop carries it unchanged"
+        )
+
+
+_CARRY_DTYPE = re.compile(r"input carry (?:component |at path )?(?:(\S+) )?has type (\S+) but the corresponding "
+                          r"output carry component has type (\S+), so the dtypes do not match")
+"""JAX's message (jax/_src/lax/control_flow/loops.py, `_check_carry_type`) for a carry that changes dtype."""
+
+
+def explain_carry_dtype(name: str, arg_names: tuple[str, ...], arg_types: tuple[TreeType, ...],
+                        err: TypeError) -> None:
+    """A `lax.scan` whose step changes a carry's dtype (PureJaxRL's LogWrapper starts an episode
+    return as the int 0 and adds float rewards): name the fragment, the line, the arguments it
+    may come from, and the fix."""
+    match = _CARRY_DTYPE.search(str(err))
+    if match is None:
+        return
+    component, before, after = match.groups()
+    dtype = before.split("[")[0]
+    sources = [f"{arg}.{path}" if path else arg for arg, t in zip(arg_names, arg_types)
+               for path, leaf in zip(t.paths, t.leaves) if leaf.dtype.name == dtype]
+    hint = f"; arguments of dtype {dtype}: {', '.join(sources[:4])}" if sources else ""
+    carry = f"carry {component}" if component else "carry"
+    raise FragmentError(
+        f"fragment '{name}': the lax.scan at {_user_line(err)} turns its {carry} from {before} into {after}{hint}. "
+        f"The carry must keep its type: create it with the dtype the step makes (in init, e.g. "
+        f"jnp.zeros(shape, jnp.{after.split('[')[0]}) instead of 0), or cast it back in the step (.astype(...))"
+    ) from err
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+"""The repository root: fragc's own frames lie under its ir/, passes/, runtime/ and fragc/."""
+
+
+def _user_line(err: BaseException) -> str:
+    """file:line of the innermost frame of `err` in the user's code (not JAX's, not fragc's)."""
+    library = [os.path.dirname(jax.__file__)] + [os.path.join(_ROOT, d) for d in ("ir", "passes", "runtime", "fragc")]
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if not any(f.filename.startswith(d + os.sep) for d in library)]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+
+
+_EFFECT_NAMES = {"debug_print": "jax.debug.print", "debug_callback": "jax.debug.callback",
+                 "io_callback": "jax.experimental.io_callback"}
+"""What users call the primitives with effects that appear in iterations."""
+
+
+def refuse_effects_outside_fragments(algo: Any, jaxpr: jex.Jaxpr, fragment_call: Any) -> None:
+    """Glue between fragments is pure dataflow: passes drop what nothing reads, move it between
+    device groups and replicate it, so a print or callback there would vanish or repeat."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive is not fragment_call and eqn.effects:
+            inner, where = _first_effect(eqn, "")
+            name = _EFFECT_NAMES.get(inner.primitive.name, inner.primitive.name)
+            raise FragcError(
+                f"{type(algo).__name__}.iteration calls {name} outside any fragment (at {where or '?'}); fragc "
+                "runs only pure code between fragments: it drops what nothing reads. Call it inside a "
+                "@fragc.fragment, or return the value as a metric (iteration's second result) and print it "
+                "from the run's history"
+            )
+
+
+def _first_effect(eqn: jex.JaxprEqn, where: str) -> tuple[jex.JaxprEqn, str]:
+    """The innermost equation with an effect inside `eqn` (a callback in a scan), and the user's line."""
+    where = source_info_util.summarize(eqn.source_info) or where
+    for sub in jex.jaxprs_in_params(eqn.params):
+        for inner in sub.eqns:
+            if inner.effects:
+                return _first_effect(inner, where)
+    return eqn, where
