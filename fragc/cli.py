@@ -249,7 +249,7 @@ def _parser(algo: str | None = None, parser_class: type = _Parser) -> argparse.A
         for command in (run, ir, bench):
             _config_options(command, algo)
     for name, what in (("policies", "built-in distribution policies"), ("algos", "algorithms"),
-                       ("envs", "gymnax environments")):
+                       ("envs", "environment backends and the gymnax environments")):
         sub.add_parser(name, help=f"list the {what}, one line each")
     launch = sub.add_parser("launch", help="run a command as N local processes of one multi-process run",
                             description="Start N local processes on loopback, each with its own simulated CPU "
@@ -384,8 +384,11 @@ def cmd_list(args: argparse.Namespace) -> int:
         for name, (*_, summary) in ALGOS.items():
             print(f"{name:16} {summary}")
     else:
-        from fragc.algos.envs import env_names, make
+        from fragc.algos.envs import BACKENDS, backend_summary, env_names, make
 
+        for backend in BACKENDS:
+            print(f"{backend + ':ID':26} {backend_summary(backend)}")
+        print()
         for name in env_names():
             try:
                 env, params = make(name)

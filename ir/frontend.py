@@ -22,6 +22,7 @@ from . import traps
 from .collectives import pmean, psum  # noqa: F401  (re-exported: `fragc.pmean`)
 from .errors import FragcError, FragmentError
 from .graph_builder import build_graph
+from .host import find_host_steps
 from .module import REPLICA, FragmentDef, Module
 from .replicas import run_replicated
 from .shared_keys import warn_shared_draws
@@ -138,6 +139,7 @@ def define(frag: Fragment, args: tuple, name: str | None = None) -> FragmentDef:
         out_types=out_types,
         body=body,
         source=_source(frag.fn),
+        host_steps=find_host_steps(body.jaxpr),
     )
     warn_shared_draws(fdef)
     return fdef

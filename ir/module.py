@@ -83,6 +83,7 @@ class FragmentDef:
     body: jex.ClosedJaxpr
     source: str
     placement: Placement | None = None
+    host_steps: tuple = ()  # `ir.host.HostStep`s: host calls in the body (a host environment's step)
     _bodies: dict = dataclasses.field(default_factory=dict, repr=False)
 
     def replace(self, **changes: Any) -> "FragmentDef":

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from .errors import FragcError
+from .host import HostStep
 from .module import (
     Delay, FragmentDef, Glue, Graph, Mesh, Module, Placement, Run, Schedule, Stage, Transfer, Use, Value,
 )
@@ -291,10 +292,13 @@ class _Parser:
                 name, role, None, arg_names, _structure(in_types), _structure(out_types),
                 tuple(t.axis for tt in in_types for t in tt.leaves), tuple(t.axis for tt in out_types for t in tt.leaves),
                 in_types, out_types, None, source, placement)
-        self.fragments[name] = fdef
         line = next(self.lines)
-        while line.startswith("    "):  # a printed body
+        host_steps = []
+        while line.startswith("    "):  # host steps, then a printed body
+            if (step := HostStep.parse_line(line.strip())) is not None:
+                host_steps.append(step)
             line = next(self.lines)
+        self.fragments[name] = fdef.replace(host_steps=tuple(host_steps))
         return line
 
     def func(self, line: str) -> tuple[Graph, list[Stage]]:

@@ -45,7 +45,7 @@ class _Aliases:
         out = []
         for key, name in self.names.items():
             t = self.types[key]
-            out += [f"type !{name} = {{   // {len(t.leaves)} leaves, {_human_bytes(t.nbytes)}",
+            out += [f"type !{name} = {{   // {len(t.leaves)} leaves, {human_bytes(t.nbytes)}",
                     *self._fields(t), "}"]
         return out
 
@@ -97,6 +97,7 @@ def _fragment_lines(fdef: FragmentDef, aliases: _Aliases, bodies: bool) -> list[
         f"fragment @{fdef.name} role={fdef.role}{where} eqns={eqns}   // {fdef.source}",
         f"    ({args}) -> ({results})",
     ]
+    lines += [f"    {step.line()}" for step in fdef.host_steps]
     if bodies and fdef.body is not None:  # the body that is compiled: per-replica shapes once placed
         body = fdef.body_for(fdef.placement.replicas) if fdef.placement else fdef.body
         lines += ["    " + line for line in str(body).splitlines()]
@@ -155,7 +156,7 @@ def _node_line(node: object, module: Module, aliases: _Aliases) -> str:
         return f"{outs}: ({types}) = glue({ins})   // {what}"
     if isinstance(node, Transfer):
         return (f"{outs} = transfer {operand(node.inputs)} @{node.src} -> @{node.dst} via {node.carrier}"
-                f"   // {_human_bytes(node.nbytes)}")
+                f"   // {human_bytes(node.nbytes)}")
     if isinstance(node, Delay):
         group = node.outputs[0].type.leaves[0].group if node.outputs[0].type.leaves else None
         where = f" on @{group}" if group else ""
@@ -242,7 +243,7 @@ def _parts(value: Value) -> tuple[tuple[str, ...], ...]:
     return value.type.path_parts
 
 
-def _human_bytes(n: int) -> str:
+def human_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -10,6 +10,8 @@ In every shape a dispatch is k iterations: metrics come back, callbacks run
 and checkpoints may be written between dispatches.
 
 A population (seeds vectorised over one program) needs the `fused` shape.
+Fragments that step host environments (ir/host.py) are checked here against
+where the policy put them: one replica on one device, no population, no spmd.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from fragc.ir.errors import FragcError
+from fragc.ir.host import check_host_placement
 from fragc.ir.module import Delay, Glue, Module, Schedule, Transfer
 
 from .pipeline import Pass
@@ -30,9 +33,14 @@ class Loop(Pass):
     def run(self, module: Module) -> Module:
         if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
             raise FragcError(f"loop: iterations per dispatch must be a positive int, got {self.k!r}")
+        module = module.replace(schedule=Schedule(self._shape(module), self.k))
+        check_host_placement(module, module.schedule.shape)
+        return module
+
+    def _shape(self, module: Module) -> str:
         between = [n for n in module.graph.nodes if isinstance(n, (Transfer, Delay))]
         if len(module.stages) <= 1 and not between:
-            return module.replace(schedule=Schedule("fused", self.k))
+            return "fused"
         if module.population:
             raise FragcError(f"population runs need a policy whose iteration is one stage; this one has "
                              f"{len(module.stages)} stages and {len(between)} transfers and delays")
@@ -41,8 +49,8 @@ class Loop(Pass):
             if reason is not None:
                 raise FragcError(f"cannot run with transfers='collective': {reason} "
                                  "(collective transfers run the iteration as one SPMD program over the groups)")
-            return module.replace(schedule=Schedule("spmd", self.k))
-        return module.replace(schedule=Schedule("staged", self.k))
+            return "spmd"
+        return "staged"
 
 
 def spmd_unsupported(module: Module) -> str | None:

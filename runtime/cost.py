@@ -1,4 +1,4 @@
-"""Bytes that cross devices per iteration: collectives inside fragments, and transfers between groups.
+"""Bytes that cross devices per iteration: collectives inside fragments, transfers between groups, host steps.
 
 Collective bytes are what one device receives per iteration from the
 collectives over `replica` in a shard_map fragment's per-replica body (a
@@ -73,3 +73,10 @@ def hlo_collective_bytes(hlo_text: str) -> int:
 
 def transfer_bytes(module: Module) -> int:
     return sum(n.nbytes for n in module.graph.nodes if isinstance(n, Transfer))
+
+
+def host_bytes(module: Module) -> tuple[int, int]:
+    """Bytes (device -> host, host -> device) per iteration of the host steps (ir/host.py) in the fragments the
+    iteration runs."""
+    steps = [s for f in module.fragments.values() for s in f.host_steps]
+    return sum(s.to_host for s in steps), sum(s.from_host for s in steps)

@@ -27,7 +27,7 @@ from fragc.ir.printer import format_module
 from fragc.passes.pipeline import PipelineResult
 from fragc.passes.policy import Policy
 
-from .cost import fragment_collective_bytes, hlo_collective_bytes, transfer_bytes
+from .cost import fragment_collective_bytes, hlo_collective_bytes, host_bytes, transfer_bytes
 from .divergence import StateNotFinite
 from .fused import FusedProgram
 from .multihost import place, to_host
@@ -82,7 +82,8 @@ class Program:
         """Per compiled stage: flops and bytes accessed per call of its program (XLA's cost analysis),
         the iterations one call runs (`iterations_per_dispatch`: k for a fused or SPMD program, 1 for
         a stage of a staged one), and the collective and transfer bytes per iteration; `"total"` sums
-        the per-iteration bytes."""
+        the per-iteration bytes, with the host steps' (ir/host.py) bytes device -> host (`device_to_host_bytes`)
+        and host -> device (`host_to_device_bytes`)."""
         out: dict[str, dict[str, float]] = {}
         per_iter_collectives = 0.0
         for s in self._executor.stages:
@@ -96,7 +97,9 @@ class Program:
                            "bytes": float(analysis.get("bytes accessed", 0.0)),
                            "iterations_per_dispatch": s.iterations,
                            "collective_bytes": coll}
-        out["total"] = {"collective_bytes": per_iter_collectives, "transfer_bytes": float(transfer_bytes(self.module))}
+        to_host, from_host = host_bytes(self.module)
+        out["total"] = {"collective_bytes": per_iter_collectives, "transfer_bytes": float(transfer_bytes(self.module)),
+                        "device_to_host_bytes": float(to_host), "host_to_device_bytes": float(from_host)}
         return out
 
     # ------------------------------------------------------------ running

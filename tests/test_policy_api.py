@@ -63,7 +63,8 @@ def test_anakin_collectives_are_one_gradient_allreduce_per_minibatch_plus_metric
 
 def test_single_moves_nothing():
     cost = ppo_program("single", 1).cost()
-    assert cost["total"] == {"collective_bytes": 0.0, "transfer_bytes": 0.0}
+    assert cost["total"] == {"collective_bytes": 0.0, "transfer_bytes": 0.0, "device_to_host_bytes": 0.0,
+                             "host_to_device_bytes": 0.0}
 
 
 def test_actor_learner_transfers_trajectory_and_parameters():

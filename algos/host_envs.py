@@ -1,0 +1,333 @@
+"""Host environments: a vector environment on the host CPU, stepped synchronously from inside the rollout.
+
+`HostVecEnv` gives the interface of `VecEnv` (algos/envs.py) to a `HostPool`,
+a vector environment on the host that takes and returns numpy arrays. Its
+`reset` and `step` are host calls (`fragc.ir.host.host_call`): the device
+sends the actions (and the step's keys) to the host, the pool steps every
+environment, and the observations, rewards and flags come back. The IR
+prints the call and its bytes under the fragment that makes it (`rollout`).
+
+Semantics, the same as the device path's:
+
+- autoreset in the same step (Gymnasium's `AutoresetMode.SAME_STEP`, chosen
+  deliberately): a step that ends an episode returns the first observation
+  of the next one, and the observation it reached as `final_obs`, so
+  truncation bootstraps from the state reached and no step is spent on a
+  reset (with NEXT_STEP, one step in every episode would take no action);
+- environment i of the pool is seeded from environment i's reset key, so a
+  run is deterministic given its seed (for environments that are
+  deterministic given their seed);
+- the pool's state lives in the host process and is not part of the
+  training state: a checkpoint cannot hold it. The runner carries the pool's
+  step count (`HostEnvState.pool_step`); a step whose runner does not
+  continue the pool's last step (a resumed run, in a new process or not)
+  resets the environments (seeded from that step's keys), reports every
+  episode as truncated there with reward 0, and warns.
+
+`register_host_pool` adds a backend by name; the built-in ones are
+`gymnasium` and `envpool`.
+"""
+
+from __future__ import annotations
+
+import abc
+import warnings
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flax import struct
+
+from fragc.algos.envs import BACKENDS, Runner, Step, VecEnv, split_env_name
+from fragc.ir.errors import FragcError
+from fragc.ir.host import host_call
+
+
+class HostPool(abc.ABC):
+    """`num_envs` environments on the host, stepped together, autoreset in the same step.
+
+    Keys are each environment's PRNG key data (uint32 [num_envs, 2]) for this reset or step; a pool
+    seeds from the reset keys and may ignore the step keys (only a pool that runs a JAX environment
+    on the host, as the tests' gymnax adapter, needs them).
+    """
+
+    @classmethod
+    @abc.abstractmethod
+    def spaces(cls, env_id: str) -> tuple[Any, Any]:
+        """(observation space, action space) of one environment: Gymnasium or gymnax spaces."""
+
+    def __init__(self, env_id: str, num_envs: int):
+        self.env_id = env_id
+        self.num_envs = num_envs
+
+    @abc.abstractmethod
+    def reset(self, keys: np.ndarray) -> np.ndarray:
+        """Reset every environment -> observations [num_envs, ...]."""
+
+    @abc.abstractmethod
+    def step(self, actions: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, ...]:
+        """-> (obs after any reset, reward, terminated, truncated, final_obs: the observation reached)."""
+
+    def close(self) -> None:
+        pass
+
+
+def seeds_of(keys: np.ndarray) -> list[int]:
+    """One seed per environment from its key data: the 64 bits of a threefry key."""
+    keys = np.asarray(keys, np.uint64).reshape(len(keys), -1)
+    return [int(k[0]) << 32 | int(k[-1]) for k in keys]
+
+
+class GymnasiumPool(HostPool):
+    """`gymnasium.make_vec(..., vectorization_mode="sync")` with SAME_STEP autoreset: every environment
+    steps in this process, one after another."""
+
+    mode = "sync"
+    vector_kwargs: dict = {}
+
+    @classmethod
+    def spaces(cls, env_id: str) -> tuple[Any, Any]:
+        import gymnasium
+
+        try:
+            env = gymnasium.make(env_id)
+        except gymnasium.error.Error as err:
+            raise FragcError(f"gymnasium: cannot make '{env_id}': {err}") from err
+        try:
+            return env.observation_space, env.action_space
+        finally:
+            env.close()
+
+    def __init__(self, env_id: str, num_envs: int):
+        import gymnasium
+
+        super().__init__(env_id, num_envs)
+        self.envs = gymnasium.make_vec(env_id, num_envs=num_envs, vectorization_mode=self.mode, vector_kwargs={
+            "autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP, **self.vector_kwargs})
+
+    def reset(self, keys: np.ndarray) -> np.ndarray:
+        obs, _ = self.envs.reset(seed=seeds_of(keys))
+        return obs
+
+    def step(self, actions: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, ...]:
+        actions = actions.astype(self.envs.single_action_space.dtype, copy=False)
+        obs, reward, terminated, truncated, info = self.envs.step(actions)
+        final_obs = np.array(obs, copy=True)
+        for i in np.flatnonzero(info.get("_final_obs", ())):
+            final_obs[i] = info["final_obs"][i]
+        return obs, reward, terminated, truncated, final_obs
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+class GymnasiumAsyncPool(GymnasiumPool):
+    """`gymnasium.make_vec(..., vectorization_mode="async")`: one worker process per environment, observations
+    through shared memory, SAME_STEP autoreset. Workers are spawned, not forked (forking a process that runs
+    JAX's threads can deadlock), so the environment id must be registered when its module is imported."""
+
+    mode = "async"
+    vector_kwargs = {"shared_memory": True, "context": "spawn"}
+
+
+class EnvPoolPool(HostPool):
+    """EnvPool's synchronous pool (C++ threads). EnvPool resets a finished environment on the next step
+    (NEXT_STEP); this pool resets finished environments at once instead, to give SAME_STEP semantics."""
+
+    @classmethod
+    def spaces(cls, env_id: str) -> tuple[Any, Any]:
+        envpool = _import_envpool()
+        if env_id not in envpool.list_all_envs():
+            raise FragcError(f"envpool: unknown environment '{env_id}'")
+        spec = envpool.make_spec(env_id)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return spec.observation_space, spec.action_space
+
+    def __init__(self, env_id: str, num_envs: int):
+        super().__init__(env_id, num_envs)
+        self.envs = None
+
+    def reset(self, keys: np.ndarray) -> np.ndarray:
+        envpool = _import_envpool()
+        if self.envs is not None:
+            self.envs.close()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.envs = envpool.make_gymnasium(self.env_id, num_envs=self.num_envs, seed=seeds_of(keys)[0] % 2**31)
+        obs, info = self.envs.reset()
+        return _by_env_id(obs, info)
+
+    def step(self, actions: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, ...]:
+        obs, reward, terminated, truncated, info = self.envs.step(actions, np.arange(self.num_envs, dtype=np.int32))
+        order = np.argsort(info["env_id"])
+        obs, reward, terminated, truncated = obs[order], reward[order], terminated[order], truncated[order]
+        final_obs = np.array(obs, copy=True)
+        done = np.flatnonzero(terminated | truncated)
+        if len(done):
+            reset_obs, reset_info = self.envs.reset(done.astype(np.int32))
+            obs = np.array(obs, copy=True)
+            obs[reset_info["env_id"]] = reset_obs
+        return obs, reward, terminated, truncated, final_obs
+
+    def close(self) -> None:
+        if self.envs is not None:
+            self.envs.close()
+
+
+def _by_env_id(obs: np.ndarray, info: dict) -> np.ndarray:
+    return obs[np.argsort(info["env_id"])]
+
+
+def _import_envpool() -> Any:
+    try:
+        import envpool
+    except ImportError as err:
+        raise FragcError("the envpool backend needs EnvPool: pip install 'fragc[host]' (or pip install envpool)") from err
+    return envpool
+
+
+HOST_POOLS: dict[str, type[HostPool]] = {
+    "gymnasium": GymnasiumPool, "gymnasium_async": GymnasiumAsyncPool, "envpool": EnvPoolPool}
+
+
+def register_host_pool(backend: str, pool: type[HostPool], summary: str) -> None:
+    """Make `BACKEND:ID` environment names step `pool` on the host (listed by `fragc envs`)."""
+    if backend == "gymnax" or ":" in backend:
+        raise FragcError(f"cannot register a host backend named {backend!r}")
+    HOST_POOLS[backend] = pool
+    BACKENDS[backend] = summary
+
+
+# ---------------------------------------------------------------- the VecEnv interface
+
+
+@struct.dataclass
+class HostEnvState:
+    """`Runner.env_state` of a host environment, per environment: where it is, and how far the pool was."""
+
+    index: jax.Array  # int32: the environment's index in the host pool
+    pool_step: jax.Array  # int32: the pool's step count when this runner was made (0 after a reset)
+
+
+class HostVecEnv(VecEnv):
+    """`VecEnv` over a host pool: reset and step are host calls from inside the jitted program."""
+
+    on_host = True
+
+    def __init__(self, name: str):
+        from fragc.algos.envs import to_gymnax_space
+
+        self.name = name
+        backend, self.env_id = split_env_name(name)
+        self.pool_type = HOST_POOLS[backend]
+        obs_space, action_space = self.pool_type.spaces(self.env_id)
+        self._obs_size = int(np.prod(obs_space.shape)) if obs_space.shape else 1
+        self._action_space = to_gymnax_space(action_space, name)
+        self.pool: HostPool | None = None
+        self.pool_step = 0  # steps of the pool since its last reset
+
+    @property
+    def action_space(self) -> Any:
+        return self._action_space
+
+    @property
+    def obs_size(self) -> int:
+        return self._obs_size
+
+    def reset(self, key: jax.Array, num_envs: int) -> Runner:
+        keys = jax.random.split(key, num_envs)
+        reset_keys, carry_keys = jax.vmap(jax.random.split, out_axes=1)(keys)
+        ids = jnp.arange(num_envs, dtype=jnp.int32)
+        obs, pool_step = host_call(f"{self.name} reset", self._host_reset, (self._obs_struct(num_envs), _counts(num_envs)),
+                                   ids, _key_data(reset_keys))
+        return self._new_runner(HostEnvState(ids, pool_step), obs, carry_keys)
+
+    def step(self, runner: Runner, action: jax.Array, step_keys: jax.Array | None = None) -> tuple[Runner, Step]:
+        step_keys, carry_keys = self._keys(runner, step_keys)
+        n = action.shape[0]
+        flags = jax.ShapeDtypeStruct((n,), jnp.bool_)
+        shapes = (self._obs_struct(n), jax.ShapeDtypeStruct((n,), jnp.float32), flags, flags, self._obs_struct(n),
+                  _counts(n))
+        state = runner.env_state
+        obs, reward, terminated, truncated, final_obs, pool_step = host_call(
+            f"{self.name} step", self._host_step, shapes, state.index, state.pool_step, action, _key_data(step_keys))
+        return self._advance(runner, HostEnvState(state.index, pool_step), obs, carry_keys, reward, terminated,
+                             truncated, final_obs)
+
+    def _obs_struct(self, n: int) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct((n, self.obs_size), jnp.float32)
+
+    # ------------------------------------------------------------ on the host
+
+    def _host_reset(self, ids: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return _per_env(ids, self._reset_pool, keys)
+
+    def _reset_pool(self, num_envs: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.pool is None or self.pool.num_envs != num_envs:
+            if self.pool is not None:
+                self.pool.close()
+            self.pool = self.pool_type(self.env_id, num_envs)
+        obs = _flat_obs(self.pool.reset(keys))
+        self.pool_step = 0
+        return obs, np.zeros(num_envs, np.int32)
+
+    def _host_step(self, ids: np.ndarray, pool_step: np.ndarray, actions: np.ndarray,
+                   keys: np.ndarray) -> tuple[np.ndarray, ...]:
+        def step(num_envs: int, pool_step: np.ndarray, actions: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, ...]:
+            if self.pool is None or self.pool.num_envs != num_envs or np.any(pool_step != self.pool_step):
+                return self._reset_on_resume(num_envs, keys)
+            obs, reward, terminated, truncated, final_obs = self.pool.step(actions, keys)
+            self.pool_step += 1
+            return (_flat_obs(obs), np.asarray(reward, np.float32), np.asarray(terminated, bool),
+                    np.asarray(truncated, bool), _flat_obs(final_obs), np.full(num_envs, self.pool_step, np.int32))
+
+        return _per_env(ids, step, pool_step, actions, keys)
+
+    def _reset_on_resume(self, num_envs: int, keys: np.ndarray) -> tuple[np.ndarray, ...]:
+        warnings.warn(f"{self.name}: the training state does not continue the host environments' last step (a "
+                      "resumed run: their state is not in the checkpoint); resetting them, every episode is "
+                      "truncated here", stacklevel=2)
+        obs, pool_step = self._reset_pool(num_envs, keys)
+        no = np.zeros(num_envs, bool)
+        return obs, np.zeros(num_envs, np.float32), no, ~no, obs, pool_step
+
+
+def _counts(n: int) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct((n,), jnp.int32)
+
+
+def _key_data(keys: jax.Array) -> jax.Array:
+    return jax.random.key_data(keys) if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key) else keys
+
+
+def _flat_obs(obs: np.ndarray) -> np.ndarray:
+    obs = np.asarray(obs)
+    return obs.reshape(obs.shape[0], -1).astype(np.float32, copy=False)
+
+
+def _per_env(ids: np.ndarray, fn: Callable[..., tuple[np.ndarray, ...]], *arrays: np.ndarray) -> Any:
+    """Call `fn(num_envs, *arrays)` with every environment's rows in pool order, and return its results in
+    the caller's order and leading shape.
+
+    `ids` is each row's environment index in the pool. A vmapped call (the reference interpreter's
+    replicas: `vmap_method="expand_dims"`) adds leading axes; they are flattened here, so one call
+    steps the whole pool. A call that does not hold every environment exactly once is refused: that
+    would be a placement the IR should have refused (each device stepping a part of the pool).
+    """
+    ids = np.asarray(ids)
+    flat = ids.reshape(-1)
+    n = flat.size
+    if not np.array_equal(np.sort(flat), np.arange(n)):
+        raise FragcError(f"a host step received environments {flat.tolist()[:8]}...: every call must step the whole "
+                         "pool (host environments run in one replica)")
+    ordered = []
+    for a in arrays:
+        a = np.asarray(a).reshape((n,) + np.shape(a)[ids.ndim:])
+        pool_order = np.empty_like(a)
+        pool_order[flat] = a
+        ordered.append(pool_order)
+    results = fn(n, *ordered)
+    return tuple(np.asarray(r)[flat].reshape(ids.shape + np.shape(r)[1:]) for r in results)

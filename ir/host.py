@@ -1,0 +1,132 @@
+"""Host calls: work a fragment hands to the host CPU from inside its body (a host environment's step).
+
+`host_call` is `jax.pure_callback` with a marker: the callback is a
+`HostCallback`, so the IR can find every host call in a fragment's body
+(`find_host_steps`), print it with the bytes that cross between host and
+device per iteration, and refuse placements it cannot run under
+(`host_placement_error`).
+
+Why `pure_callback` and not `io_callback(ordered=True)`: fragments run under
+`vmap` (the reference interpreter's replicas, a population) and
+`shard_map`; an ordered `io_callback` can be neither vmapped nor placed in
+a `shard_map`. A host environment's step is not pure, but within one rollout
+every call depends on the previous one's results (the next action is
+computed from the observation it returned), so the data dependencies order
+the calls and none is dropped (its results are used) or repeated
+(nothing differentiates or rematerialises the rollout). `vmap_method=
+"expand_dims"` makes a vmapped call one call with a leading replica axis,
+so the host sees every environment at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Callable
+
+import jax
+from jax.extend import core as jex
+
+from .errors import FragcError
+
+
+class HostCallback:
+    """A callable run on the host by `host_call`; `name` says what it is (``gymnasium:CartPole-v1 step``)."""
+
+    def __init__(self, name: str, fn: Callable[..., Any]):
+        self.name = name
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+    def __repr__(self) -> str:
+        return f"HostCallback({self.name})"
+
+
+def host_call(name: str, fn: Callable[..., Any], result_shapes: Any, *args: Any) -> Any:
+    """Run `fn(*args)` on the host (numpy in, numpy out) from inside a fragment, visible in the IR as a host step.
+
+    Under `vmap` the callback is called once with a leading axis added to every argument; it must
+    return results with the same leading axes.
+    """
+    return jax.pure_callback(HostCallback(name, fn), result_shapes, *args, vmap_method="expand_dims")
+
+
+@dataclasses.dataclass(frozen=True)
+class HostStep:
+    """A host call in a fragment's body, per iteration: how many calls and the bytes each way."""
+
+    name: str
+    calls: int  # per call of the fragment (the trip counts of the loops around it)
+    to_host: int  # bytes device -> host per iteration (the call's operands, every call)
+    from_host: int  # bytes host -> device per iteration (its results)
+
+    def line(self) -> str:
+        """The printed form (one line under the fragment's signature; `parse_line` reads it back)."""
+        from .printer import human_bytes
+
+        return (f'host step "{self.name}" on cpu calls={self.calls} to_host={self.to_host} '
+                f"from_host={self.from_host}   // per iteration: {human_bytes(self.to_host)} device->host, "
+                f"{human_bytes(self.from_host)} host->device")
+
+    @staticmethod
+    def parse_line(text: str) -> "HostStep | None":
+        m = re.match(r'^host step "(.*)" on cpu calls=(\d+) to_host=(\d+) from_host=(\d+)(   // .*)?$', text)
+        return HostStep(m[1], int(m[2]), int(m[3]), int(m[4])) if m else None
+
+
+def find_host_steps(jaxpr: Any, times: int = 1) -> tuple[HostStep, ...]:
+    """Every host call in `jaxpr` (recursively), with the trip counts of the scans around it."""
+    steps: list[HostStep] = []
+    for eqn in jaxpr.eqns:
+        callback = getattr(eqn.params.get("callback"), "callback_func", None)
+        if eqn.primitive.name == "pure_callback" and isinstance(callback, HostCallback):
+            steps.append(HostStep(callback.name, times, times * _nbytes(eqn.invars), times * _nbytes(eqn.outvars)))
+            continue
+        trips = int(eqn.params.get("length", 1)) if eqn.primitive.name == "scan" else 1
+        for sub in jex.jaxprs_in_params(eqn.params):
+            steps += find_host_steps(sub, times * trips)
+    return tuple(steps)
+
+
+def _nbytes(variables: Any) -> int:
+    return sum(math.prod(v.aval.shape) * v.aval.dtype.itemsize for v in variables)
+
+
+def host_placement_error(module: Any, shape: str) -> str | None:
+    """Why the module's host steps cannot run where the policy put them (None when they can).
+
+    What runs today: the host step inside a fragment with one replica on one device, in a fused or
+    staged program of one process. Several replicas (each device would step a part of one vector
+    environment), GSPMD over several devices, a population (every member would step the same
+    environments) and one SPMD program over groups are refused.
+    """
+    hosted = [f for f in module.fragments.values() if f.host_steps]
+    if not hosted:
+        return None
+    sizes = {m.name: len(m.devices) for m in module.meshes}
+    for fdef in hosted:
+        p = fdef.placement
+        if p is None:
+            continue
+        if p.replicas > 1:
+            return (f"fragment '{fdef.name}' steps host environments and has {p.replicas} replicas; "
+                    "host environments run in one replica on one device for now: use single, or actor_learner(_async) "
+                    "with one actor device (--devices 2)")
+        if sizes.get(p.group, 1) > 1:
+            return (f"fragment '{fdef.name}' steps host environments and is spread over {sizes[p.group]} devices "
+                    f"of group @{p.group}; host environments run on one device for now: use single, or actor_learner(_async) "
+                    "with one actor device (--devices 2)")
+    if module.population:
+        return "a population with host environments is not supported yet (every member would step the same environments)"
+    if shape == "spmd":
+        return "host environments in one SPMD program over device groups are not supported yet: use transfers='auto' in one process"
+    return None
+
+
+def check_host_placement(module: Any, shape: str) -> None:
+    reason = host_placement_error(module, shape)
+    if reason is not None:
+        raise FragcError(reason)

@@ -1,0 +1,251 @@
+"""Host environments (algos/host_envs.py): a gymnax environment stepped on the host through the host path
+gives the device path's trajectory step for step; the Gymnasium backend equals a plain Gymnasium loop; the
+IR shows the host step and its bytes; policies that cannot run host environments say so in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import warnings
+
+import chex
+import gymnasium
+import jax
+import numpy as np
+import pytest
+
+import fragc
+from fragc.algos import ppo
+from fragc.algos.envs import VecEnv, split_env_name
+from fragc.algos.host_envs import HOST_POOLS, HostPool, register_host_pool, seeds_of
+from fragc.ir import parse
+import shared_programs
+from conftest import assert_trees_close
+
+
+class GymnaxHostPool(HostPool):
+    """The test adapter: a gymnax environment stepped on the host, numpy in and out, with the keys the
+    device path would use, so the host path must reproduce the device path exactly."""
+
+    @classmethod
+    def spaces(cls, env_id):
+        import gymnax
+
+        env, params = gymnax.make(env_id)
+        return env.observation_space(params), env.action_space(params)
+
+    def __init__(self, env_id, num_envs):
+        import gymnax
+
+        super().__init__(env_id, num_envs)
+        env, params = gymnax.make(env_id)
+        self._reset = jax.jit(jax.vmap(lambda k: env.reset(k, params)))
+        self._step = jax.jit(jax.vmap(lambda k, s, a: env.step(k, s, a, params)))
+        self.state = None
+
+    def reset(self, keys):
+        obs, self.state = self._reset(jax.random.wrap_key_data(keys))
+        return np.asarray(obs)
+
+    def step(self, actions, keys):
+        obs, self.state, reward, terminated, truncated, info = self._step(
+            jax.random.wrap_key_data(keys), self.state, actions)
+        return tuple(np.asarray(x) for x in (obs, reward, terminated, truncated, info["final_observation"]))
+
+
+register_host_pool("gymnax_host", GymnaxHostPool, "gymnax environments stepped on the host (tests only)")
+
+def ppo_on(env):
+    """The shared PPO program's algorithm (tests/shared_programs.py), on `env`."""
+    return ppo.PPO(dataclasses.replace(shared_programs.ppo_algo().config, env=env))
+
+
+def runner_numbers(runner):
+    """What the two paths share of a runner (the environment state is the device's or a pool index)."""
+    return (runner.obs, runner.key, runner.episode_return, runner.last_return, runner.has_return)
+
+
+@pytest.mark.parametrize("env_id,num_envs,steps,tolerance", [
+    ("CartPole-v1", 4, 64, 0),  # terminations; bit-equal
+    # never terminates: every episode is truncated at step 200. XLA fuses the pendulum's dynamics into the
+    # device program differently from the host's separate step program: observations differ in the last bit.
+    ("Pendulum-v1", 2, 210, 1e-5),
+])
+def test_host_path_gives_the_device_paths_trajectory_step_for_step(env_id, num_envs, steps, tolerance):
+    """The same environment on the device and through the host path, the same random actions, in one program."""
+    envs = [VecEnv(env_id), VecEnv(f"gymnax_host:{env_id}")]
+
+    def trajectory(env, key):
+        def step(runner, action_key):
+            space = env.action_space
+            if env.is_discrete():
+                action = jax.random.randint(action_key, (num_envs,), 0, space.n)
+            else:
+                action = jax.random.uniform(action_key, (num_envs,) + space.shape, minval=space.low, maxval=space.high)
+            obs = runner.obs
+            runner, out = env.step(runner, action)
+            return runner, (obs, out)
+
+        runner, (obs, out) = jax.lax.scan(step, env.reset(key, num_envs), jax.random.split(key, steps))
+        return obs, out, runner_numbers(runner)
+
+    device, host = jax.jit(lambda key: [trajectory(env, key) for env in envs])(jax.random.key(0))
+    assert_trees_close(host, device, rtol=tolerance, atol=tolerance)
+    chex.assert_trees_all_equal((host[1].terminated, host[1].truncated), (device[1].terminated, device[1].truncated))
+    obs, out, _ = device
+    assert out.episode_done.any()  # the comparison covers episode ends and auto-resets
+    if env_id == "Pendulum-v1":  # truncation, not termination; final_obs is the state reached, not the reset
+        assert not out.terminated.any() and out.truncated[199].all() and not out.truncated[:199].any()
+        assert not np.array_equal(out.final_obs[199], obs[200])
+
+
+@pytest.fixture(scope="module")
+def host_single():
+    return fragc.compile(ppo_on("gymnax_host:CartPole-v1"), "single")
+
+
+def assert_equals_the_device_program(host):
+    """`host` (PPO stepping CartPole through the host path) runs as the shared single-device program does."""
+    _, _, dev_state, dev_metrics = shared_programs.ppo_run("single", 1)
+    state, metrics = host.run(host.init(0), shared_programs.ITERATIONS)
+    assert_trees_close(metrics, dev_metrics, rtol=0, atol=0)
+    assert_trees_close(state.learner, dev_state.learner, rtol=0, atol=0)
+    assert_trees_close(runner_numbers(state.runner), runner_numbers(dev_state.runner), rtol=0, atol=0)
+
+
+def test_single_program_equals_the_device_program(host_single):
+    assert_equals_the_device_program(host_single)
+
+
+@pytest.mark.slow  # a second staged compile (~10 s on 2 busy cores)
+def test_actor_learner_program_equals_the_device_program():
+    assert_equals_the_device_program(fragc.compile(ppo_on("gymnax_host:CartPole-v1"), "actor_learner", devices=2))
+
+
+def test_the_ir_shows_the_host_step_and_its_bytes(host_single):
+    c = host_single.algo.config
+    n, t, obs = c.num_envs, c.num_steps, 4
+    to_host = t * n * (4 + 4 + 4 + 8)  # per step: pool indices, pool step (i32), actions (i32), key data (2 x u32)
+    from_host = t * n * (obs * 4 + 4 + 1 + 1 + obs * 4 + 4)  # obs, reward, terminated, truncated, final obs, pool step
+    text = host_single.ir()
+    line = f'host step "gymnax_host:CartPole-v1 step" on cpu calls={t} to_host={to_host} from_host={from_host}'
+    rollout_lines = text.split("fragment @rollout", 1)[1].split("fragment @learn", 1)
+    assert line in rollout_lines[0] and "host step" not in rollout_lines[1]
+    total = host_single.cost()["total"]
+    assert (total["device_to_host_bytes"], total["host_to_device_bytes"]) == (to_host, from_host)
+    assert parse(text).fragments["rollout"].host_steps == host_single.module.fragments["rollout"].host_steps
+
+
+@pytest.mark.parametrize("policy,devices,message", [
+    ("anakin", 2, "fragment 'rollout' steps host environments and has 2 replicas"),
+    ("gspmd", 2, "fragment 'rollout' steps host environments and is spread over 2 devices"),
+    ("population(single,2)", 1, "a population with host environments is not supported yet"),
+])
+def test_policies_that_cannot_run_host_environments_refuse_in_one_line(policy, devices, message):
+    with pytest.raises(fragc.FragcError, match=message):
+        fragc.compile(ppo_on("gymnasium:CartPole-v1"), policy, devices=devices)  # refused before XLA compiles
+
+
+def test_gymnasium_backend_equals_a_plain_gymnasium_loop():
+    n, steps = 3, 40
+    env = VecEnv("gymnasium:CartPole-v1")
+    runner = jax.jit(env.reset, static_argnums=1)(jax.random.key(7), n)
+    step = jax.jit(env.step)
+    reference = gymnasium.make_vec("CartPole-v1", num_envs=n, vectorization_mode="sync",
+                                   vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP})
+    reset_keys = jax.vmap(jax.random.split)(jax.random.split(jax.random.key(7), n))[:, 0]
+    obs, _ = reference.reset(seed=seeds_of(np.asarray(jax.random.key_data(reset_keys))))
+    np.testing.assert_array_equal(runner.obs, obs)
+    rng = np.random.default_rng(0)
+    ends = 0
+    for _ in range(steps):
+        action = rng.integers(0, 2, n)
+        runner, out = step(runner, jax.numpy.asarray(action, jax.numpy.int32))
+        obs, reward, terminated, truncated, info = reference.step(action)
+        np.testing.assert_array_equal(runner.obs, obs)
+        np.testing.assert_array_equal(out.reward, reward)
+        np.testing.assert_array_equal(out.terminated, terminated)
+        np.testing.assert_array_equal(out.truncated, truncated)
+        for i in np.flatnonzero(terminated | truncated):
+            np.testing.assert_array_equal(out.final_obs[i], info["final_obs"][i])
+            ends += 1
+    assert ends > 0
+
+
+def test_async_gymnasium_pool_steps_as_the_sync_one():
+    """Worker processes with shared memory give the sync pool's numbers (the pools alone: numpy, no JAX)."""
+    keys = np.arange(6, dtype=np.uint32).reshape(3, 2)
+    pools = [HOST_POOLS[b]("CartPole-v1", 3) for b in ("gymnasium", "gymnasium_async")]
+    try:
+        chex.assert_trees_all_equal(*[p.reset(keys) for p in pools])
+        actions = np.random.default_rng(0).integers(0, 2, (30, 3))
+        for a in actions:
+            chex.assert_trees_all_equal(*[p.step(a, keys) for p in pools])
+    finally:
+        for p in pools:
+            p.close()
+
+
+def test_a_resumed_run_resets_the_host_environments_with_a_warning():
+    env = VecEnv("gymnasium:CartPole-v1")
+    start = jax.jit(env.reset, static_argnums=1)(jax.random.key(0), 2)
+    step = jax.jit(env.step)
+    action = jax.numpy.zeros(2, jax.numpy.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # continuing the pool's last step does not warn
+        runner, out = step(*step(start, action)[:1], action)
+        jax.block_until_ready(out)
+    assert not out.truncated.any()
+    for resumed in (start, runner):  # a state the pool has moved on from (a checkpoint restored in this process)...
+        env.pool = None if resumed is runner else env.pool  # ...or a new process, where no pool exists
+        with pytest.warns(UserWarning, match="state is not in the checkpoint"):
+            _, out = step(resumed, action)
+            jax.block_until_ready(out)
+        assert out.truncated.all() and not out.terminated.any() and (out.reward == 0).all()
+
+
+def test_envpool_steps_with_same_step_autoreset():
+    pytest.importorskip("envpool", reason="envpool is the optional extra fragc[host]")
+    env = VecEnv("envpool:CartPole-v1")
+    runner = jax.jit(env.reset, static_argnums=1)(jax.random.key(0), 2)
+    step = jax.jit(env.step)
+    ends = 0
+    for _ in range(40):  # always pushing right ends every episode within ~10 steps
+        runner, out = step(runner, jax.numpy.ones(2, jax.numpy.int32))
+        for i in np.flatnonzero(out.episode_done):
+            x, _, theta, _ = np.asarray(out.final_obs[i])
+            assert abs(theta) > 0.2094 or abs(x) > 2.4  # the terminal state reached...
+            assert np.abs(np.asarray(runner.obs[i])).max() <= 0.05  # ...and the next episode's first observation
+            ends += 1
+    assert ends >= 4
+
+
+def test_bad_environment_names_get_one_clear_line(monkeypatch):
+    with pytest.raises(fragc.FragcError, match="unknown environment backend 'gym'"):
+        split_env_name("gym:CartPole-v1")
+    with pytest.raises(fragc.FragcError, match="gymnasium: cannot make 'NoSuchEnv-v0'"):
+        VecEnv("gymnasium:NoSuchEnv-v0")
+    monkeypatch.setitem(sys.modules, "envpool", None)  # as if the extra were not installed
+    with pytest.raises(fragc.FragcError, match=r"pip install 'fragc\[host\]'"):
+        VecEnv("envpool:Pong-v5")
+
+
+@pytest.mark.slow  # 5e5 CartPole steps through Gymnasium on the host: 197 s of running on 2 busy cores
+def test_ppo_on_gymnasium_cartpole_reaches_475():
+    from conftest import train_returns
+
+    returns = train_returns(ppo.PPO(ppo.Config(env="gymnasium:CartPole-v1", total_steps=500_000)))
+    assert returns[-1] >= 475, returns[-10:]
+
+
+def test_fragc_envs_lists_the_backends_and_a_bad_backend_is_one_line(capsys):
+    from fragc.cli import main
+
+    assert main(["envs"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in out[:4]] == ["gymnax:ID", "gymnasium:ID", "gymnasium_async:ID", "envpool:ID"]
+    assert any(line.startswith("CartPole-v1 ") for line in out)
+    assert main(["ir", "ppo", "--env", "gym:CartPole-v1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "fragc: error: unknown environment backend 'gym' in 'gym:CartPole-v1'; backends: gymnax, gymnasium, "
+        "gymnasium_async, envpool, gymnax_host"]
