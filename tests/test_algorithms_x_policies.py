@@ -13,6 +13,9 @@ built-in policy are checked without compiling in test_schedule.py.
 Synchronous policies match the reference interpreter with the same replica
 counts; the asynchronous one matches the interpreter on its pipelined module;
 a population member matches the interpreter from its seed.
+
+The default suite runs each algorithm under at least one of these policies and each policy with at
+least two algorithms (`DEFAULT`); the rest of the matrix is marked slow (`pytest -m slow`).
 """
 
 import jax
@@ -26,12 +29,18 @@ from shared_programs import ALGOS, small_algo, traced
 ITERATIONS = 2
 
 REPLICAS = {"anakin": 8, "actor_learner": {"actor": 4, "buffer": 4, "learner": 4}}
-SYNC = [(name, "anakin") for name in sorted(ALGOS)] + [("dqn", "actor_learner")]
+DEFAULT = {"anakin": {"ppo", "dqn", "ppo_continuous"}, "actor_learner": {"dqn"},
+           "actor_learner_async": {"impala", "a2c"}, "population": {"ppo", "ppo_continuous"}}
+"""The cells of the matrix in the default suite: every algorithm at least once, the buffer role (DQN)
+under replicas and under roles, IMPALA under the policy it is made for."""
 
 
-@pytest.fixture(scope="module", params=sorted(ALGOS))
-def name(request):
-    return request.param
+def cells(policy, names):
+    return [pytest.param(name, marks=() if name in DEFAULT[policy] else pytest.mark.slow) for name in names]
+
+
+SYNC = [pytest.param(name, "anakin", marks=() if name in DEFAULT["anakin"] else pytest.mark.slow)
+        for name in sorted(ALGOS)] + [("dqn", "actor_learner")]
 
 
 def interpret_n(module, state, replicas, iterations=ITERATIONS):
@@ -58,6 +67,7 @@ def test_synchronous_policy_equals_interpreter(algo_name, policy):
     assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
 
 
+@pytest.mark.parametrize("name", cells("actor_learner_async", sorted(ALGOS)))
 def test_async_policy_equals_pipelined_interpreter(name):
     algo = small_algo(name)
     prog = fragc.compile(algo, "actor_learner_async", devices=8)
@@ -67,6 +77,7 @@ def test_async_policy_equals_pipelined_interpreter(name):
     assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
 
 
+@pytest.mark.parametrize("name", cells("population", sorted(ALGOS)))
 def test_population_member_equals_interpreter_from_its_seed(name):
     algo = small_algo(name)
     prog = fragc.compile(algo, fragc.population("single", 2))
