@@ -28,8 +28,9 @@ def compile(
     """Compile `algo` under `policy` on `devices` (a count, or the devices themselves) or the
     devices of `mesh`.
 
-    iterations_per_dispatch: how many iterations one dispatch scans, where the
-      whole iteration is one stage.
+    iterations_per_dispatch: how many iterations one dispatch runs (`prog.k`),
+      under every schedule: scanned in one program (fused, spmd) or queued
+      stage by stage (staged).
     print_after_all, dump_dir: print the IR after every pass, or write it to
       numbered files (`001_trace.fir`, ...) in `dump_dir`.
     transfers: how a staged iteration moves values between device groups:

@@ -319,7 +319,7 @@ SHAPES = ("fused", "staged", "spmd")
 
 - `fused`: the iteration is one stage; one XLA program scans k iterations a dispatch;
 - `staged`: one program per stage, transfers by `device_put` and delays between
-  them, dispatched in order every iteration (k = 1);
+  them, each iteration's programs queued in order, k iterations a dispatch;
 - `spmd`: every stage, transfer (a collective) and delay of the iteration in one
   SPMD program over the union of the device groups, k iterations a dispatch.
 """

@@ -183,6 +183,18 @@ def glue_defines_one_value_of_its_body_outputs(site: Site) -> str | None:
                   if (tuple(t.shape), str(t.dtype)) != (tuple(var.aval.shape), str(var.aval.dtype)))
 
 
+def glue_reads_and_writes_one_group(site: Site) -> str | None:
+    """Once transfers are inserted, glue runs beside one group: its operands and results live there."""
+    if site.module.carrier is None:
+        return None
+    results = site.node.outputs[0].type.leaves if site.node.outputs else ()
+    groups = [("operand", k, u.type.group) for k, u in enumerate(site.node.inputs)] + \
+             [("result leaf", k, t.group) for k, t in enumerate(results)]
+    placed = [g for g in groups if g[2] is not None]
+    return _first(f"{what} {k} lives on @{g}, but {placed[0][0]} {placed[0][1]} on @{placed[0][2]}"
+                  for what, k, g in placed if g != placed[0][2])
+
+
 # ---------------------------------------------------------------- transfer
 
 
@@ -241,7 +253,8 @@ NODE_RULES: dict[str, tuple[Rule, ...]] = {
     "run": COMMON + (fragment_is_defined, operands_match_the_arguments, results_match_the_fragment,
                      placed_on_a_mesh, replicas_fill_the_group, batch_axes_divide_by_replicas,
                      operands_live_on_the_fragments_group),
-    "glue": COMMON + (operands_match_the_glue_body, glue_defines_one_value_of_its_body_outputs),
+    "glue": COMMON + (operands_match_the_glue_body, glue_defines_one_value_of_its_body_outputs,
+                      glue_reads_and_writes_one_group),
     "transfer": COMMON + (transfer_moves_between_two_groups, transfer_source_is_the_operands_group,
                           transfer_destination_is_the_results_group),
     "delay": COMMON + (delay_types_agree,),

@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from fragc.ir.module import Module
 
 from .lower import Lowered, leaf_sharding, lower_fragment, lower_fragments
-from .stages import CompiledStage, stage_fragments
+from .stages import Executable, stage_fragments
 
 
 class FusedProgram:
@@ -36,14 +36,14 @@ class FusedProgram:
         self.body = Lowered(module, frags)
         self.state_shardings = self._state_shardings()
         lowered = self._lower()
-        self.stages = [CompiledStage("iteration", stage_fragments(module, range(len(module.graph.nodes))),
+        self.executables = [Executable("iteration", tuple(s.name for s in module.stages), stage_fragments(module, range(len(module.graph.nodes))),
                                      lowered, lowered.compile(), self.k)]
 
     def leaf_sharding(self, leaf: Any) -> Any:
         return leaf_sharding(leaf, self.module, self.devices)
 
     def __call__(self, state: list[Any], delays: dict | None, n: int) -> tuple[list, dict, list]:
-        state, metrics = self.stages[0].compiled(state, np.int32(n))
+        state, metrics = self.executables[0].compiled(state, np.int32(n))
         return state, {}, metrics
 
     def _state_shardings(self) -> list[NamedSharding]:

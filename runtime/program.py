@@ -5,7 +5,7 @@ program builds the executor for that shape and dispatches it:
 
 - `fused` (runtime/fused.py): one XLA program scans k iterations a dispatch;
 - `staged` (runtime/stages.py): one program per stage, `device_put` transfers
-  and delays between them, one iteration a dispatch;
+  and delays between them, k iterations queued a dispatch;
 - `spmd` (runtime/spmd.py): the staged iteration as one SPMD program over the
   union of its groups, collectives for the transfers, k iterations a dispatch.
 
@@ -34,7 +34,7 @@ from .multihost import place, to_host
 from .seeds import check_seed
 from .spmd import SpmdProgram
 from .state_diff import differences, only_static, same_leaf_type
-from .stages import CompiledStage, StagedProgram
+from .stages import Executable, StagedProgram
 
 EXECUTORS = {"fused": FusedProgram, "staged": StagedProgram, "spmd": SpmdProgram}
 """The executor of each `Schedule.shape`."""
@@ -65,28 +65,39 @@ class Program:
 
     @property
     def stages(self) -> list[str]:
-        return [s.name for s in self._executor.stages]
+        """The module's stages (`fuse`'s subgraphs), in order."""
+        return [s.name for s in self.module.stages]
 
-    def _stage(self, name: str) -> CompiledStage:
-        for s in self._executor.stages:
-            if s.name == name:
-                return s
-        raise FragcError(f"no stage '{name}'; stages: {', '.join(self.stages)}")
+    @property
+    def executables(self) -> list[str]:
+        """The compiled XLA programs: one per stage (`staged`), or "iteration" (`fused`, `spmd`)."""
+        return [e.name for e in self._executor.executables]
 
-    def hlo(self, stage: str, optimized: bool = False) -> str:
-        """StableHLO of a stage (or XLA's optimised HLO)."""
-        s = self._stage(stage)
-        return s.compiled.as_text() if optimized else s.lowered.as_text()
+    def _executable(self, name: str) -> Executable:
+        """The executable named `name`, or the one that runs stage `name`."""
+        for e in self._executor.executables:
+            if e.name == name:
+                return e
+        for e in self._executor.executables:
+            if name in e.stages:
+                return e
+        raise FragcError(f"no stage or executable '{name}'; stages: {', '.join(self.stages)}; "
+                         f"executables: {', '.join(self.executables)}")
+
+    def hlo(self, name: str, optimized: bool = False) -> str:
+        """StableHLO (or XLA's optimised HLO) of an executable, or of the executable that runs a stage."""
+        e = self._executable(name)
+        return e.compiled.as_text() if optimized else e.lowered.as_text()
 
     def cost(self) -> dict[str, dict[str, float]]:
-        """Per compiled stage: flops and bytes accessed per call of its program (XLA's cost analysis),
+        """Per executable: flops and bytes accessed per call of its program (XLA's cost analysis),
         the iterations one call runs (`iterations_per_dispatch`: k for a fused or SPMD program, 1 for
         a stage of a staged one), and the collective and transfer bytes per iteration; `"total"` sums
         the per-iteration bytes, with the host steps' (ir/host.py) bytes device -> host (`device_to_host_bytes`)
         and host -> device (`host_to_device_bytes`)."""
         out: dict[str, dict[str, float]] = {}
         per_iter_collectives = 0.0
-        for s in self._executor.stages:
+        for s in self._executor.executables:
             analysis = s.compiled.cost_analysis() or {}
             frags = set(s.fragments)
             coll = float(sum(fragment_collective_bytes(self.module.fragments[f]) for f in frags))

@@ -43,7 +43,7 @@ from fragc.ir.module import REPLICA, Module, Run, Transfer
 from fragc.ir.types import LeafType
 
 from .lower import spec
-from .stages import CompiledStage, stage_fragments
+from .stages import Executable, stage_fragments
 
 GROUP = "group"
 
@@ -74,7 +74,7 @@ class SpmdProgram(Interpreter):
         self.state_shardings = [self.leaf_sharding(t) for t in self.state_types]
         self.delay_shardings = [[self.leaf_sharding(t) for t in ts] for ts in self.delay_types]
         lowered = self._lower()
-        self.stages = [CompiledStage("iteration", stage_fragments(module, range(len(graph.nodes))),
+        self.executables = [Executable("iteration", tuple(s.name for s in module.stages), stage_fragments(module, range(len(graph.nodes))),
                                      lowered, lowered.compile(), self.k)]
 
     def leaf_sharding(self, leaf: LeafType) -> NamedSharding:
@@ -83,7 +83,7 @@ class SpmdProgram(Interpreter):
 
     def __call__(self, state: list[Any], delays: dict[int, list[Any]], n: int) -> tuple[list, dict, Any]:
         flat = [x for i in self.delay_nodes for x in delays[i]]
-        state, flat, metrics = self.stages[0].compiled(state, flat, np.int32(n))
+        state, flat, metrics = self.executables[0].compiled(state, flat, np.int32(n))
         return state, self._unflatten_delays(flat), metrics
 
     # ------------------------------------------------------------ the executor's steps inside the program

@@ -24,10 +24,17 @@ from .lower import Lowered, leaf_sharding, lower_fragments
 
 
 @dataclasses.dataclass
-class CompiledStage:
-    """One XLA program: `Program.hlo(name)` prints it, `Program.cost()` reads it."""
+class Executable:
+    """One compiled XLA program: `Program.hlo(name)` prints it, `Program.cost()` reads it.
+
+    A *stage* is the IR's (a subgraph `fuse` makes, `Module.stages`); an executable is what runs:
+    a `staged` schedule compiles one per stage (named after it), a `fused` or `spmd` schedule one
+    for the whole iteration (named "iteration"), which runs every stage.
+    """
 
     name: str
+    stages: tuple[str, ...]
+    """The module's stages this program runs."""
     fragments: tuple[str, ...]
     lowered: Any
     compiled: Any
@@ -41,7 +48,7 @@ def stage_fragments(module: Module, nodes: Sequence[int]) -> tuple[str, ...]:
 
 
 class StagedProgram(Interpreter):
-    """A module whose schedule is `staged`, executed one iteration a dispatch."""
+    """A module whose schedule is `staged`: one executable per stage, k iterations queued a dispatch."""
 
     donates = False
 
@@ -49,8 +56,8 @@ class StagedProgram(Interpreter):
         super().__init__(module)
         self.devices = devices
         body = Lowered(module, lower_fragments(module, devices))
-        self.stages = [compile_stage(s, body, devices) for s in module.stages]
-        self._programs = {s.name: c.compiled for s, c in zip(module.stages, self.stages)}
+        self.executables = [compile_stage(s, body, devices) for s in module.stages]
+        self._programs = {s.name: c.compiled for s, c in zip(module.stages, self.executables)}
         self.state_shardings = [self.leaf_sharding(t) for t in module.graph.inputs[0].type.leaves]
 
     def leaf_sharding(self, leaf: Any) -> Any:
@@ -72,10 +79,10 @@ class StagedProgram(Interpreter):
         return [jax.device_put(x, self.leaf_sharding(t)) for x, t in zip(leaves, node.outputs[0].type.leaves)]
 
 
-def compile_stage(stage: Stage, body: Lowered, devices: Sequence[jax.Device]) -> CompiledStage:
+def compile_stage(stage: Stage, body: Lowered, devices: Sequence[jax.Device]) -> Executable:
     module = body.module
     structs = [jax.ShapeDtypeStruct(u.type.shape, u.type.dtype, sharding=leaf_sharding(u.type, module, devices))
                for u in stage.inputs]
     out_shardings = [leaf_sharding(u.type, module, devices) for u in stage.outputs]
     lowered = jax.jit(lambda *leaves: body.stage(stage, list(leaves)), out_shardings=out_shardings).lower(*structs)
-    return CompiledStage(stage.name, stage_fragments(module, stage.nodes), lowered, lowered.compile())
+    return Executable(stage.name, (stage.name,), stage_fragments(module, stage.nodes), lowered, lowered.compile())

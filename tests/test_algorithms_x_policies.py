@@ -15,7 +15,7 @@ counts; the asynchronous one matches the interpreter on its pipelined module;
 a population member matches the interpreter from its seed.
 
 The default suite runs each algorithm under at least one of these policies and each policy with at
-least two algorithms (`DEFAULT`); the rest of the matrix is marked slow (`pytest -m slow`).
+least two algorithms, PPO's in test_policies.py (`DEFAULT`); the rest of the matrix is marked slow (`pytest -m slow`).
 """
 
 import jax
@@ -29,10 +29,11 @@ from shared_programs import ALGOS, small_algo, traced
 ITERATIONS = 2
 
 REPLICAS = {"anakin": 8, "actor_learner": {"actor": 4, "buffer": 4, "learner": 4}}
-DEFAULT = {"anakin": {"ppo", "dqn", "ppo_continuous"}, "actor_learner": {"dqn"},
-           "actor_learner_async": {"impala", "a2c"}, "population": {"ppo", "ppo_continuous"}}
-"""The cells of the matrix in the default suite: every algorithm at least once, the buffer role (DQN)
-under replicas and under roles, IMPALA under the policy it is made for."""
+DEFAULT = {"anakin": {"dqn"}, "actor_learner": {"dqn"}, "actor_learner_async": {"impala", "a2c"},
+           "population": {"ppo_continuous"}}
+"""The cells of the matrix in the default suite: with PPO under every policy in test_policies.py, every
+algorithm runs under at least one policy, the buffer role (DQN) under replicas and under roles, IMPALA
+under the policy it is made for."""
 
 
 def cells(policy, names):

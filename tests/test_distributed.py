@@ -131,6 +131,7 @@ def test_collective_transfers_need_equal_groups():
         fragc.compile(algo, policy, devices=8, transfers="collective")
 
 
+@pytest.mark.slow  # 30 s of two launches; the only test of the lost-process watchdog: run it with -m slow
 def test_a_lost_process_stops_the_run_which_resumes_to_the_uninterrupted_fingerprint(tmp_path):
     """kill -9 of process 1 mid-run: process 0 names it within the (shortened) lost-process time;
     `--resume` ends where an uninterrupted run does, and its --json stdout is JSON only."""

@@ -106,8 +106,9 @@ def test_population_of_a_staged_policy_is_refused():
 
 def test_stages_and_hlo_per_stage():
     prog = ppo_program("actor_learner")
-    assert prog.stages == ["actors", "learner"]
+    assert prog.stages == prog.executables == ["actors", "learner"]  # staged: one executable per stage
     assert "stablehlo" in prog.hlo("learner")
     assert "all-gather" in prog.hlo("learner", optimized=True)
-    with pytest.raises(fragc.FragcError, match="no stage 'iteration'; stages: actors, learner"):
+    with pytest.raises(fragc.FragcError, match="no stage or executable 'iteration'; stages: actors, learner; "
+                                               "executables: actors, learner"):
         prog.hlo("iteration")

@@ -66,6 +66,8 @@ def test_ir_after_named_passes_and_stage_names():
 
 def test_hlo_and_cost():
     prog = regression_program()
+    assert prog.stages == ["main"] and prog.executables == ["iteration"]  # fused: one executable runs the stage
+    assert prog.hlo("main") == prog.hlo("iteration")
     assert "stablehlo" in prog.hlo("iteration")
     assert prog.hlo("iteration", optimized=True).startswith("HloModule")
     cost = prog.cost()["iteration"]

@@ -104,6 +104,13 @@ def read_a_leaf_of_another_group(m):
     return replace_node(m, i, inputs=inputs)
 
 
+def glue_writes_a_leaf_on_another_group(m):
+    i = index_of(m, "glue")  # @learner's glue increments the step: say its result lives on @actors
+    out = m.graph.nodes[i].outputs[0]
+    moved = out.replace(type=out.type.with_leaves(tuple(t.replace(group="actors") for t in out.type.leaves)))
+    return replace_node(m, i, outputs=(moved,))
+
+
 def glue_without_operands(m):
     return replace_node(m, index_of(m, "glue"), inputs=())
 
@@ -188,6 +195,8 @@ CASES = [
     ("operands_match_the_glue_body", "traced", glue_without_operands, r"\(glue -> %g\): 0 operands for a body of 1 inputs"),
     ("glue_defines_one_value_of_its_body_outputs", "traced", glue_with_a_result_too_many,
      r"\(glue -> %g\): glue must define one value with one leaf per body output"),
+    ("glue_reads_and_writes_one_group", "staged", glue_writes_a_leaf_on_another_group,
+     r"\(glue -> %g\): result leaf 0 lives on @actors, but operand 0 on @learner"),
     ("transfer_moves_between_two_groups", "staged", transfer_to_itself,
      r"\(transfer -> %x_to_learner\): moves from @actors to itself"),
     ("transfer_source_is_the_operands_group", "staged", transfer_from_the_wrong_group,
