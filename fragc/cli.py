@@ -524,14 +524,14 @@ COMMANDS = {"run": cmd_run, "ir": cmd_ir, "policies": cmd_list, "algos": cmd_lis
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from fragc.runtime.stopping import stop_signals_interrupt
+    from fragc.runtime.stopping import exit_code, stop_signals_interrupt
 
     try:
         with stop_signals_interrupt(), _one_line_warnings():
             return _main(argv)
-    except KeyboardInterrupt:  # while starting: loading the algorithm imports JAX
+    except KeyboardInterrupt as stop:  # while starting: loading the algorithm imports JAX
         print("fragc: interrupted", file=sys.stderr)
-        return 130
+        return exit_code(stop)
     except FragcError as err:  # while starting: e.g. a malformed FRAGC_* variable
         return _usage_error(err)
 
@@ -601,10 +601,12 @@ def _multiprocess_command(early: argparse.Namespace, argv: list[str]) -> int:
         print(f"fragc: error: {err}", file=sys.stderr)
         distributed.fail(str(err))
         code = _exit_code(err)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
+        from fragc.runtime.stopping import exit_code
+
         print("fragc: interrupted", file=sys.stderr)
         distributed.fail("interrupted")
-        code = 130
+        code = exit_code(stop)
     except Exception as err:  # noqa: BLE001
         import jax
 
@@ -634,9 +636,11 @@ def _guarded(command: Any, *args: Any) -> Any:
         return command(*args)
     except FragcError as err:
         return _usage_error(err)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
+        from fragc.runtime.stopping import exit_code
+
         print("fragc: interrupted", file=sys.stderr)
-        return 130
+        return exit_code(stop)
     except BrokenPipeError:  # `fragc envs | head`
         sys.stderr.close()
         return 0

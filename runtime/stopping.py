@@ -22,13 +22,26 @@ import numpy as np
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+class Interrupted(KeyboardInterrupt):
+    """A stop at once by a signal; `exit_code` is the conventional 128 + its number."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def exit_code(interrupt: KeyboardInterrupt) -> int:
+    """128 + the signal that stopped a command (a plain KeyboardInterrupt is Ctrl-C's SIGINT)."""
+    return 128 + getattr(interrupt, "signum", signal.SIGINT)
+
+
 @contextlib.contextmanager
 def stop_signals_interrupt() -> Iterator[None]:
     """Within it SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does: until a run's
     `GracefulStop` takes them over, a command stops with one line (and, in a multi-process run,
     tells the others). In the main thread only."""
     def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+        raise Interrupted(signum)
 
     main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)} if main else {}
@@ -72,7 +85,7 @@ class GracefulStop:
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.signum or not self.graceful:
-            raise KeyboardInterrupt
+            raise Interrupted(signum)
         self.signum = signum
         print(f"fragc: {signal.Signals(signum).name}: stopping after this dispatch with a checkpoint "
               "(send it again to stop at once)", file=sys.stderr, flush=True)

@@ -77,6 +77,20 @@ def test_sigterm_saves_where_the_run_stops_and_resume_reaches_the_uninterrupted_
     assert got["params_fingerprint"] == uninterrupted()["params_fingerprint"]
 
 
+def test_a_stop_signal_without_a_checkpoint_folder_exits_with_its_conventional_code(tmp_path):
+    """Nothing to save: SIGHUP stops at once, one line, exit code 128 + 1 (not Ctrl-C's 130)."""
+    metrics = tmp_path / "m.jsonl"
+    proc = fragc_subprocess("run", "ppo", "--total-steps", "50000000", "--quiet", "--metrics", str(metrics))
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 1):  # training
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGHUP, err
+    assert err.strip().splitlines() == ["fragc: interrupted"], err
+
+
 def _flip_a_byte_of_the_largest_array_file(step_dir: pathlib.Path) -> None:
     largest = max((f for f in (step_dir / "arrays").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
     data = bytearray(largest.read_bytes())
