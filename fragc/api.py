@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 from typing import Any, Callable, Sequence
 
 from jax.sharding import Mesh
@@ -40,8 +41,13 @@ def compile(
     """
     pipeline, devs, resolved = run_passes(algo, policy, devices, mesh, iterations_per_dispatch, print_after_all,
                                           dump_dir, printer, transfers)
-    check_per_replica(pipeline.final)
-    return Program(algo, pipeline, devs, resolved)
+    # The 2-replica check is Python tracing and XLA compiles without the GIL: trace while XLA compiles, so
+    # the check costs no start-up time; its error (the user's mistake) wins over the program.
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fragc-check") as pool:
+        checked = pool.submit(check_per_replica, pipeline.final)
+        program = Program(algo, pipeline, devs, resolved)
+        checked.result()
+    return program
 
 
 def run_passes(

@@ -255,7 +255,7 @@ def test_a_body_using_a_config_size_fails_under_single_naming_the_replicas():
     with pytest.raises(fragc.FragmentError, match=r"fragment 'flatten' traced with 2 replicas, .*each seeing 1/2 of "
                                                   r"every declared axis \(obs f32\[4,8@env\] -> f32\[4,4\]\): its body "
                                                   r"fails: cannot reshape .*take batch sizes from the arguments' shapes"):
-        fragc.compile(algo, policy="single", devices=1)  # fails after the passes, before XLA compiles
+        fragc.compile(algo, policy="single", devices=1)  # the check traces while XLA compiles, then raises
     with pytest.raises(fragc.FragmentError, match=r"fragment 'flatten' traced with 4 replicas, .*obs f32\[4,8@env\] "
                                                   r"-> f32\[4,2\]"):
         fragc.interpret(fragc.trace(algo), algo.init(jax.random.key(0)), replicas=4)
