@@ -31,6 +31,7 @@ Semantics, the same as the device path's:
 from __future__ import annotations
 
 import abc
+import threading
 import warnings
 from typing import Any, Callable
 
@@ -213,7 +214,15 @@ class HostEnvState:
 
 
 class HostVecEnv(VecEnv):
-    """`VecEnv` over a host pool: reset and step are host calls from inside the jitted program."""
+    """`VecEnv` over host pools: reset and step are host calls from inside the jitted program.
+
+    Each call steps the pool that holds exactly the environments it was given (by their indices):
+    one pool for the whole batch in a fragment with one replica (and in the reference interpreter,
+    whose replicas make one call), one pool per device when the fragment runs with R replicas on R
+    devices (anakin, actor_learner with several actor devices): each device steps its own
+    environments, concurrently with the others. Pools are seeded per environment, so the numbers
+    do not depend on how the batch is split.
+    """
 
     on_host = True
 
@@ -226,8 +235,9 @@ class HostVecEnv(VecEnv):
         obs_space, action_space = self.pool_type.spaces(self.env_id)
         self._obs_size = int(np.prod(obs_space.shape)) if obs_space.shape else 1
         self._action_space = to_gymnax_space(action_space, name)
-        self.pool: HostPool | None = None
-        self.pool_step = 0  # steps of the pool since its last reset
+        self.pools: dict[tuple[int, ...], _PoolSlot] = {}  # environment indices -> their pool
+        self._lock = threading.Lock()  # the devices' host calls come from several threads
+        self._reset_keys: dict[int, np.ndarray] = {}  # environment index -> the key data of its last reset
 
     @property
     def action_space(self) -> Any:
@@ -262,37 +272,66 @@ class HostVecEnv(VecEnv):
 
     # ------------------------------------------------------------ on the host
 
+    @property
+    def pool(self) -> HostPool | None:
+        """The pool, when one pool holds every environment (one replica)."""
+        return next(iter(self.pools.values())).pool if len(self.pools) == 1 else None
+
+    def _slot(self, ids: tuple[int, ...]) -> "_PoolSlot | None":
+        with self._lock:
+            return self.pools.get(ids)
+
     def _host_reset(self, ids: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return _per_env(ids, self._reset_pool, keys)
 
-    def _reset_pool(self, num_envs: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if self.pool is None or self.pool.num_envs != num_envs:
-            if self.pool is not None:
-                self.pool.close()
-            self.pool = self.pool_type(self.env_id, num_envs)
-        obs = _flat_obs(self.pool.reset(keys))
-        self.pool_step = 0
-        return obs, np.zeros(num_envs, np.int32)
+    def _reset_pool(self, ids: tuple[int, ...], keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        slot = self._slot(ids)
+        if slot is None:
+            slot = _PoolSlot(self.pool_type(self.env_id, len(ids)))
+            with self._lock:
+                for other in [k for k in self.pools if set(k) & set(ids)]:  # the batch is split differently now
+                    self.pools.pop(other).pool.close()
+                self.pools[ids] = slot
+        obs = _flat_obs(slot.pool.reset(keys))
+        slot.step = 0
+        with self._lock:
+            self._reset_keys.update(zip(ids, np.asarray(keys)))
+        return obs, np.zeros(len(ids), np.int32)
 
     def _host_step(self, ids: np.ndarray, pool_step: np.ndarray, actions: np.ndarray,
                    keys: np.ndarray) -> tuple[np.ndarray, ...]:
-        def step(num_envs: int, pool_step: np.ndarray, actions: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, ...]:
-            if self.pool is None or self.pool.num_envs != num_envs or np.any(pool_step != self.pool_step):
-                return self._reset_on_resume(num_envs, keys)
-            obs, reward, terminated, truncated, final_obs = self.pool.step(actions, keys)
-            self.pool_step += 1
+        def step(ids: tuple[int, ...], pool_step: np.ndarray, actions: np.ndarray,
+                 keys: np.ndarray) -> tuple[np.ndarray, ...]:
+            slot = self._slot(ids)
+            if slot is None and not np.any(pool_step) and all(i in self._reset_keys for i in ids):
+                # Freshly reset by a call that held other environments too (`init` runs unsplit, the rollout
+                # one pool per device): reset a pool of these with the same keys, which gives the same
+                # observations, since pools seed each environment from its own key.
+                self._reset_pool(ids, np.stack([self._reset_keys[i] for i in ids]))
+                slot = self._slot(ids)
+            if slot is None or np.any(pool_step != slot.step):
+                return self._reset_on_resume(ids, keys)
+            obs, reward, terminated, truncated, final_obs = slot.pool.step(actions, keys)
+            slot.step += 1
             return (_flat_obs(obs), np.asarray(reward, np.float32), np.asarray(terminated, bool),
-                    np.asarray(truncated, bool), _flat_obs(final_obs), np.full(num_envs, self.pool_step, np.int32))
+                    np.asarray(truncated, bool), _flat_obs(final_obs), np.full(len(ids), slot.step, np.int32))
 
         return _per_env(ids, step, pool_step, actions, keys)
 
-    def _reset_on_resume(self, num_envs: int, keys: np.ndarray) -> tuple[np.ndarray, ...]:
+    def _reset_on_resume(self, ids: tuple[int, ...], keys: np.ndarray) -> tuple[np.ndarray, ...]:
         warnings.warn(f"{self.name}: the training state does not continue the host environments' last step (a "
                       "resumed run: their state is not in the checkpoint); resetting them, every episode is "
                       "truncated here", stacklevel=2)
-        obs, pool_step = self._reset_pool(num_envs, keys)
-        no = np.zeros(num_envs, bool)
-        return obs, np.zeros(num_envs, np.float32), no, ~no, obs, pool_step
+        obs, pool_step = self._reset_pool(ids, keys)
+        no = np.zeros(len(ids), bool)
+        return obs, np.zeros(len(ids), np.float32), no, ~no, obs, pool_step
+
+
+class _PoolSlot:
+    """A pool and its step count since its last reset (what a runner's `pool_step` must continue)."""
+
+    def __init__(self, pool: HostPool):
+        self.pool, self.step = pool, 0
 
 
 def _counts(n: int) -> jax.ShapeDtypeStruct:
@@ -309,25 +348,27 @@ def _flat_obs(obs: np.ndarray) -> np.ndarray:
 
 
 def _per_env(ids: np.ndarray, fn: Callable[..., tuple[np.ndarray, ...]], *arrays: np.ndarray) -> Any:
-    """Call `fn(num_envs, *arrays)` with every environment's rows in pool order, and return its results in
-    the caller's order and leading shape.
+    """Call `fn(pool_ids, *arrays)` with the call's environments' rows in index order (`pool_ids`: the
+    sorted indices, which name their pool), and return its results in the caller's order and shape.
 
-    `ids` is each row's environment index in the pool. A vmapped call (the reference interpreter's
-    replicas: `vmap_method="expand_dims"`) adds leading axes; they are flattened here, so one call
-    steps the whole pool. A call that does not hold every environment exactly once is refused: that
-    would be a placement the IR should have refused (each device stepping a part of the pool).
+    `ids` is each row's environment index. A vmapped call (the reference interpreter's replicas:
+    `vmap_method="expand_dims"`) adds leading axes; they are flattened here, so one call steps every
+    environment it holds. Each environment must appear once.
     """
     ids = np.asarray(ids)
     flat = ids.reshape(-1)
     n = flat.size
-    if not np.array_equal(np.sort(flat), np.arange(n)):
-        raise FragcError(f"a host step received environments {flat.tolist()[:8]}...: every call must step the whole "
-                         "pool (host environments run in one replica)")
-    ordered = []
-    for a in arrays:
-        a = np.asarray(a).reshape((n,) + np.shape(a)[ids.ndim:])
-        pool_order = np.empty_like(a)
-        pool_order[flat] = a
-        ordered.append(pool_order)
-    results = fn(n, *ordered)
-    return tuple(np.asarray(r)[flat].reshape(ids.shape + np.shape(r)[1:]) for r in results)
+    order = np.argsort(flat, kind="stable")
+    pool_ids = flat[order]
+    if n and np.any(pool_ids[1:] == pool_ids[:-1]):
+        raise FragcError(f"a host step received environment {int(pool_ids[np.flatnonzero(pool_ids[1:] == pool_ids[:-1])[0]])} "
+                         "twice in one call")
+    ordered = [np.asarray(a).reshape((n,) + np.shape(a)[ids.ndim:])[order] for a in arrays]
+    results = fn(tuple(int(i) for i in pool_ids), *ordered)
+    out = []
+    for r in results:
+        r = np.asarray(r)
+        caller_order = np.empty_like(r)
+        caller_order[order] = r
+        out.append(caller_order.reshape(ids.shape + r.shape[1:]))
+    return tuple(out)

@@ -98,10 +98,10 @@ def _nbytes(variables: Any) -> int:
 def host_placement_error(module: Any, shape: str) -> str | None:
     """Why the module's host steps cannot run where the policy put them (None when they can).
 
-    What runs today: the host step inside a fragment with one replica on one device, in a fused or
-    staged program of one process. Several replicas (each device would step a part of one vector
-    environment), GSPMD over several devices, a population (every member would step the same
-    environments) and one SPMD program over groups are refused.
+    What runs: the host step inside a fragment with one replica per device (`shard_map`: each device
+    steps its own environments, in a pool of their own), in a fused or staged program of one process.
+    GSPMD over several devices (XLA decides where the call runs), a population (every member would step
+    the same environments) and one SPMD program over groups (several processes) are refused.
     """
     hosted = [f for f in module.fragments.values() if f.host_steps]
     if not hosted:
@@ -111,14 +111,10 @@ def host_placement_error(module: Any, shape: str) -> str | None:
         p = fdef.placement
         if p is None:
             continue
-        if p.replicas > 1:
-            return (f"fragment '{fdef.name}' steps host environments and has {p.replicas} replicas; "
-                    "host environments run in one replica on one device for now: use single, or actor_learner(_async) "
-                    "with one actor device (--devices 2)")
-        if sizes.get(p.group, 1) > 1:
+        if p.lowering != "shard_map" and sizes.get(p.group, 1) > 1:
             return (f"fragment '{fdef.name}' steps host environments and is spread over {sizes[p.group]} devices "
-                    f"of group @{p.group}; host environments run on one device for now: use single, or actor_learner(_async) "
-                    "with one actor device (--devices 2)")
+                    f"of group @{p.group} by GSPMD; host environments run with one replica per device: use single, "
+                    "anakin or actor_learner(_async)")
     if module.population:
         return "a population with host environments is not supported yet (every member would step the same environments)"
     if shape == "spmd":

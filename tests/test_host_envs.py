@@ -104,9 +104,9 @@ def host_single():
     return fragc.compile(ppo_on("gymnax_host:CartPole-v1"), "single")
 
 
-def assert_equals_the_device_program(host):
-    """`host` (PPO stepping CartPole through the host path) runs as the shared single-device program does."""
-    _, _, dev_state, dev_metrics = shared_programs.ppo_run("single", 1)
+def assert_equals_the_device_program(host, policy="single", devices=1):
+    """`host` (PPO stepping CartPole through the host path) runs as the shared device-path program does."""
+    _, _, dev_state, dev_metrics = shared_programs.ppo_run(policy, devices)
     state, metrics = host.run(host.init(0), shared_programs.ITERATIONS)
     assert_trees_close(metrics, dev_metrics, rtol=0, atol=0)
     assert_trees_close(state.learner, dev_state.learner, rtol=0, atol=0)
@@ -115,6 +115,18 @@ def assert_equals_the_device_program(host):
 
 def test_single_program_equals_the_device_program(host_single):
     assert_equals_the_device_program(host_single)
+
+
+def test_anakin_steps_one_pool_per_device_and_equals_the_device_program():
+    """Each of the 2 devices steps its own 8 environments, in a pool of its own, concurrently."""
+    algo = ppo_on("gymnax_host:CartPole-v1")
+    host = fragc.compile(algo, "anakin", devices=2)
+    state, metrics = host.run(host.init(0), shared_programs.ITERATIONS)
+    _, _, dev_state, dev_metrics = shared_programs.ppo_run("anakin", 2)
+    assert_trees_close(metrics, dev_metrics, rtol=1e-5, atol=1e-5)
+    assert_trees_close(state.learner, dev_state.learner, rtol=1e-5, atol=1e-5)
+    assert_trees_close(runner_numbers(state.runner), runner_numbers(dev_state.runner), rtol=1e-5, atol=1e-5)
+    assert sorted(algo.env.pools) == [tuple(range(8)), tuple(range(8, 16))]
 
 
 @pytest.mark.slow  # a second staged compile (~10 s on 2 busy cores)
@@ -137,7 +149,6 @@ def test_the_ir_shows_the_host_step_and_its_bytes(host_single):
 
 
 @pytest.mark.parametrize("policy,devices,message", [
-    ("anakin", 2, "fragment 'rollout' steps host environments and has 2 replicas"),
     ("gspmd", 2, "fragment 'rollout' steps host environments and is spread over 2 devices"),
     ("population(single,2)", 1, "a population with host environments is not supported yet"),
 ])
@@ -197,7 +208,8 @@ def test_a_resumed_run_resets_the_host_environments_with_a_warning():
         jax.block_until_ready(out)
     assert not out.truncated.any()
     for resumed in (start, runner):  # a state the pool has moved on from (a checkpoint restored in this process)...
-        env.pool = None if resumed is runner else env.pool  # ...or a new process, where no pool exists
+        if resumed is runner:  # ...or a new process, where no pool exists
+            env.pools.clear()
         with pytest.warns(UserWarning, match="state is not in the checkpoint"):
             _, out = step(resumed, action)
             jax.block_until_ready(out)
