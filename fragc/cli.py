@@ -473,12 +473,14 @@ def cmd_ir(args: argparse.Namespace) -> int:
     from fragc.api import run_passes
     from fragc.devices import devices
     from fragc.ir import to_dot
+    from fragc.ir.frontend import check_per_replica
 
     if args.after and args.print_after_all:
         raise FragcError("pass --after or --print-after-all, not both")
     devices(args.devices)  # simulate CPU devices before JAX starts
     pipeline, _, _ = run_passes(_make_algo(args), policy=args.policy, devices=args.devices,
                                 print_after_all=args.print_after_all, dump_dir=args.dump_dir)
+    check_per_replica(pipeline.final)  # what compile checks: a body that only works with one replica
     if args.print_after_all:
         return 0
     module = pipeline.after(args.after)
