@@ -15,12 +15,6 @@ import pytest  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 
-# Tests compile many equal programs (the same small algorithm under a policy, in-process and in the
-# `fragc run` subprocesses): one persistent compilation cache for the session serves them all.
-from fragc.runtime.reporting import enable_compilation_cache  # noqa: E402
-
-enable_compilation_cache(os.environ["FRAGC_CACHE_DIR"])
-
 
 def as_numbers(tree):
     """Leaves as float64 numpy arrays (typed PRNG keys through their key data)."""
