@@ -272,19 +272,15 @@ class HostVecEnv(VecEnv):
 
     # ------------------------------------------------------------ on the host
 
-    @property
-    def pool(self) -> HostPool | None:
-        """The pool, when one pool holds every environment (one replica)."""
-        return next(iter(self.pools.values())).pool if len(self.pools) == 1 else None
-
     def _slot(self, ids: tuple[int, ...]) -> "_PoolSlot | None":
         with self._lock:
             return self.pools.get(ids)
 
     def _host_reset(self, ids: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return _per_env(ids, self._reset_pool, keys)
+        return _per_env(ids, lambda ids, keys: self._reset_pool(ids, keys)[1:], keys)
 
-    def _reset_pool(self, ids: tuple[int, ...], keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _reset_pool(self, ids: tuple[int, ...], keys: np.ndarray) -> tuple["_PoolSlot", np.ndarray, np.ndarray]:
+        """-> (the pool of `ids`, made if needed, reset from `keys`; observations; pool step counts)."""
         slot = self._slot(ids)
         if slot is None:
             slot = _PoolSlot(self.pool_type(self.env_id, len(ids)))
@@ -296,7 +292,7 @@ class HostVecEnv(VecEnv):
         slot.step = 0
         with self._lock:
             self._reset_keys.update(zip(ids, np.asarray(keys)))
-        return obs, np.zeros(len(ids), np.int32)
+        return slot, obs, np.zeros(len(ids), np.int32)
 
     def _host_step(self, ids: np.ndarray, pool_step: np.ndarray, actions: np.ndarray,
                    keys: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -307,8 +303,7 @@ class HostVecEnv(VecEnv):
                 # Freshly reset by a call that held other environments too (`init` runs unsplit, the rollout
                 # one pool per device): reset a pool of these with the same keys, which gives the same
                 # observations, since pools seed each environment from its own key.
-                self._reset_pool(ids, np.stack([self._reset_keys[i] for i in ids]))
-                slot = self._slot(ids)
+                slot = self._reset_pool(ids, np.stack([self._reset_keys[i] for i in ids]))[0]
             if slot is None or np.any(pool_step != slot.step):
                 return self._reset_on_resume(ids, keys)
             obs, reward, terminated, truncated, final_obs = slot.pool.step(actions, keys)
@@ -322,7 +317,7 @@ class HostVecEnv(VecEnv):
         warnings.warn(f"{self.name}: the training state does not continue the host environments' last step (a "
                       "resumed run: their state is not in the checkpoint); resetting them, every episode is "
                       "truncated here", stacklevel=2)
-        obs, pool_step = self._reset_pool(ids, keys)
+        _, obs, pool_step = self._reset_pool(ids, keys)
         no = np.zeros(len(ids), bool)
         return obs, np.zeros(len(ids), np.float32), no, ~no, obs, pool_step
 
@@ -360,9 +355,9 @@ def _per_env(ids: np.ndarray, fn: Callable[..., tuple[np.ndarray, ...]], *arrays
     n = flat.size
     order = np.argsort(flat, kind="stable")
     pool_ids = flat[order]
-    if n and np.any(pool_ids[1:] == pool_ids[:-1]):
-        raise FragcError(f"a host step received environment {int(pool_ids[np.flatnonzero(pool_ids[1:] == pool_ids[:-1])[0]])} "
-                         "twice in one call")
+    repeated = pool_ids[1:][pool_ids[1:] == pool_ids[:-1]]
+    if repeated.size:
+        raise FragcError(f"a host step received environment {int(repeated[0])} twice in one call")
     ordered = [np.asarray(a).reshape((n,) + np.shape(a)[ids.ndim:])[order] for a in arrays]
     results = fn(tuple(int(i) for i in pool_ids), *ordered)
     out = []

@@ -526,14 +526,13 @@ COMMANDS = {"run": cmd_run, "ir": cmd_ir, "policies": cmd_list, "algos": cmd_lis
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from fragc.runtime.stopping import exit_code, stop_signals_interrupt
+    from fragc.runtime.stopping import stop_signals_interrupt
 
     try:
         with stop_signals_interrupt(), _one_line_warnings():
             return _main(argv)
     except KeyboardInterrupt as stop:  # while starting: loading the algorithm imports JAX
-        print("fragc: interrupted", file=sys.stderr)
-        return exit_code(stop)
+        return _interrupted(stop)
     except FragcError as err:  # while starting: e.g. a malformed FRAGC_* variable
         return _usage_error(err)
 
@@ -604,11 +603,8 @@ def _multiprocess_command(early: argparse.Namespace, argv: list[str]) -> int:
         distributed.fail(str(err))
         code = _exit_code(err)
     except KeyboardInterrupt as stop:
-        from fragc.runtime.stopping import exit_code
-
-        print("fragc: interrupted", file=sys.stderr)
         distributed.fail("interrupted")
-        code = exit_code(stop)
+        code = _interrupted(stop)
     except Exception as err:  # noqa: BLE001
         import jax
 
@@ -632,6 +628,14 @@ def _exit_code(err: FragcError) -> int:
     return getattr(err, "exit_code", 2)
 
 
+def _interrupted(stop: KeyboardInterrupt) -> int:
+    """Say so in one line; the exit code is 128 + the signal that stopped the command."""
+    from fragc.runtime.stopping import exit_code
+
+    print("fragc: interrupted", file=sys.stderr)
+    return exit_code(stop)
+
+
 def _guarded(command: Any, *args: Any) -> Any:
     """`command(*args)`, with a user's mistake reported as one line and exit code 2."""
     try:
@@ -639,10 +643,7 @@ def _guarded(command: Any, *args: Any) -> Any:
     except FragcError as err:
         return _usage_error(err)
     except KeyboardInterrupt as stop:
-        from fragc.runtime.stopping import exit_code
-
-        print("fragc: interrupted", file=sys.stderr)
-        return exit_code(stop)
+        return _interrupted(stop)
     except BrokenPipeError:  # `fragc envs | head`
         sys.stderr.close()
         return 0

@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from fragc.ir.module import Module
 
 from .lower import Lowered, leaf_sharding, lower_fragment, lower_fragments
-from .stages import Executable, stage_fragments
+from .stages import whole_iteration
 
 
 class FusedProgram:
@@ -36,8 +36,7 @@ class FusedProgram:
         self.body = Lowered(module, frags)
         self.state_shardings = self._state_shardings()
         lowered = self._lower()
-        self.executables = [Executable("iteration", tuple(s.name for s in module.stages), stage_fragments(module, range(len(module.graph.nodes))),
-                                     lowered, lowered.compile(), self.k)]
+        self.executables = [whole_iteration(module, lowered, self.k)]
 
     def leaf_sharding(self, leaf: Any) -> Any:
         return leaf_sharding(leaf, self.module, self.devices)

@@ -43,7 +43,7 @@ from fragc.ir.module import REPLICA, Module, Run, Transfer
 from fragc.ir.types import LeafType
 
 from .lower import spec
-from .stages import Executable, stage_fragments
+from .stages import whole_iteration
 
 GROUP = "group"
 
@@ -74,8 +74,7 @@ class SpmdProgram(Interpreter):
         self.state_shardings = [self.leaf_sharding(t) for t in self.state_types]
         self.delay_shardings = [[self.leaf_sharding(t) for t in ts] for ts in self.delay_types]
         lowered = self._lower()
-        self.executables = [Executable("iteration", tuple(s.name for s in module.stages), stage_fragments(module, range(len(graph.nodes))),
-                                     lowered, lowered.compile(), self.k)]
+        self.executables = [whole_iteration(module, lowered, self.k)]
 
     def leaf_sharding(self, leaf: LeafType) -> NamedSharding:
         """Where a leaf lives between dispatches: on every row, split over `replica` along its batch axis."""

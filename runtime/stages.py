@@ -79,6 +79,12 @@ class StagedProgram(Interpreter):
         return [jax.device_put(x, self.leaf_sharding(t)) for x, t in zip(leaves, node.outputs[0].type.leaves)]
 
 
+def whole_iteration(module: Module, lowered: Any, iterations: int) -> Executable:
+    """The one executable of a `fused` or `spmd` schedule: every stage, `iterations` a call."""
+    return Executable("iteration", tuple(s.name for s in module.stages),
+                      stage_fragments(module, range(len(module.graph.nodes))), lowered, lowered.compile(), iterations)
+
+
 def compile_stage(stage: Stage, body: Lowered, devices: Sequence[jax.Device]) -> Executable:
     module = body.module
     structs = [jax.ShapeDtypeStruct(u.type.shape, u.type.dtype, sharding=leaf_sharding(u.type, module, devices))
