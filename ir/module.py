@@ -59,6 +59,15 @@ class Placement:
     group: str
     replicas: int
     lowering: str  # "shard_map" (replica-parallel) or "jit" (GSPMD shardings)
+    env_groups: int = 0
+    """For a fragment that steps host environments: 0 runs the host step inside the compiled program;
+    G >= 1 runs its time loop from the host (a host loop, runtime/host_loop.py) with each replica's
+    environments in G groups, inference of one overlapping the host stepping of another."""
+
+    def where(self) -> str:
+        """The printed placement (`on @actors shard_map replicas=4 host_loop(groups=2)`)."""
+        loop = f" host_loop(groups={self.env_groups})" if self.env_groups else ""
+        return f"on @{self.group} {self.lowering} replicas={self.replicas}{loop}"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -314,12 +323,21 @@ def leaf_set(uses: list[Use]) -> tuple[Use, ...]:
     return tuple(Use(v, i) for v, idx in by_value.items() for i in sorted(idx))
 
 
+def is_host_loop(module: "Module", node: Any) -> bool:
+    """Whether `node` runs a fragment whose time loop runs from the host (a stage of its own)."""
+    if not isinstance(node, Run):
+        return False
+    p = module.fragments[node.fragment].placement
+    return p is not None and p.env_groups > 0
+
+
 SHAPES = ("fused", "staged", "spmd")
 """How a program dispatches iterations (`Schedule.shape`):
 
 - `fused`: the iteration is one stage; one XLA program scans k iterations a dispatch;
 - `staged`: one program per stage, transfers by `device_put` and delays between
-  them, each iteration's programs queued in order, k iterations a dispatch;
+  them, each iteration's programs queued in order, k iterations a dispatch (a
+  host loop's stage is its programs driven step by step from the host);
 - `spmd`: every stage, transfer (a collective) and delay of the iteration in one
   SPMD program over the union of the device groups, k iterations a dispatch.
 """

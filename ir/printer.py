@@ -90,8 +90,7 @@ def _fragment_lines(fdef: FragmentDef, aliases: _Aliases, bodies: bool) -> list[
     results = ", ".join(aliases.ref(t, f"{fdef.name}Out{i}") for i, t in enumerate(fdef.out_types))
     where = ""
     if fdef.placement is not None:
-        p = fdef.placement
-        where = f" on @{p.group} {p.lowering} replicas={p.replicas}"
+        where = " " + fdef.placement.where()
     eqns = len(fdef.body.jaxpr.eqns) if fdef.body is not None else "?"
     lines = [
         f"fragment @{fdef.name} role={fdef.role}{where} eqns={eqns}   // {fdef.source}",

@@ -2,14 +2,16 @@
 
 A stage is a subgraph compiled as one program (`fragc.ir.module.Stage`): its
 nodes, the leaves it reads from outside and the leaves it makes that later
-nodes or the return read. Transfers and delays stay between stages.
+nodes or the return read. Transfers and delays stay between stages. A
+fragment whose time loop runs from the host (`Placement.env_groups`) is a
+stage of its own: the host loop is not one program.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from fragc.ir.module import Delay, Module, Transfer, subgraph
+from fragc.ir.module import Delay, Module, Transfer, is_host_loop, subgraph
 
 from .pipeline import Pass
 
@@ -25,7 +27,9 @@ class Fuse(Pass):
                 runs.append(("", []))
                 continue
             group = module.group_of(node)
-            if runs and runs[-1][0] == group:
+            if is_host_loop(module, node):  # run from the host, step by step: a stage of its own
+                runs += [(group, [i]), ("", [])]
+            elif runs and runs[-1][0] == group:
                 runs[-1][1].append(i)
             else:
                 runs.append((group, [i]))

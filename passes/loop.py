@@ -3,8 +3,9 @@
 - one stage and nothing between stages: `fused`, k iterations a dispatch;
 - stages with transfers carried by collectives: `spmd`, one program over the
   union of the groups, k iterations a dispatch;
-- stages with `device_put` transfers: `staged`, k iterations a dispatch, each
-  a sequence of per-stage programs, transfers and delays queued from Python.
+- stages with `device_put` transfers, or a host loop (a fragment whose time
+  loop runs from the host): `staged`, k iterations a dispatch, each a
+  sequence of per-stage programs, transfers and delays queued from Python.
 
 In every shape a dispatch is k iterations: metrics come back, callbacks run
 and checkpoints may be written between dispatches.
@@ -20,7 +21,7 @@ import dataclasses
 
 from fragc.ir.errors import FragcError
 from fragc.ir.host import check_host_placement
-from fragc.ir.module import Delay, Glue, Module, Schedule, Transfer
+from fragc.ir.module import Delay, Glue, Module, Schedule, Transfer, is_host_loop
 
 from .pipeline import Pass
 
@@ -33,13 +34,15 @@ class Loop(Pass):
     def run(self, module: Module) -> Module:
         if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
             raise FragcError(f"loop: iterations per dispatch must be a positive int, got {self.k!r}")
+        check_host_placement(module, None)  # before the shape's own refusals: they say less
         module = module.replace(schedule=Schedule(self._shape(module), self.k))
         check_host_placement(module, module.schedule.shape)
         return module
 
     def _shape(self, module: Module) -> str:
         between = [n for n in module.graph.nodes if isinstance(n, (Transfer, Delay))]
-        if len(module.stages) <= 1 and not between:
+        host_loop = any(is_host_loop(module, n) for n in module.graph.nodes)
+        if len(module.stages) <= 1 and not between and not host_loop:
             return "fused"
         if module.population:
             raise FragcError(f"population runs need a policy whose iteration is one stage; this one has "

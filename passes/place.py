@@ -14,8 +14,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from fragc.ir.module import Glue, Graph, Mesh, Module, Placement, Run, Use, Value
+from fragc.ir.errors import FragcError
+from fragc.ir.module import FragmentDef, Glue, Graph, Mesh, Module, Placement, Run, Use, Value
 from fragc.ir.replicas import check_divides
+from fragc.ir.time_loop import time_loop_error
 
 from .pipeline import Pass
 from .policy import Policy, check_roles
@@ -37,10 +39,28 @@ class Place(Pass):
             role = policy.placement(fdef.role)
             replicas = policy.replicas(fdef.role)
             check_divides(name, fdef.arg_names, fdef.in_types, replicas)
-            fragments[name] = fdef.replace(placement=Placement(role.group, replicas, role.lowering))
+            fragments[name] = fdef.replace(placement=Placement(role.group, replicas, role.lowering,
+                                                               _env_groups(fdef, replicas, policy)))
         meshes = tuple(Mesh(g, tuple(d)) for g, d in policy.groups.items())
         module = module.replace(fragments=fragments, meshes=meshes, population=tuple(policy.population))
         return module.replace(graph=_place_values(module))
+
+
+def _env_groups(fdef: FragmentDef, replicas: int, policy: Policy) -> int:
+    """The policy's environment groups for a fragment that steps host environments (0 for any other),
+    checked: the groups divide each replica's environments and the body splits into a host loop."""
+    groups = policy.env_groups
+    if not fdef.host_steps or not groups:
+        return 0
+    if groups > 1:
+        try:
+            check_divides(fdef.name, fdef.arg_names, fdef.in_types, replicas * groups)
+        except FragcError as err:
+            raise FragcError(f"env_groups={groups}: {err}") from err
+    reason = time_loop_error(fdef, replicas, groups)
+    if reason is not None:
+        raise FragcError(reason)
+    return groups
 
 
 def _place_values(module: Module) -> Graph:

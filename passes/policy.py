@@ -41,6 +41,10 @@ class Policy:
     """Iterations by which the actor's parameters lag the learner's (0: synchronous)."""
     population: tuple[int, ...] = ()
     """Seed offsets of independent runs vectorised in one program (empty: one run)."""
+    env_groups: int = 1
+    """For fragments that step host environments: their time loop runs from the host with each replica's
+    environments in this many groups, inference of one group overlapping the host stepping of another
+    (1: synchronous; 0: the host step runs inside the compiled program)."""
 
     def __post_init__(self) -> None:
         check_policy(self)
@@ -96,6 +100,8 @@ def check_policy(policy: Policy) -> None:
                              "int (or None: one per device of the group)")
     if not _is_count(policy.staleness, 0):
         raise FragcError(f"policy '{name}': staleness must be an int from 0, got {policy.staleness!r}")
+    if not _is_count(policy.env_groups, 0):
+        raise FragcError(f"policy '{name}': env_groups must be an int from 0, got {policy.env_groups!r}")
 
 
 def _is_count(value: object, least: int) -> bool:

@@ -6,40 +6,24 @@ order: stages call their programs, transfers `device_put` onto the
 destination group, delays yield the previous iteration's value; a dispatch
 queues k iterations. Dispatch is
 asynchronous, so stages on disjoint groups that do not depend on each other
-(rollout k+1 and learn k under staleness 1) overlap without threads.
+(rollout k+1 and learn k under staleness 1) overlap without threads. A
+fragment whose time loop runs from the host is a stage of its own, run by
+its `HostLoop` (runtime/host_loop.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 
 from fragc.ir.interpreter import Interpreter
-from fragc.ir.module import Module, Run, Stage, Transfer
+from fragc.ir.module import Module, Run, Stage, Transfer, is_host_loop
 
-from .lower import Lowered, leaf_sharding, lower_fragments
-
-
-@dataclasses.dataclass
-class Executable:
-    """One compiled XLA program: `Program.hlo(name)` prints it, `Program.cost()` reads it.
-
-    A *stage* is the IR's (a subgraph `fuse` makes, `Module.stages`); an executable is what runs:
-    a `staged` schedule compiles one per stage (named after it), a `fused` or `spmd` schedule one
-    for the whole iteration (named "iteration"), which runs every stage.
-    """
-
-    name: str
-    stages: tuple[str, ...]
-    """The module's stages this program runs."""
-    fragments: tuple[str, ...]
-    lowered: Any
-    compiled: Any
-    iterations: int = 1
-    """Iterations one call of the program runs."""
+from .executable import Executable
+from .host_loop import HostLoop
+from .lower import Lowered, group_mesh, leaf_sharding, lower_fragments
 
 
 def stage_fragments(module: Module, nodes: Sequence[int]) -> tuple[str, ...]:
@@ -56,8 +40,16 @@ class StagedProgram(Interpreter):
         super().__init__(module)
         self.devices = devices
         body = Lowered(module, lower_fragments(module, devices))
-        self.executables = [compile_stage(s, body, devices) for s in module.stages]
-        self._programs = {s.name: c.compiled for s, c in zip(module.stages, self.executables)}
+        self.executables, self._programs, self._host_loops = [], {}, {}
+        for s in module.stages:
+            first = module.graph.nodes[s.nodes[0]]
+            if is_host_loop(module, first):  # a stage of its own, driven step by step from the host
+                loop = HostLoop(module.fragments[first.fragment], group_mesh(module, s.group, devices), s.name)
+                self._host_loops[first.fragment] = loop
+                self.executables += loop.executables
+            else:
+                self.executables.append(compile_stage(s, body, devices))
+                self._programs[s.name] = self.executables[-1].compiled
         self.state_shardings = [self.leaf_sharding(t) for t in module.graph.inputs[0].type.leaves]
 
     def leaf_sharding(self, leaf: Any) -> Any:
@@ -73,7 +65,12 @@ class StagedProgram(Interpreter):
         return state, delays, [jnp.stack(rows) for rows in zip(*metrics)]
 
     def stage(self, stage: Stage, leaves: list[Any]) -> list[Any]:
+        if stage.name not in self._programs:  # a host loop: its node, run by `fragment`'s loop
+            return super().stage(stage, leaves)
         return self._programs[stage.name](*leaves)
+
+    def fragment(self, fdef: Any) -> Any:
+        return self._host_loops[fdef.name]
 
     def transfer(self, i: int, node: Transfer, leaves: list[Any]) -> list[Any]:
         return [jax.device_put(x, self.leaf_sharding(t)) for x, t in zip(leaves, node.outputs[0].type.leaves)]

@@ -1,0 +1,221 @@
+"""A fragment's time loop split around its host step: what a host loop runs (runtime/host_loop.py).
+
+A rollout that steps host environments is a `lax.scan` over time whose body
+computes the actions on the device, calls the host step (ir/host.py), and
+absorbs the observations. Run as one XLA program, every step is a Python
+callback from inside XLA and nothing overlaps. A *host loop* runs the scan
+from Python instead, one device program per half step:
+
+    prefix:  the fragment's inputs -> the scan's operands (+ what the suffix reads)
+    infer:   (consts, carry, x_t) -> (the host step's operands, residuals)      # device
+    host:    the host step itself                                              # host CPU
+    absorb:  (residuals, the host step's results) -> (carry, y_t)              # device
+    suffix:  (what the prefix kept, the scan's results) -> the fragment's results
+
+With G environment groups the environments of each replica are split into G
+groups that run the loop independently (the infer and absorb programs are the
+body traced for G times as many replicas), so inference for one group runs
+while the host steps another: Sample Factory's double buffering, SRL's env
+ring. A group's step depends only on its own environments, so the numbers
+are the synchronous ones; the split is found by tracing the body for R and for
+R*G replicas and comparing the scan's operand shapes (a leaf whose shape does
+not change is the same in every group).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from jax.extend import core as jex
+
+from .errors import FragcError
+from .host import HostCallback
+from .module import FragmentDef
+
+COLLECTIVES = {"psum", "pmax", "pmin", "ppermute", "all_gather", "all_to_all", "axis_index", "psum_scatter",
+               "reduce_scatter", "pbroadcast", "psum_invariant"}
+"""Primitives that read other replicas: a step body with one cannot be split into environment groups."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TimeLoop:
+    """A fragment body (per replica) split around the host step of its time loop.
+
+    Group axes are per leaf, in per-replica coordinates (`xs` and `ys` with their leading time
+    axis): the axis the environment groups split, or None for a leaf equal in every group.
+    """
+
+    name: str  # the host step's name
+    prefix: jex.ClosedJaxpr  # fragment inputs -> consts + carry + xs + kept
+    infer: jex.ClosedJaxpr  # consts + carry + x_t -> host operands + residuals
+    callback: Callable[..., Any]  # host operands -> host results (numpy), with leading axes
+    result_avals: tuple[Any, ...]
+    absorb: jex.ClosedJaxpr  # residuals + host results -> carry + y_t
+    suffix: jex.ClosedJaxpr  # kept + carry + ys -> fragment outputs
+    length: int
+    reverse: bool
+    num_consts: int
+    num_carry: int
+    num_xs: int
+    num_kept: int
+    num_operands: int  # of the host step
+    group_axes: tuple[int | None, ...]  # consts + carry + xs
+    ys_group_axes: tuple[int | None, ...]
+
+
+def split_time_loop(fdef: FragmentDef, replicas: int, groups: int) -> TimeLoop:
+    """Split `fdef`'s body (traced for `replicas` replicas) around its host step, for `groups` groups."""
+    body = fdef.body_for(replicas)
+    grouped = fdef.body_for(replicas * groups)
+    s, scan = _host_scan(fdef, body)
+    _, gscan = _host_scan(fdef, grouped)
+    p = scan.params
+    nc, nk = p["num_consts"], p["num_carry"]
+    step = gscan.params["jaxpr"]
+    c, call = _host_call(fdef, step.jaxpr)
+    if groups > 1:
+        _refuse_collectives(fdef, step.jaxpr, groups)
+    axes = tuple(_group_axis(fdef, a.aval, b.aval, groups) for a, b in zip(scan.invars, gscan.invars))
+    ys = scan.outvars[nk:]
+    ys_axes = tuple(_group_axis(fdef, a.aval, b.aval, groups) for a, b in zip(ys, gscan.outvars[nk:]))
+    for i in range(nc, nc + nk):  # a carried leaf keeps its split
+        if axes[i] != _group_axis(fdef, scan.outvars[i - nc].aval, gscan.outvars[i - nc].aval, groups):
+            raise FragcError(f"fragment '{fdef.name}': carried leaf {i - nc} of its time loop changes how it "
+                             "is split between environments; it cannot run as a host loop")
+    prefix, kept = _prefix(body, s)
+    infer, absorb = _split_step(step, c)
+    return TimeLoop(
+        name=call.params["callback"].callback_func.name, prefix=prefix, infer=infer,
+        callback=call.params["callback"], result_avals=tuple(v.aval for v in call.outvars), absorb=absorb,
+        suffix=_suffix(body, s, kept), length=int(p["length"]), reverse=bool(p["reverse"]), num_consts=nc,
+        num_carry=nk, num_xs=len(scan.invars) - nc - nk, num_kept=len(kept), num_operands=len(call.invars),
+        group_axes=axes, ys_group_axes=ys_axes)
+
+
+def time_loop_error(fdef: FragmentDef, replicas: int, groups: int) -> str | None:
+    """Why `fdef` cannot run as a host loop with `groups` environment groups per replica (None if it can)."""
+    try:
+        split_time_loop(fdef, replicas, groups)
+    except FragcError as err:
+        return str(err)
+    return None
+
+
+# ---------------------------------------------------------------- finding the host step
+
+
+def _is_host_call(eqn: Any) -> bool:
+    return eqn.primitive.name == "pure_callback" and isinstance(
+        getattr(eqn.params.get("callback"), "callback_func", None), HostCallback)
+
+
+def _contains_host_call(jaxpr: Any) -> bool:
+    return any(_is_host_call(e) or any(_contains_host_call(j) for j in jex.jaxprs_in_params(e.params))
+               for e in jaxpr.eqns)
+
+
+def _host_scan(fdef: FragmentDef, body: jex.ClosedJaxpr) -> tuple[int, Any]:
+    """(index, eqn) of the top-level scan whose body makes the host step."""
+    found = [(i, e) for i, e in enumerate(body.jaxpr.eqns) if _contains_host_call_here(e)]
+    if len(found) != 1 or found[0][1].primitive.name != "scan":
+        raise FragcError(f"fragment '{fdef.name}': a host loop needs exactly one host step, made directly in "
+                         "the body of a lax.scan at the fragment's top level (the time loop); this body has "
+                         f"{len(found)} top-level equation(s) holding host steps"
+                         + (f" ({found[0][1].primitive.name})" if len(found) == 1 else "")
+                         + ": pass env_groups=0 to run the host step inside the compiled program")
+    return found[0]
+
+
+def _contains_host_call_here(eqn: Any) -> bool:
+    return _is_host_call(eqn) or any(_contains_host_call(j) for j in jex.jaxprs_in_params(eqn.params))
+
+
+def _host_call(fdef: FragmentDef, step: Any) -> tuple[int, Any]:
+    calls = [(i, e) for i, e in enumerate(step.eqns) if _is_host_call(e)]
+    nested = any(_contains_host_call(j) for e in step.eqns for j in jex.jaxprs_in_params(e.params))
+    if len(calls) != 1 or nested:
+        raise FragcError(f"fragment '{fdef.name}': a host loop needs exactly one host step directly in its time "
+                         f"loop's body, found {len(calls)}{' and more nested deeper' if nested else ''}: pass "
+                         "env_groups=0 to run the host step inside the compiled program")
+    return calls[0]
+
+
+def _refuse_collectives(fdef: FragmentDef, step: Any, groups: int) -> None:
+    for eqn in step.eqns:
+        name = eqn.primitive.name
+        if name in COLLECTIVES or any(_has_collective(j) for j in jex.jaxprs_in_params(eqn.params)):
+            raise FragcError(f"fragment '{fdef.name}': its time loop's body reads other replicas ({name}), so "
+                             f"its environments cannot be split into {groups} groups; use env_groups=1")
+
+
+def _has_collective(jaxpr: Any) -> bool:
+    return any(e.primitive.name in COLLECTIVES or any(_has_collective(j) for j in jex.jaxprs_in_params(e.params))
+               for e in jaxpr.eqns)
+
+
+def _group_axis(fdef: FragmentDef, whole: Any, part: Any, groups: int) -> int | None:
+    """The axis of a leaf (shape `whole` per replica, `part` per group) that the groups split."""
+    a, b = tuple(getattr(whole, "shape", ())), tuple(getattr(part, "shape", ()))
+    if a == b:
+        return None
+    diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    if len(a) != len(b) or len(diff) != 1 or a[diff[0]] != b[diff[0]] * groups:
+        raise FragcError(f"fragment '{fdef.name}': a leaf of its time loop is {a} per replica but {b} with "
+                         f"{groups} environment groups; only one axis may split, by {groups}")
+    return diff[0]
+
+
+# ---------------------------------------------------------------- cutting jaxprs
+
+
+def _vars(atoms: Any) -> list[Any]:
+    return [v for v in atoms if isinstance(v, jex.Var) and not isinstance(v, jex.DropVar)]
+
+
+def _fresh(outvars: Any) -> list[Any]:
+    """Outputs as binders (a dropped output gets a variable of its own)."""
+    return [jex.Var(v.aval) if isinstance(v, jex.DropVar) else v for v in outvars]
+
+
+def _closed(name: str, constvars: list, consts: list, invars: list, eqns: list, outvars: list) -> jex.ClosedJaxpr:
+    effects = set().union(*(e.effects for e in eqns)) if any(e.effects for e in eqns) else jex.no_effects
+    info = jex.DebugInfo(name, "fragc", tuple(f"in{i}" for i in range(len(invars))),
+                         tuple(f"out{i}" for i in range(len(outvars))))
+    return jex.ClosedJaxpr(jex.Jaxpr(constvars=constvars, invars=invars, outvars=outvars, eqns=eqns,
+                                     effects=effects, debug_info=info), consts)
+
+
+def _read_later(eqns: list, outvars: list, defined: set) -> list[Any]:
+    """The variables of `defined` that `eqns` or `outvars` read, each once, in order of first read."""
+    seen: dict[Any, None] = {}
+    for v in [v for e in eqns for v in e.invars] + list(outvars):
+        if isinstance(v, jex.Var) and v in defined:
+            seen.setdefault(v, None)
+    return list(seen)
+
+
+def _prefix(body: jex.ClosedJaxpr, s: int) -> tuple[jex.ClosedJaxpr, list[Any]]:
+    j = body.jaxpr
+    eqns = list(j.eqns[:s])
+    defined = set(j.constvars) | set(j.invars) | {v for e in eqns for v in _vars(e.outvars)}
+    kept = _read_later(list(j.eqns[s + 1:]), list(j.outvars), defined)
+    scan = j.eqns[s]
+    return _closed("prefix", list(j.constvars), list(body.consts), list(j.invars), eqns,
+                   list(scan.invars) + kept), kept
+
+
+def _suffix(body: jex.ClosedJaxpr, s: int, kept: list[Any]) -> jex.ClosedJaxpr:
+    j = body.jaxpr
+    return _closed("suffix", [], [], kept + _fresh(j.eqns[s].outvars), list(j.eqns[s + 1:]), list(j.outvars))
+
+
+def _split_step(step: jex.ClosedJaxpr, c: int) -> tuple[jex.ClosedJaxpr, jex.ClosedJaxpr]:
+    j = step.jaxpr
+    before, call, after = list(j.eqns[:c]), j.eqns[c], list(j.eqns[c + 1:])
+    defined = set(j.constvars) | set(j.invars) | {v for e in before for v in _vars(e.outvars)}
+    residuals = _read_later(after, list(j.outvars), defined)
+    infer = _closed("infer", list(j.constvars), list(step.consts), list(j.invars), before,
+                    list(call.invars) + residuals)
+    absorb = _closed("absorb", [], [], residuals + _fresh(call.outvars), after, list(j.outvars))
+    return infer, absorb
