@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 from typing import Any, Callable, Sequence
 
 from jax.sharding import Mesh
@@ -25,6 +26,7 @@ def compile(
     dump_dir: str | None = None,
     printer: Callable[[str], None] = print,
     transfers: str = "auto",
+    env_groups: int | None = None,
 ) -> Program:
     """Compile `algo` under `policy` on `devices` (a count, or the devices themselves) or the
     devices of `mesh`.
@@ -38,9 +40,12 @@ def compile(
       `device_put` between per-group programs (one process only),
       `collective` inside one SPMD program over all groups (any number of
       processes), or `auto`: the first within one process, else the second.
+    env_groups: for host environments (docs/host_envs.md), the policy's `env_groups` instead of its own:
+      0 steps them inside the compiled program, G >= 1 runs the rollout's time loop from the host with
+      each replica's environments in G groups (G >= 2 pipelines inference with host stepping).
     """
     pipeline, devs, resolved = run_passes(algo, policy, devices, mesh, iterations_per_dispatch, print_after_all,
-                                          dump_dir, printer, transfers)
+                                          dump_dir, printer, transfers, env_groups)
     # The 2-replica check is Python tracing and XLA compiles without the GIL: trace while XLA compiles, so
     # the check costs no start-up time; its error (the user's mistake) wins over the program.
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fragc-check") as pool:
@@ -60,6 +65,7 @@ def run_passes(
     dump_dir: str | None = None,
     printer: Callable[[str], None] = print,
     transfers: str = "auto",
+    env_groups: int | None = None,
 ) -> tuple[PipelineResult, list[Any], Policy]:
     """`compile` without the XLA programs: trace `algo` and run the passes of `policy` ->
     (the module after every pass, the devices, the resolved policy). `fragc ir` prints this."""
@@ -75,6 +81,8 @@ def run_passes(
     else:
         devs = choose_devices(devices)
     resolved = resolve(policy, len(devs))
+    if env_groups is not None:
+        resolved = dataclasses.replace(resolved, env_groups=env_groups)  # checked by Policy itself
     if resolved.num_devices > len(devs):
         raise FragcError(
             f"policy '{resolved.name}' uses {resolved.num_devices} devices but the program has {len(devs)}; "

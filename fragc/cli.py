@@ -103,6 +103,16 @@ def _count(text: str) -> int:
     return value
 
 
+def _groups(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 0, got {text}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
 def _seed(text: str) -> int:
     from fragc.runtime.seeds import MAX_SEED, check_seed
 
@@ -186,6 +196,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     _algo_argument(parser)
     parser.add_argument("--policy", default="single", help="distribution policy (default single)")
     parser.add_argument("--devices", type=_count, default=None, help="devices to use; simulated on CPU if needed")
+    parser.add_argument("--env-groups", type=_groups, default=None, metavar="G",
+                        help="host environments: split each replica's environments into G groups whose inference "
+                        "overlaps the host stepping of the others (default 1; 0: step them inside the compiled program)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -200,7 +213,11 @@ class _Unparsed(Exception):
 
 
 class _EarlyParser(_Parser):
-    """For a first look at the command line: a usage error raises `_Unparsed` and prints nothing."""
+    """For a first look at the command line: a usage error raises `_Unparsed` and prints nothing.
+    No abbreviations: without the algorithm's options, `--env` would read as `--env-groups`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{**kwargs, "allow_abbrev": False})
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise _Unparsed(message)
@@ -296,7 +313,7 @@ def _compile(args: argparse.Namespace, **kwargs: Any) -> Any:
         devices(args.devices)  # simulate CPU devices before JAX starts
         chosen = args.devices
     algo = _make_algo(args)
-    return algo, fragc.compile(algo, policy=args.policy, devices=chosen, **kwargs)
+    return algo, fragc.compile(algo, policy=args.policy, devices=chosen, env_groups=args.env_groups, **kwargs)
 
 
 def _devices_of_every_process(args: argparse.Namespace) -> Any:
@@ -479,7 +496,8 @@ def cmd_ir(args: argparse.Namespace) -> int:
         raise FragcError("pass --after or --print-after-all, not both")
     devices(args.devices)  # simulate CPU devices before JAX starts
     pipeline, _, _ = run_passes(_make_algo(args), policy=args.policy, devices=args.devices,
-                                print_after_all=args.print_after_all, dump_dir=args.dump_dir)
+                                print_after_all=args.print_after_all, dump_dir=args.dump_dir,
+                                env_groups=args.env_groups)
     check_per_replica(pipeline.final)  # what compile checks: a body that only works with one replica
     if args.print_after_all:
         return 0

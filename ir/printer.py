@@ -97,10 +97,23 @@ def _fragment_lines(fdef: FragmentDef, aliases: _Aliases, bodies: bool) -> list[
         f"    ({args}) -> ({results})",
     ]
     lines += [f"    {step.line()}" for step in fdef.host_steps]
+    if fdef.placement is not None and fdef.placement.env_groups:
+        lines.append(f"    {_host_loop_line(fdef)}")
     if bodies and fdef.body is not None:  # the body that is compiled: per-replica shapes once placed
         body = fdef.body_for(fdef.placement.replicas) if fdef.placement else fdef.body
         lines += ["    " + line for line in str(body).splitlines()]
     return lines
+
+
+def _host_loop_line(fdef: FragmentDef) -> str:
+    """How a host loop runs the fragment's time loop (derived from its placement: the parser skips it)."""
+    p = fdef.placement
+    n = fdef.batch_length()
+    per_group = f" envs_per_group={n // (p.replicas * p.env_groups)}" if n else ""
+    steps = f" steps={fdef.host_steps[0].calls}" if fdef.host_steps else ""
+    return (f"host loop groups={p.env_groups}{per_group}{steps}   // each step, each group: infer on "
+            f"@{p.group}, the host step on cpu, absorb on @{p.group}; a group's inference overlaps the "
+            "others' host steps")
 
 
 def _graph_lines(module: Module, aliases: _Aliases) -> list[str]:

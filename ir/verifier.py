@@ -13,7 +13,7 @@ import dataclasses
 from typing import Callable, Iterable
 
 from .errors import VerifyError
-from .module import CARRIERS, SHAPES, Delay, Glue, Module, Run, Transfer, Use, Value, subgraph
+from .module import CARRIERS, SHAPES, Delay, Glue, Module, Run, Transfer, Use, Value, is_host_loop, subgraph
 from .types import LeafType
 
 
@@ -150,6 +150,22 @@ def batch_axes_divide_by_replicas(site: Site) -> str | None:
     return None
 
 
+def host_loop_splits_the_environments(site: Site) -> str | None:
+    """A host loop (`env_groups` > 0) runs a fragment that steps host environments, and each replica's
+    environments split into `env_groups` equal groups."""
+    fdef = site.module.fragments[site.node.fragment]
+    p = fdef.placement
+    if p is None or not p.env_groups:
+        return None
+    if not fdef.host_steps:
+        return f"@{fdef.name} runs as a host loop (env_groups={p.env_groups}) but steps no host environments"
+    n = fdef.batch_length()
+    if n is not None and n % (p.replicas * p.env_groups):
+        return (f"batch axis of length {n} does not divide into {p.env_groups} environment groups on each of "
+                f"{p.replicas} replicas")
+    return None
+
+
 def operands_live_on_the_fragments_group(site: Site) -> str | None:
     """Once transfers are inserted, a fragment reads only values on its own group."""
     p = site.module.fragments[site.node.fragment].placement
@@ -252,7 +268,7 @@ def delay_types_agree(site: Site) -> str | None:
 NODE_RULES: dict[str, tuple[Rule, ...]] = {
     "run": COMMON + (fragment_is_defined, operands_match_the_arguments, results_match_the_fragment,
                      placed_on_a_mesh, replicas_fill_the_group, batch_axes_divide_by_replicas,
-                     operands_live_on_the_fragments_group),
+                     host_loop_splits_the_environments, operands_live_on_the_fragments_group),
     "glue": COMMON + (operands_match_the_glue_body, glue_defines_one_value_of_its_body_outputs,
                       glue_reads_and_writes_one_group),
     "transfer": COMMON + (transfer_moves_between_two_groups, transfer_source_is_the_operands_group,
@@ -281,8 +297,9 @@ def returned_state_has_the_input_state_type(site: Site) -> str | None:
 
 
 def stages_close_over_the_graph(site: Site) -> str | None:
-    """Every run and glue lies in one stage of consecutive nodes on the stage's group; a stage's inputs
-    are exactly the leaves it reads from outside and its outputs exactly the leaves read after it."""
+    """Every run and glue lies in one stage of consecutive nodes on the stage's group (a host loop in a
+    stage alone); a stage's inputs are exactly the leaves it reads from outside and its outputs exactly
+    the leaves read after it."""
     module = site.module
     if not module.stages:
         return None
@@ -296,6 +313,8 @@ def stages_close_over_the_graph(site: Site) -> str | None:
                 return f"stage @{stage.name}: node {i} ({describe(node)}) is not a run or glue of this stage alone"
             if module.group_of(node) != stage.group:
                 return f"stage @{stage.name} on @{stage.group} holds node {i} ({describe(node)}) of another group"
+            if is_host_loop(module, node) and len(stage.nodes) > 1:
+                return f"stage @{stage.name}: node {i} ({describe(node)}) is a host loop, which is a stage alone"
             seen.add(i)
         closed = subgraph(graph, stage.name, stage.group, stage.nodes)
         if set(closed.inputs) != set(stage.inputs):
@@ -320,6 +339,8 @@ def schedule_fits_the_graph(site: Site) -> str | None:
     between = [n for n in module.graph.nodes if isinstance(n, (Transfer, Delay))]
     if schedule.shape == "fused" and (len(module.stages) > 1 or between):
         return f"schedule fused, but the iteration has {len(module.stages)} stages and {len(between)} transfers and delays"
+    if schedule.shape != "staged" and any(is_host_loop(module, n) for n in module.graph.nodes):
+        return f"schedule {schedule.shape}, but a host loop runs only in a staged schedule"
     if schedule.shape != "fused" and module.population:
         return f"schedule {schedule.shape} cannot vectorise a population"
     carriers = {n.carrier for n in between if isinstance(n, Transfer)}

@@ -52,11 +52,10 @@ def _env_groups(fdef: FragmentDef, replicas: int, policy: Policy) -> int:
     groups = policy.env_groups
     if not fdef.host_steps or not groups:
         return 0
-    if groups > 1:
-        try:
-            check_divides(fdef.name, fdef.arg_names, fdef.in_types, replicas * groups)
-        except FragcError as err:
-            raise FragcError(f"env_groups={groups}: {err}") from err
+    n = fdef.batch_length()
+    if n is not None and n % (replicas * groups):
+        raise FragcError(f"env_groups={groups}: fragment '{fdef.name}' steps {n} environments, which do not split "
+                         f"into {groups} equal groups on each of {replicas} replica(s)")
     reason = time_loop_error(fdef, replicas, groups)
     if reason is not None:
         raise FragcError(reason)

@@ -117,16 +117,21 @@ def test_single_program_equals_the_device_program(host_single):
     assert_equals_the_device_program(host_single)
 
 
-def test_anakin_steps_one_pool_per_device_and_equals_the_device_program():
-    """Each of the 2 devices steps its own 8 environments, in a pool of its own, concurrently."""
+@pytest.mark.parametrize("env_groups,pools", [
+    (0, [tuple(range(8)), tuple(range(8, 16))]),  # host calls inside the program: a pool per device
+    (2, [(0, 1, 2, 3, 8, 9, 10, 11), (4, 5, 6, 7, 12, 13, 14, 15)]),  # host loop: a pool per group, both devices
+])
+def test_anakin_steps_a_pool_per_device_or_group_and_equals_the_device_program(env_groups, pools):
+    """2 devices of 8 environments each: with the host step inside the program each device steps its own
+    pool, concurrently; with a host loop of 2 groups, group g is environments of both devices, 4 from each."""
     algo = ppo_on("gymnax_host:CartPole-v1")
-    host = fragc.compile(algo, "anakin", devices=2)
+    host = fragc.compile(algo, "anakin", devices=2, env_groups=env_groups)
     state, metrics = host.run(host.init(0), shared_programs.ITERATIONS)
     _, _, dev_state, dev_metrics = shared_programs.ppo_run("anakin", 2)
     assert_trees_close(metrics, dev_metrics, rtol=1e-5, atol=1e-5)
     assert_trees_close(state.learner, dev_state.learner, rtol=1e-5, atol=1e-5)
     assert_trees_close(runner_numbers(state.runner), runner_numbers(dev_state.runner), rtol=1e-5, atol=1e-5)
-    assert sorted(algo.env.pools) == [tuple(range(8)), tuple(range(8, 16))]
+    assert sorted(algo.env.pools) == pools
 
 
 @pytest.mark.slow  # a second staged compile (~10 s on 2 busy cores)

@@ -1,0 +1,135 @@
+"""The host loop (ir/time_loop.py, runtime/host_loop.py): a rollout that steps host environments runs its time
+loop from Python, its environments in `env_groups` groups. Every group count computes the synchronous numbers:
+the reference interpreter's, and the device path's for a gymnax environment stepped on the host."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+import fragc
+from fragc.api import run_passes
+from fragc.ir import parse, verify
+from fragc.ir.errors import VerifyError
+from fragc.ir.interpreter import run_iterations
+from fragc.ir.module import Placement
+from fragc.ir.time_loop import split_time_loop
+import shared_programs
+from conftest import assert_trees_close
+from test_host_envs import ppo_on, runner_numbers  # registers the gymnax_host adapter backend
+
+HOST_CARTPOLE = "gymnax_host:CartPole-v1"
+
+
+@pytest.fixture(scope="module")
+def single_two_groups():
+    """PPO (16 environments) on one device, stepping CartPole on the host in 2 groups of 8."""
+    return fragc.compile(ppo_on(HOST_CARTPOLE), "single", env_groups=2)
+
+
+def test_two_groups_equal_the_device_program_and_the_reference_interpreter(single_two_groups):
+    prog = single_two_groups
+    state, metrics = prog.run(prog.init(0), shared_programs.ITERATIONS)
+    # the device path (gymnax on the device, one program): the same numbers; a group's inference sees 8 rows
+    # instead of 16, so matrix products may round differently in the last bit
+    _, _, dev_state, dev_metrics = shared_programs.ppo_run("single", 1)
+    assert_trees_close(metrics, dev_metrics, rtol=1e-5, atol=1e-5)
+    assert_trees_close(state.learner, dev_state.learner, rtol=1e-5, atol=1e-5)
+    assert_trees_close(runner_numbers(state.runner), runner_numbers(dev_state.runner), rtol=1e-5, atol=1e-5)
+    assert sorted(prog.algo.env.pools) == [tuple(range(8)), tuple(range(8, 16))]  # a pool per group of 8
+    # the reference interpreter on the final module, which calls the host step inside the fragment
+    ref_state, ref_history = run_iterations(prog.module, prog.init(0), shared_programs.ITERATIONS)
+    assert_trees_close(state.learner, ref_state.learner, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(metrics["episode_return"], [h["episode_return"] for h in ref_history], rtol=1e-5)
+
+
+def test_the_ir_and_the_executables_show_the_host_loop(single_two_groups):
+    prog = single_two_groups
+    text = prog.ir()
+    assert "fragment @rollout role=actor on @main shard_map replicas=1 host_loop(groups=2) " in text
+    assert "host loop groups=2 envs_per_group=8 steps=16" in text
+    assert prog.module.schedule.shape == "staged"
+    rollout_stage = [s for s in prog.module.stages if any(
+        prog.module.graph.nodes[i].kind == "run" and prog.module.graph.nodes[i].fragment == "rollout"
+        for i in s.nodes)]
+    assert len(rollout_stage) == 1 and len(rollout_stage[0].nodes) == 1  # a stage of its own
+    name = rollout_stage[0].name
+    assert [e for e in prog.executables if e.startswith(name + ".")] == [
+        f"{name}.prefix", f"{name}.infer", f"{name}.absorb", f"{name}.suffix"]
+    assert "stablehlo" in prog.hlo(f"{name}.infer") or "func.func" in prog.hlo(f"{name}.infer")
+
+
+@pytest.mark.parametrize("policy,devices", [("single", 1), ("anakin", 2), ("actor_learner_async", 4)])
+def test_every_pass_parses_back_with_its_host_loop(policy, devices):
+    """Passes only (no XLA): the module after every pass prints, parses back with its placement (environment
+    groups included), and the final module places the rollout as a host loop in a stage of its own."""
+    pipeline, _, _ = run_passes(ppo_on("gymnasium:CartPole-v1"), policy, devices, env_groups=2)
+    for module in pipeline.modules:
+        back = parse(str(module), bodies=module)
+        for name, fdef in module.fragments.items():
+            assert _placement(back.fragments[name].placement) == _placement(fdef.placement)
+            assert back.fragments[name].host_steps == fdef.host_steps
+        assert str(back) == str(module)
+    final = pipeline.final
+    assert final.fragments["rollout"].placement.env_groups == 2
+    assert final.fragments["learn"].placement.env_groups == 0
+
+
+def _placement(p: Placement | None):
+    return p and (p.group, p.replicas, p.lowering, p.env_groups)
+
+
+def test_the_time_loop_splits_around_the_host_step():
+    """The cut: prefix -> scan operands, infer -> host operands, absorb -> carry and per-step outputs, and the
+    leaves the groups split (the runner's, axis 0) against those they share (the parameters)."""
+    module = fragc.trace(ppo_on("gymnasium:CartPole-v1"))
+    fdef = module.fragments["rollout"]
+    loop = split_time_loop(fdef, 2, 2)  # 16 environments: 8 per replica, 4 per group
+    assert loop.length == 16 and not loop.reverse and loop.name == "gymnasium:CartPole-v1 step"
+    ops = loop.infer.out_avals[:loop.num_operands]
+    assert [tuple(a.shape) for a in ops][:3] == [(4,), (4,), (4,)]  # pool indices, pool steps, actions of 4 envs
+    carry_axes = loop.group_axes[loop.num_consts:loop.num_consts + loop.num_carry]
+    assert set(carry_axes) == {0}  # every runner leaf splits along its environment axis
+    consts = zip(loop.group_axes[:loop.num_consts], loop.infer.in_avals[:loop.num_consts])
+    assert all(axis is None for axis, aval in consts if 64 in aval.shape)  # the network: the same in every group
+    assert set(loop.ys_group_axes) == {1}  # per-step outputs: [time, environment, ...]
+
+
+def test_bad_environment_groups_are_refused_in_one_line():
+    algo = ppo_on("gymnasium:CartPole-v1")  # 16 environments
+    with pytest.raises(fragc.FragcError, match="env_groups=3: fragment 'rollout' steps 16 environments, which do not split into 3 equal groups"):
+        run_passes(algo, "single", 1, env_groups=3)
+    with pytest.raises(fragc.FragcError, match="env_groups must be an int from 0"):
+        run_passes(algo, "single", 1, env_groups=-1)
+
+
+def test_the_verifier_refuses_a_broken_host_loop():
+    pipeline, _, _ = run_passes(ppo_on("gymnasium:CartPole-v1"), "single", 1, env_groups=2)
+    final = pipeline.final
+    learn = final.fragments["learn"]
+    broken = final.replace(fragments={**final.fragments, "learn": learn.replace(
+        placement=dataclasses.replace(learn.placement, env_groups=2))})
+    with pytest.raises(VerifyError, match=r"@learn runs as a host loop .* steps no host environments \[rule host_loop_splits_the_environments\]"):
+        verify(broken)
+    rollout = final.fragments["rollout"]
+    broken = final.replace(fragments={**final.fragments, "rollout": rollout.replace(
+        placement=dataclasses.replace(rollout.placement, env_groups=3))})
+    with pytest.raises(VerifyError, match="does not divide into 3 environment groups"):
+        verify(broken)
+    fused = final.replace(schedule=dataclasses.replace(final.schedule, shape="spmd"))
+    with pytest.raises(VerifyError, match="a host loop runs only in a staged schedule"):
+        verify(fused)
+
+
+@pytest.mark.slow  # two more staged compiles (~20 s on 2 cores)
+def test_actor_learner_async_with_two_groups_equals_the_device_program():
+    """Sebulba on one host: 2 actor devices, each replica's 8 environments in 2 groups, learning on 2 devices."""
+    host = fragc.compile(ppo_on(HOST_CARTPOLE), "actor_learner_async", devices=4, env_groups=2)
+    state, metrics = host.run(host.init(0), shared_programs.ITERATIONS)
+    _, _, dev_state, dev_metrics = shared_programs.ppo_run("actor_learner_async", 4)
+    assert_trees_close(metrics, dev_metrics, rtol=1e-5, atol=1e-5)
+    assert_trees_close(state.learner, dev_state.learner, rtol=1e-5, atol=1e-5)
+    assert jax.tree.structure(state) == jax.tree.structure(dev_state)
