@@ -234,6 +234,9 @@ class HostVecEnv(VecEnv):
         self.pool_type = HOST_POOLS[backend]
         obs_space, action_space = self.pool_type.spaces(self.env_id)
         self._obs_size = int(np.prod(obs_space.shape)) if obs_space.shape else 1
+        # What crosses from the host: 8-bit observations (Atari frames) as they are, a quarter of float32's
+        # bytes, made float32 on the device; any other dtype as float32 (float64 needs JAX's x64 mode).
+        self._wire_dtype = np.dtype(np.uint8) if np.dtype(obs_space.dtype) == np.uint8 else np.dtype(np.float32)
         self._action_space = to_gymnax_space(action_space, name)
         self.pools: dict[tuple[int, ...], _PoolSlot] = {}  # environment indices -> their pool
         self._lock = threading.Lock()  # the devices' host calls come from several threads
@@ -253,7 +256,7 @@ class HostVecEnv(VecEnv):
         ids = jnp.arange(num_envs, dtype=jnp.int32)
         obs, pool_step = host_call(f"{self.name} reset", self._host_reset, (self._obs_struct(num_envs), _counts(num_envs)),
                                    ids, _key_data(reset_keys))
-        return self._new_runner(HostEnvState(ids, pool_step), obs, carry_keys)
+        return self._new_runner(HostEnvState(ids, pool_step), obs.astype(jnp.float32), carry_keys)
 
     def step(self, runner: Runner, action: jax.Array, step_keys: jax.Array | None = None) -> tuple[Runner, Step]:
         step_keys, carry_keys = self._keys(runner, step_keys)
@@ -264,11 +267,15 @@ class HostVecEnv(VecEnv):
         state = runner.env_state
         obs, reward, terminated, truncated, final_obs, pool_step = host_call(
             f"{self.name} step", self._host_step, shapes, state.index, state.pool_step, action, _key_data(step_keys))
-        return self._advance(runner, HostEnvState(state.index, pool_step), obs, carry_keys, reward, terminated,
-                             truncated, final_obs)
+        return self._advance(runner, HostEnvState(state.index, pool_step), obs.astype(jnp.float32), carry_keys,
+                             reward, terminated, truncated, final_obs.astype(jnp.float32))
+
+    def _flat_obs(self, obs: np.ndarray) -> np.ndarray:
+        obs = np.asarray(obs)
+        return obs.reshape(obs.shape[0], -1).astype(self._wire_dtype, copy=False)
 
     def _obs_struct(self, n: int) -> jax.ShapeDtypeStruct:
-        return jax.ShapeDtypeStruct((n, self.obs_size), jnp.float32)
+        return jax.ShapeDtypeStruct((n, self.obs_size), self._wire_dtype)
 
     # ------------------------------------------------------------ on the host
 
@@ -288,7 +295,7 @@ class HostVecEnv(VecEnv):
                 for other in [k for k in self.pools if set(k) & set(ids)]:  # the batch is split differently now
                     self.pools.pop(other).pool.close()
                 self.pools[ids] = slot
-        obs = _flat_obs(slot.pool.reset(keys))
+        obs = self._flat_obs(slot.pool.reset(keys))
         slot.step = 0
         with self._lock:
             self._reset_keys.update(zip(ids, np.asarray(keys)))
@@ -308,8 +315,8 @@ class HostVecEnv(VecEnv):
                 return self._reset_on_resume(ids, keys)
             obs, reward, terminated, truncated, final_obs = slot.pool.step(actions, keys)
             slot.step += 1
-            return (_flat_obs(obs), np.asarray(reward, np.float32), np.asarray(terminated, bool),
-                    np.asarray(truncated, bool), _flat_obs(final_obs), np.full(len(ids), slot.step, np.int32))
+            return (self._flat_obs(obs), np.asarray(reward, np.float32), np.asarray(terminated, bool),
+                    np.asarray(truncated, bool), self._flat_obs(final_obs), np.full(len(ids), slot.step, np.int32))
 
         return _per_env(ids, step, pool_step, actions, keys)
 
@@ -337,9 +344,6 @@ def _key_data(keys: jax.Array) -> jax.Array:
     return jax.random.key_data(keys) if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key) else keys
 
 
-def _flat_obs(obs: np.ndarray) -> np.ndarray:
-    obs = np.asarray(obs)
-    return obs.reshape(obs.shape[0], -1).astype(np.float32, copy=False)
 
 
 def _per_env(ids: np.ndarray, fn: Callable[..., tuple[np.ndarray, ...]], *arrays: np.ndarray) -> Any:

@@ -1,19 +1,28 @@
 """Host environments: fragc PPO's env-steps/s against the raw vector environment, alternating in one run.
 
 For each environment (Gymnasium CartPole, and an EnvPool Atari game when EnvPool is installed) and each
-number of environment groups G (1: `single`, one pool; 2: `anakin` on 2 devices, a pool per device,
-stepped concurrently), it times, alternately:
+way of running the host step on one device:
 
-- `raw`: the same host pools (fragc's `HostPool`s, G of them, N/G environments each, stepped one after
-  the other) with random actions, no inference, no learning: what the environment alone costs;
-- `fragc`: PPO training (rollout with the host step inside, and learning) over the same N environments.
+- `in-program` (`env_groups=0`): the host step is a callback inside the compiled rollout;
+- `loop G=1`: the rollout's time loop runs from the host, inference and stepping alternating;
+- `loop G=2`: the same with the environments in 2 groups, inference of one overlapping the stepping
+  of the other (pipelined);
+
+it times, alternately, in one run:
+
+- `raw`: the same host pools as fragc steps (G of them, N/G environments each, stepped one after the
+  other; one pool for `in-program`) with random actions, no inference, no learning;
+- `rollout`: fragc's PPO rollout alone (PPO's network choosing the actions, the host step, the
+  trajectory), compiled by fragc as an algorithm whose iteration is the rollout;
+- `train`: PPO training (rollout and learning).
 
     python bench/host_envs.py [--envs gymnasium:CartPole-v1,envpool:Pong-v5] [--num-envs 8]
                               [--num-steps 128] [--iterations 4] [--repeats 3] [--out bench/results]
 
-Prints the median env-steps/s of each side and their ratio (fragc / raw) per environment and group
-count, and writes host_envs.json. The ratio is below 1 by what inference, learning and the
-device<->host round trip of each step cost; it approaches 1 where the environment dominates.
+Prints the median env-steps/s of each and the ratios rollout/raw and train/raw (median, min-max over
+the repeats), and writes host_envs.json. A ratio is below 1 by what inference (and learning) and the
+device<->host round trip of each step cost beyond the environment; pipelining hides inference behind
+stepping where there are cores to run both.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ import statistics
 import sys
 import time
 
-GROUPS = (1, 2)
+MODES = (("in-program", 0), ("loop G=1", 1), ("loop G=2", 2))
 
 
 def main() -> None:
@@ -33,28 +42,45 @@ def main() -> None:
     parser.add_argument("--envs", default="gymnasium:CartPole-v1,envpool:Pong-v5")
     parser.add_argument("--num-envs", type=int, default=8)
     parser.add_argument("--num-steps", type=int, default=128)
-    parser.add_argument("--iterations", type=int, default=4, help="PPO iterations per timed repeat")
+    parser.add_argument("--iterations", type=int, default=4, help="iterations per timed repeat")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--modes", default=",".join(str(g) for _, g in MODES),
+                        help="environment groups to measure (0: in-program)")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
-    os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(max(GROUPS)))
 
     import importlib.util
 
     rows = []
+    wanted = {int(g) for g in args.modes.split(",")}
     for name in args.envs.split(","):
         if name.startswith("envpool:") and importlib.util.find_spec("envpool") is None:
             print(f"{name}: skipped (pip install 'fragc[host]')", file=sys.stderr)
             continue
-        for groups in GROUPS:
-            rows.append(measure(name, groups, args))
-            print_row(rows[-1])
+        for mode, groups in MODES:
+            if groups in wanted:
+                rows.append(measure(name, mode, groups, args))
+                print_row(rows[-1])
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "host_envs.json"), "w") as f:
         json.dump(rows, f, indent=1)
 
 
-def measure(name: str, groups: int, args: argparse.Namespace) -> dict:
+class RolloutOnly:
+    """PPO's rollout as a whole algorithm: the iteration collects a trajectory and learns nothing."""
+
+    def __init__(self, algo):
+        self.algo, self.config, self.env = algo, algo.config, algo.env
+
+    def init(self, key):
+        return self.algo.init(key)
+
+    def iteration(self, state):
+        traj, runner, metrics = self.algo.rollout(state.learner.params, state.runner)
+        return state.replace(runner=runner), {**metrics, "reward": traj.reward.mean()}
+
+
+def measure(name: str, mode: str, groups: int, args: argparse.Namespace) -> dict:
     import jax
     import numpy as np
 
@@ -64,54 +90,60 @@ def measure(name: str, groups: int, args: argparse.Namespace) -> dict:
     from fragc.algos.host_envs import HOST_POOLS
 
     backend, env_id = split_env_name(name)
-    n, t = args.num_envs, args.num_steps
-    config = ppo.Config(env=name, num_envs=n, num_steps=t, total_steps=n * t * args.iterations * (args.repeats + 1),
+    n, t, k = args.num_envs, args.num_steps, args.iterations
+    config = ppo.Config(env=name, num_envs=n, num_steps=t, total_steps=n * t * k * (args.repeats + 1),
                         activation="relu" if backend == "envpool" else "tanh")
     algo = ppo.PPO(config)
-    prog = fragc.compile(algo, "single" if groups == 1 else "anakin", devices=groups,
-                         iterations_per_dispatch=args.iterations)
-    state = prog.init(0)
-    state, _ = prog.run(state, args.iterations)  # warm-up: compiled, pools made
+    # each program its own algorithm, so its own host pools: a pool follows one runner's steps
+    programs = {what: fragc.compile(a, "single", iterations_per_dispatch=k, env_groups=groups)
+                for what, a in (("rollout", RolloutOnly(ppo.PPO(config))), ("train", algo))}
+    states = {}
+    for what, prog in programs.items():  # warm-up: compiled, pools made
+        states[what], _ = prog.run(prog.init(0), k)
 
-    pools = [HOST_POOLS[backend](env_id, n // groups) for _ in range(groups)]
+    pools = [HOST_POOLS[backend](env_id, n // max(groups, 1)) for _ in range(max(groups, 1))]
     rng = np.random.default_rng(0)
-    action_space = algo.env.action_space
+    actions = algo.env.action_space.n
     for i, pool in enumerate(pools):
-        pool.reset(np.arange(2 * (n // groups), dtype=np.uint32).reshape(-1, 2) + 1000 * i)
-    keys = np.zeros((n // groups, 2), np.uint32)
+        pool.reset(np.arange(2 * pool.num_envs, dtype=np.uint32).reshape(-1, 2) + 1000 * i)
+    keys = np.zeros((n // len(pools), 2), np.uint32)
 
     def raw() -> float:
         start = time.perf_counter()
-        for _ in range(t * args.iterations):
+        for _ in range(t * k):
             for pool in pools:
-                pool.step(rng.integers(0, action_space.n, n // groups), keys)
-        return n * t * args.iterations / (time.perf_counter() - start)
+                pool.step(rng.integers(0, actions, pool.num_envs), keys)
+        return n * t * k / (time.perf_counter() - start)
 
-    def trained() -> float:
-        nonlocal state
+    def fragc_rate(what: str) -> float:
         start = time.perf_counter()
-        state, history = prog.run(state, args.iterations)
-        jax.block_until_ready(state)
-        return n * t * args.iterations / (time.perf_counter() - start)
+        states[what], _ = programs[what].run(states[what], k)
+        jax.block_until_ready(states[what])
+        return n * t * k / (time.perf_counter() - start)
 
-    rates: dict[str, list[float]] = {"raw": [], "fragc": []}
-    for _ in range(args.repeats):  # alternating: drift on a shared machine hits both alike
+    rates: dict[str, list[float]] = {"raw": [], "rollout": [], "train": []}
+    for _ in range(args.repeats):  # alternating: drift on a shared machine hits all alike
         rates["raw"].append(raw())
-        rates["fragc"].append(trained())
+        rates["rollout"].append(fragc_rate("rollout"))
+        rates["train"].append(fragc_rate("train"))
     for pool in pools:
         pool.close()
-    ratios = [f / r for f, r in zip(rates["fragc"], rates["raw"])]
-    return {"env": name, "groups": groups, "num_envs": n, "num_steps": t, "iterations": args.iterations,
-            "raw_env_steps_per_s": statistics.median(rates["raw"]),
-            "fragc_env_steps_per_s": statistics.median(rates["fragc"]),
-            "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-            "each": rates}
+    row = {"env": name, "mode": mode, "env_groups": groups, "num_envs": n, "num_steps": t, "iterations": k,
+           "each": rates, **{f"{w}_env_steps_per_s": statistics.median(r) for w, r in rates.items()}}
+    for what in ("rollout", "train"):
+        ratios = [f / r for f, r in zip(rates[what], rates["raw"])]
+        row[f"{what}_ratio"] = [statistics.median(ratios), min(ratios), max(ratios)]
+    return row
 
 
 def print_row(row: dict) -> None:
-    print(f"{row['env']:<26} groups={row['groups']}  raw {row['raw_env_steps_per_s']:>9.0f} env-steps/s  "
-          f"fragc PPO {row['fragc_env_steps_per_s']:>9.0f}  ratio {row['ratio_median']:.3f} "
-          f"({row['ratio_min']:.3f}-{row['ratio_max']:.3f})", flush=True)
+    def ratio(what: str) -> str:
+        med, lo, hi = row[f"{what}_ratio"]
+        return f"{med:.3f} ({lo:.3f}-{hi:.3f})"
+
+    print(f"{row['env']:<24} {row['mode']:<10} raw {row['raw_env_steps_per_s']:>8.0f}  rollout "
+          f"{row['rollout_env_steps_per_s']:>8.0f}  train {row['train_env_steps_per_s']:>8.0f} env-steps/s  "
+          f"rollout/raw {ratio('rollout')}  train/raw {ratio('train')}", flush=True)
 
 
 if __name__ == "__main__":

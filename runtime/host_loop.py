@@ -8,10 +8,10 @@ replica: a leading axis of length R, split over the group's devices.
 
 Per time step and environment group g (of G):
 
-    ops_g, res_g  = infer(consts_g, carry_g, xs_g, t)     # queued on the devices
-    results_g     = host(ops_g)                           # waits for ops_g, steps g's pool
-    carry_g, ys_g = absorb(res_g, results_g, ys_g, t)     # queued
-    ops_g, res_g  = infer(consts_g, carry_g, xs_g, t + 1) # queued before the host steps group g+1
+    results_g = host(ops_g)                              # waits for g's inference, steps g's pool
+    carry_g, ys_g, ops_g, res_g = step(res_g, results_g, ys_g, t, t + 1, ...)
+                                                         # absorb step t, infer t + 1: queued before
+                                                         # the host steps group g + 1
 
 Dispatch is asynchronous, so while the host steps group g+1 the devices run
 g's absorb and next inference: with G >= 2 the device work hides behind the
@@ -39,8 +39,8 @@ from .executable import Executable
 class HostLoop:
     """`leaves -> leaves` of a fragment whose placement runs its time loop from the host.
 
-    `executables` are its four compiled programs (`{stage}.prefix`, `.infer`, `.absorb`, `.suffix`);
-    infer and absorb run once per time step and group.
+    `executables` are its compiled programs: `{stage}.prefix` and `.suffix` once a call, `.infer` for a
+    group's first step, `.step` (absorb a step, infer the next) for the others, `.absorb` for its last.
     """
 
     def __init__(self, fdef: FragmentDef, mesh: Mesh, stage: str):
@@ -50,98 +50,102 @@ class HostLoop:
         R, T = mesh.size, loop.length
         self.per_replica = NamedSharding(mesh, P(REPLICA))
         replicated = NamedSharding(mesh, P())
-        stacked = lambda avals: [self._struct((R,) + tuple(a.shape), a.dtype) for a in avals]  # noqa: E731
-        nc, nk, nx = loop.num_consts, loop.num_carry, loop.num_xs
+        nc, nk, n_ops = loop.num_consts, loop.num_carry, loop.num_operands
+        stacked = lambda shapes: [self._struct((R,) + tuple(a.shape), a.dtype) for a in shapes]  # noqa: E731
+        over_time = lambda shapes: [jax.ShapeDtypeStruct((T,) + tuple(a.shape), a.dtype) for a in shapes]  # noqa: E731
         t = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
-        infer_in = loop.infer.in_avals
-        xs_whole = [(T,) + tuple(a.shape) for a in infer_in[nc + nk:]]
-        infer_structs = stacked(infer_in[:nc + nk]) + [self._struct((R,) + s, a.dtype) for s, a in
-                                                          zip(xs_whole, infer_in[nc + nk:])] + ([t] if nx else [])
-        n_ops = loop.num_operands
-        y_avals = loop.absorb.out_avals[nk:]
-        self._ys_structs = [self._struct((R, T) + tuple(a.shape), a.dtype) for a in y_avals]
-        absorb_structs = (stacked(loop.infer.out_avals[n_ops:]), stacked(loop.result_avals), self._ys_structs, t)
-        prefix_structs = [self._struct(leaf.shape, leaf.dtype, spec(leaf.axis)) for leaf in fdef.in_leaf_types]
-        suffix_structs = stacked(loop.suffix.in_avals)
-        self.executables = [
-            _compile(f"{stage}.prefix", stage, fdef, self._program(loop.prefix, [spec(a) for a in fdef.in_axes],
-                                                                   stacked_out=True), prefix_structs),
-            _compile(f"{stage}.infer", stage, fdef, self._program(loop.infer, None, stacked_out=True,
-                                                                  time_index=nx), infer_structs),
-            _compile(f"{stage}.absorb", stage, fdef, self._absorb_program(), absorb_structs),
-            _compile(f"{stage}.suffix", stage, fdef, self._program(
-                loop.suffix, None, out_specs=[spec(a) for a in fdef.out_axes]), suffix_structs),
-        ]
-        self._prefix, self._infer, self._absorb, self._suffix = (e.compiled for e in self.executables)
+        consts, carry = stacked(loop.infer.in_avals[:nc]), stacked(loop.infer.in_avals[nc:nc + nk])
+        xs = stacked(over_time(loop.infer.in_avals[nc + nk:]))
+        residuals = stacked(loop.infer.out_avals[n_ops:])
+        results = stacked(loop.result_avals)
+        self._ys_structs = ys = stacked(over_time(loop.absorb.out_avals[nk:]))
+        prefix = [self._struct(leaf.shape, leaf.dtype, spec(leaf.axis)) for leaf in fdef.in_leaf_types]
+        self.executables = [_compile(f"{stage}.{name}", stage, fdef, program, structs) for name, program, structs in (
+            ("prefix", self._edge(loop.prefix, in_specs=[spec(a) for a in fdef.in_axes]), prefix),
+            ("infer", self._stacked(self._infer_fn, 3, 1), (consts, carry, xs, t)),
+            ("step", self._stacked(self._step_fn, 5, 2, donate=(4,)), (consts, xs, residuals, results, ys, t, t)),
+            ("absorb", self._stacked(self._absorb_fn, 3, 1, donate=(2,)), (residuals, results, ys, t)),
+            ("suffix", self._edge(loop.suffix, out_specs=[spec(a) for a in fdef.out_axes]),
+             stacked(loop.suffix.in_avals)),
+        )]
+        self._prefix, self._infer, self._step, self._absorb, self._suffix = (e.compiled for e in self.executables)
         self._index = [jax.device_put(np.int32(i), replicated) for i in range(T)]
-        self._zeros = jax.jit(lambda: [jnp.zeros(s.shape, s.dtype) for s in self._ys_structs],
-                              out_shardings=[self.per_replica] * len(y_avals))
+        self._zeros = jax.jit(lambda: [jnp.zeros(s.shape, s.dtype) for s in ys], out_shardings=[self.per_replica] * len(ys))
         self._slice = jax.jit(_slice, static_argnums=(1, 2, 3), out_shardings=self.per_replica)
         self._concat = jax.jit(_concat, static_argnums=1, out_shardings=self.per_replica)
 
     def _struct(self, shape: tuple[int, ...], dtype: Any, partition: P = P(REPLICA)) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(self.mesh, partition))
 
-    # ------------------------------------------------------------ the programs
+    # ------------------------------------------------------------ the programs, per replica
 
-    def _program(self, part: jex.ClosedJaxpr, in_specs: list | None, stacked_out: bool = False,
-                 out_specs: list | None = None, time_index: int = 0) -> Any:
-        """jit(shard_map(part)); inputs per replica (stacked) unless `in_specs` says otherwise.
-        `time_index` > 0: the last `time_index` inputs are whole `xs`, indexed at the step given last."""
+    def _infer_fn(self, consts: list, carry: list, xs: list, t: jax.Array) -> tuple[list, list]:
+        """-> (the host step's operands, residuals) at step t."""
+        outs = jex.jaxpr_as_fun(self.loop.infer)(*consts, *carry, *[x[t] for x in xs])
+        return outs[:self.loop.num_operands], outs[self.loop.num_operands:]
+
+    def _absorb_fn(self, residuals: list, results: list, ys: list, t: jax.Array) -> tuple[list, list]:
+        """-> (carry, per-step outputs with step t's written)."""
+        outs = jex.jaxpr_as_fun(self.loop.absorb)(*residuals, *results)
+        nk = self.loop.num_carry
+        return outs[:nk], [jax.lax.dynamic_update_index_in_dim(buf, y, t, 0) for buf, y in zip(ys, outs[nk:])]
+
+    def _step_fn(self, consts: list, xs: list, residuals: list, results: list, ys: list, t: jax.Array,
+                 t_next: jax.Array) -> tuple[list, list, list, list]:
+        """Absorb step t and infer step t_next in one program: one dispatch a step."""
+        carry, ys = self._absorb_fn(residuals, results, ys, t)
+        ops, residuals = self._infer_fn(consts, carry, xs, t_next)
+        return carry, ys, ops, residuals
+
+    def _stacked(self, fn: Any, n_stacked: int, n_scalar: int, donate: tuple[int, ...] = ()) -> Any:
+        """jit(shard_map(fn)) with every value per replica (stacked: leading axis R over the devices)
+        but the last `n_scalar` arguments (step indices, the same on every device)."""
+        def body(*args: Any) -> Any:
+            outs = fn(*jax.tree.map(lambda x: x[0], args[:n_stacked]), *args[n_stacked:])
+            return jax.tree.map(lambda x: x[None], outs)
+
+        specs = (P(REPLICA),) * n_stacked + (P(),) * n_scalar
+        return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=specs, out_specs=P(REPLICA), check_vma=False),
+                       donate_argnums=donate)
+
+    def _edge(self, part: jex.ClosedJaxpr, in_specs: list | None = None, out_specs: list | None = None) -> Any:
+        """The prefix (the fragment's inputs -> stacked) or the suffix (stacked -> the fragment's outputs)."""
         fn = jex.jaxpr_as_fun(part)
-        n_in = len(part.in_avals)
-        stacked_in = in_specs is None
 
         def body(*xs: Any) -> tuple[Any, ...]:
-            if time_index:
-                *xs, t = xs
-                xs = list(xs[:n_in - time_index]) + [x[:, t] for x in xs[n_in - time_index:]]
-            outs = fn(*([x[0] for x in xs] if stacked_in else xs))
-            return tuple(o[None] for o in outs) if stacked_out else tuple(outs)
+            if in_specs is None:
+                return tuple(fn(*[x[0] for x in xs]))
+            return tuple(o[None] for o in fn(*xs))
 
-        specs = [P(REPLICA)] * n_in + ([P()] if time_index else []) if stacked_in else in_specs
-        outs = [P(REPLICA)] * len(part.out_avals) if stacked_out else out_specs
-        return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=tuple(specs), out_specs=tuple(outs),
-                                     check_vma=False))
-
-    def _absorb_program(self) -> Any:
-        fn = jex.jaxpr_as_fun(self.loop.absorb)
-        nk = self.loop.num_carry
-
-        def body(residuals: list, results: list, ys: list, t: jax.Array) -> tuple[list, list]:
-            outs = fn(*[x[0] for x in residuals], *[x[0] for x in results])
-            ys = [jax.lax.dynamic_update_slice_in_dim(buf, y[None, None], t, axis=1) for buf, y in zip(ys, outs[nk:])]
-            return [c[None] for c in outs[:nk]], ys
-
-        sharded = jax.shard_map(body, mesh=self.mesh, in_specs=(P(REPLICA), P(REPLICA), P(REPLICA), P()),
-                                out_specs=P(REPLICA), check_vma=False)
-        return jax.jit(sharded, donate_argnums=2)
+        n_in, n_out = len(part.in_avals), len(part.out_avals)
+        return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=tuple(in_specs or [P(REPLICA)] * n_in),
+                                     out_specs=tuple(out_specs or [P(REPLICA)] * n_out), check_vma=False))
 
     # ------------------------------------------------------------ running
 
     def __call__(self, *leaves: Any) -> list[Any]:
         loop, G, R = self.loop, self.groups, self.mesh.size
-        nc, nk, nx, n_ops = loop.num_consts, loop.num_carry, loop.num_xs, loop.num_operands
+        nc, nk, nx = loop.num_consts, loop.num_carry, loop.num_xs
         out = self._prefix(*leaves)
         operands, kept = out[:nc + nk + nx], out[nc + nk + nx:]
         parts = [self._group(operands, g) for g in range(G)]  # per group: consts + carry + xs
         consts, carry, xs = [p[:nc] for p in parts], [p[nc:nc + nk] for p in parts], [p[nc + nk:] for p in parts]
         ys = [self._zeros() for _ in range(G)]
         steps = list(range(loop.length - 1, -1, -1) if loop.reverse else range(loop.length))
-
-        def infer(g: int, t: int) -> list[Any]:
-            return self._infer(*consts[g], *carry[g], *xs[g], *([self._index[t]] if nx else []))
-
-        pending = [infer(g, steps[0]) for g in range(G)]
+        index = self._index
+        pending = [self._infer(consts[g], carry[g], xs[g], index[steps[0]]) for g in range(G)]
         for n, t in enumerate(steps):
             for g in range(G):
-                ops, residuals = pending[g][:n_ops], list(pending[g][n_ops:])
+                ops, residuals = pending[g]
                 results = loop.callback(*[np.asarray(x) for x in ops])  # waits for this group's inference
-                results = [jax.device_put(np.asarray(r, a.dtype).reshape((R,) + tuple(a.shape)), self.per_replica)
+                # numpy straight into the compiled program: its C++ path moves them ~10x faster than device_put
+                results = [np.asarray(r, a.dtype).reshape((R,) + tuple(a.shape))
                            for r, a in zip(results, loop.result_avals)]
-                carry[g], ys[g] = self._absorb(residuals, results, ys[g], self._index[t])
-                if n + 1 < len(steps):  # queued before the host steps the next group
-                    pending[g] = infer(g, steps[n + 1])
+                if n + 1 < len(steps):  # absorb and the next inference, queued before the next group's step
+                    carry[g], ys[g], *pending[g] = self._step(consts[g], xs[g], residuals, results, ys[g], index[t],
+                                                              index[steps[n + 1]])
+                else:
+                    carry[g], ys[g] = self._absorb(residuals, results, ys[g], index[t])
         final = self._merge(carry, loop.group_axes[nc:nc + nk])
         return list(self._suffix(*kept, *final, *self._merge(ys, loop.ys_group_axes)))
 

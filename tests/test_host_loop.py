@@ -58,7 +58,7 @@ def test_the_ir_and_the_executables_show_the_host_loop(single_two_groups):
     assert len(rollout_stage) == 1 and len(rollout_stage[0].nodes) == 1  # a stage of its own
     name = rollout_stage[0].name
     assert [e for e in prog.executables if e.startswith(name + ".")] == [
-        f"{name}.prefix", f"{name}.infer", f"{name}.absorb", f"{name}.suffix"]
+        f"{name}.{part}" for part in ("prefix", "infer", "step", "absorb", "suffix")]
     assert "stablehlo" in prog.hlo(f"{name}.infer") or "func.func" in prog.hlo(f"{name}.infer")
 
 
