@@ -12,7 +12,10 @@ import pytest
 
 from fragc.cli import main
 
-RUN = ["run", "ppo", "--total-steps", "131072", "--iterations-per-dispatch", "4", "--json", "--quiet"]
+SMALL = ["--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1"]
+"""A smaller PPO iteration (4 envs x 32 steps, 2 minibatch updates): these tests check stopping and resuming, not
+learning, so they keep their iteration counts (256, 195) at a fraction of the default iteration's work."""
+RUN = ["run", "ppo", *SMALL, "--total-steps", "32768", "--iterations-per-dispatch", "4", "--json", "--quiet"]
 
 
 def fragc_subprocess(*argv):
@@ -80,7 +83,7 @@ def test_sigterm_saves_where_the_run_stops_and_resume_reaches_the_uninterrupted_
 def test_a_stop_signal_without_a_checkpoint_folder_exits_with_its_conventional_code(tmp_path):
     """Nothing to save: SIGHUP stops at once, one line, exit code 128 + 1 (not Ctrl-C's 130)."""
     metrics = tmp_path / "m.jsonl"
-    proc = fragc_subprocess("run", "ppo", "--total-steps", "50000000", "--quiet", "--metrics", str(metrics))
+    proc = fragc_subprocess("run", "ppo", *SMALL, "--total-steps", "50000000", "--quiet", "--metrics", str(metrics))
     deadline = time.monotonic() + 120
     while not (metrics.exists() and metrics.read_text().count("\n") >= 1):  # training
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
@@ -99,9 +102,10 @@ def _flip_a_byte_of_the_largest_array_file(step_dir: pathlib.Path) -> None:
 
 
 def test_a_damaged_latest_checkpoint_is_moved_aside_and_the_run_falls_back(tmp_path, capsys):
-    """Issue 15.1, its exact commands: the resumed run writes iteration 96 again, where the damaged one was."""
+    """Issue 15.1's commands (on the smaller PPO, 195 iterations as there): the resumed run writes iteration 96
+    again, where the damaged one was."""
     ckpt = str(tmp_path / "ckpt")
-    base = ["run", "ppo", "--total-steps", "100000", "--checkpoint-every", "16", "--json", "--quiet"]
+    base = ["run", "ppo", *SMALL, "--total-steps", "25000", "--checkpoint-every", "16", "--json", "--quiet"]
     assert main(base) == 0
     expected = json.loads(capsys.readouterr().out)
     assert main(base + ["--checkpoint-dir", ckpt, "--stop-after", "96"]) == 0
