@@ -96,6 +96,9 @@ class GymnasiumPool(HostPool):
             env = gymnasium.make(env_id)
         except gymnasium.error.Error as err:
             raise FragcError(f"gymnasium: cannot make '{env_id}': {err}") from err
+        except ImportError as err:  # MuJoCo, Box2D, ... are Gymnasium extras
+            raise FragcError(f"gymnasium: cannot make '{env_id}': {err} (MuJoCo environments: "
+                             "pip install 'fragc[host]')") from err
         try:
             return env.observation_space, env.action_space
         finally:
