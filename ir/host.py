@@ -98,10 +98,11 @@ def _nbytes(variables: Any) -> int:
 def host_placement_error(module: Any, shape: str) -> str | None:
     """Why the module's host steps cannot run where the policy put them (None when they can).
 
-    What runs: the host step inside a fragment with one replica per device (`shard_map`: each device
-    steps its own environments, in a pool of their own), in a fused or staged program of one process.
-    GSPMD over several devices (XLA decides where the call runs), a population (every member would step
-    the same environments) and one SPMD program over groups (several processes) are refused.
+    What runs: the host step inside a fragment with one replica per device (`shard_map`), in a fused or
+    staged program; with a host loop (`env_groups` >= 1) across processes too, each process stepping the
+    environments of its own devices (anakin over `jax.distributed`). GSPMD over several devices (XLA
+    decides where the call runs), a population (every member would step the same environments) and one
+    SPMD program over groups (several processes with transfers between groups) are refused.
     """
     hosted = [f for f in module.fragments.values() if f.host_steps]
     if not hosted:

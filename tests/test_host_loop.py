@@ -5,18 +5,24 @@ the reference interpreter's, and the device path's for a gymnax environment step
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
 import pytest
 
 import fragc
+from fragc.algos import ppo
 from fragc.api import run_passes
 from fragc.ir import parse, verify
 from fragc.ir.errors import VerifyError
 from fragc.ir.interpreter import run_iterations
 from fragc.ir.module import Placement
 from fragc.ir.time_loop import split_time_loop
+from fragc.runtime.reporting import params_fingerprint
 import shared_programs
 from conftest import assert_trees_close
 from test_host_envs import ppo_on, runner_numbers  # registers the gymnax_host adapter backend
@@ -133,3 +139,23 @@ def test_actor_learner_async_with_two_groups_equals_the_device_program():
     assert_trees_close(metrics, dev_metrics, rtol=1e-5, atol=1e-5)
     assert_trees_close(state.learner, dev_state.learner, rtol=1e-5, atol=1e-5)
     assert jax.tree.structure(state) == jax.tree.structure(dev_state)
+
+
+def test_each_process_steps_the_environments_of_its_own_devices():
+    """Sebulba on two hosts: anakin over 2 processes of 2 devices on jax.distributed, each process stepping
+    the Gymnasium environments of its own devices in its host loop; the same bits as one process of 4."""
+    argv = ["run", "ppo", "--env", "gymnasium:CartPole-v1", "--policy", "anakin", "--num-envs", "8",
+            "--num-steps", "16", "--total-steps", "512", "--json", "--quiet"]
+    env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
+    cli = [sys.executable, "-m", "fragc.cli"]
+    proc = subprocess.run([*cli, "launch", "-n", "2", "--", *cli, *argv, "--devices", "2"], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (two,) = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    assert (two["processes"], two["devices"], two["iterations"]) == (2, 4, 4)
+
+    config = ppo.Config(env="gymnasium:CartPole-v1", num_envs=8, num_steps=16, total_steps=512)  # as the CLI's
+    prog = fragc.compile(ppo.PPO(config), "anakin", devices=4)
+    state, history = prog.run(prog.init(0), 4)
+    assert two["params_fingerprint"] == params_fingerprint(state)
+    assert two["final_return"] == pytest.approx(float(history["episode_return"][-1]))
