@@ -266,3 +266,41 @@ def test_fragc_envs_lists_the_backends_and_a_bad_backend_is_one_line(capsys):
     assert capsys.readouterr().err.strip().splitlines() == [
         "fragc: error: unknown environment backend 'gym' in 'gym:CartPole-v1'; backends: gymnax, gymnasium, "
         "gymnasium_async, envpool, gymnax_host"]
+
+
+class ByteFrames(gymnasium.Env):
+    """A Gymnasium environment with 8-bit observations, as Atari frames are: a counter in every pixel."""
+
+    observation_space = gymnasium.spaces.Box(0, 255, (2, 3), np.uint8)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = int(self.np_random.integers(0, 200))
+        return np.full((2, 3), self.t, np.uint8), {}
+
+    def step(self, action):
+        self.t = (self.t + 1 + int(action)) % 256
+        return np.full((2, 3), self.t, np.uint8), 1.0, False, self.t == 0, {}
+
+
+gymnasium.register(id="FragcByteFrames-v0", entry_point=ByteFrames)
+
+
+def test_eight_bit_observations_cross_as_bytes_and_arrive_as_float32():
+    """A quarter of float32's bytes from the host (the IR's count), the same numbers on the device."""
+    env = VecEnv("gymnasium:FragcByteFrames-v0")
+    n = 3
+
+    def two_steps(key):
+        runner = env.reset(key, n)
+        after, _ = env.step(runner, jax.numpy.ones(n, jax.numpy.int32))
+        return runner.obs, after.obs
+
+    first, second = jax.jit(two_steps)(jax.random.key(0))
+    assert first.dtype == second.dtype == np.float32 and first.shape == (n, 6)
+    np.testing.assert_array_equal(second, (first + 2) % 256)  # action 1 adds 2 to the counter
+    algo = ppo.PPO(ppo.Config(env="gymnasium:FragcByteFrames-v0", num_envs=4, num_steps=8))
+    (step,) = fragc.trace(algo).fragments["rollout"].host_steps
+    per_env_step = 6 + 4 + 1 + 1 + 6 + 4  # obs (uint8), reward, terminated, truncated, final obs (uint8), pool step
+    assert step.from_host == 8 * 4 * per_env_step
