@@ -47,34 +47,40 @@ class HostLoop:
     def __init__(self, fdef: FragmentDef, mesh: Mesh, stage: str):
         p = fdef.placement
         self.fdef, self.mesh, self.groups = fdef, mesh, p.env_groups
-        self.loop = loop = split_time_loop(fdef, p.replicas, self.groups)
-        R, T = mesh.size, loop.length
+        self.loop = split_time_loop(fdef, p.replicas, self.groups)
         self.per_replica = NamedSharding(mesh, P(REPLICA))
         replicated = NamedSharding(mesh, P())
+        self._local = replicated.is_fully_addressable  # else every process steps the environments of its devices
+        self.executables = self._compile(stage, replicated)
+        self._prefix, self._infer, self._step, self._absorb, self._suffix = (e.compiled for e in self.executables)
+        self._index = [place(np.int32(i), replicated) for i in range(self.loop.length)]
+        self._slice = jax.jit(_slice, static_argnums=(1, 2, 3), out_shardings=self.per_replica)
+        self._concat = jax.jit(_concat, static_argnums=1, out_shardings=self.per_replica)
+
+    def _compile(self, stage: str, replicated: NamedSharding) -> list[Executable]:
+        """The five programs, compiled for their inputs: the fragment's leaves (prefix), else per replica."""
+        loop, fdef = self.loop, self.fdef
+        R, T = self.mesh.size, loop.length
         nc, nk, n_ops = loop.num_consts, loop.num_carry, loop.num_operands
         stacked = lambda shapes: [self._struct((R,) + tuple(a.shape), a.dtype) for a in shapes]  # noqa: E731
         over_time = lambda shapes: [jax.ShapeDtypeStruct((T,) + tuple(a.shape), a.dtype) for a in shapes]  # noqa: E731
         t = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
         consts, carry = stacked(loop.infer.in_avals[:nc]), stacked(loop.infer.in_avals[nc:nc + nk])
         xs = stacked(over_time(loop.infer.in_avals[nc + nk:]))
-        residuals = stacked(loop.infer.out_avals[n_ops:])
-        results = stacked(loop.result_avals)
-        self._ys_structs = ys = stacked(over_time(loop.absorb.out_avals[nk:]))
+        residuals, results = stacked(loop.infer.out_avals[n_ops:]), stacked(loop.result_avals)
+        ys = stacked(over_time(loop.absorb.out_avals[nk:]))
+        self._zeros = jax.jit(lambda: [jnp.zeros(y.shape, y.dtype) for y in ys],
+                              out_shardings=[self.per_replica] * len(ys))
         prefix = [self._struct(leaf.shape, leaf.dtype, spec(leaf.axis)) for leaf in fdef.in_leaf_types]
-        self.executables = [_compile(f"{stage}.{name}", stage, fdef, program, structs) for name, program, structs in (
+        parts = (
             ("prefix", self._edge(loop.prefix, in_specs=[spec(a) for a in fdef.in_axes]), prefix),
             ("infer", self._stacked(self._infer_fn, 3, 1), (consts, carry, xs, t)),
             ("step", self._stacked(self._step_fn, 5, 2, donate=(4,)), (consts, xs, residuals, results, ys, t, t)),
             ("absorb", self._stacked(self._absorb_fn, 3, 1, donate=(2,)), (residuals, results, ys, t)),
             ("suffix", self._edge(loop.suffix, out_specs=[spec(a) for a in fdef.out_axes]),
              stacked(loop.suffix.in_avals)),
-        )]
-        self._prefix, self._infer, self._step, self._absorb, self._suffix = (e.compiled for e in self.executables)
-        self._index = [place(np.int32(i), replicated) for i in range(T)]
-        self._local = replicated.is_fully_addressable  # else every process steps the environments of its devices
-        self._zeros = jax.jit(lambda: [jnp.zeros(s.shape, s.dtype) for s in ys], out_shardings=[self.per_replica] * len(ys))
-        self._slice = jax.jit(_slice, static_argnums=(1, 2, 3), out_shardings=self.per_replica)
-        self._concat = jax.jit(_concat, static_argnums=1, out_shardings=self.per_replica)
+        )
+        return [_compile(f"{stage}.{name}", stage, fdef, program, structs) for name, program, structs in parts]
 
     def _struct(self, shape: tuple[int, ...], dtype: Any, partition: P = P(REPLICA)) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(self.mesh, partition))
