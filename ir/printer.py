@@ -111,9 +111,10 @@ def _host_loop_line(fdef: FragmentDef) -> str:
     n = fdef.batch_length()
     per_group = f" envs_per_group={n // (p.replicas * p.env_groups)}" if n else ""
     steps = f" steps={fdef.host_steps[0].calls}" if fdef.host_steps else ""
+    overlap = ("a group's inference overlaps the others' host steps" if p.env_groups > 1
+               else "synchronous: inference and host steps alternate")
     return (f"host loop groups={p.env_groups}{per_group}{steps}   // each step, each group: infer on "
-            f"@{p.group}, the host step on cpu, absorb on @{p.group}; a group's inference overlaps the "
-            "others' host steps")
+            f"@{p.group}, the host step on cpu, absorb on @{p.group}; {overlap}")
 
 
 def _graph_lines(module: Module, aliases: _Aliases) -> list[str]:
