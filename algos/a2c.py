@@ -23,7 +23,7 @@ from fragc.ir.errors import FragcError
 @dataclasses.dataclass(frozen=True)
 class Config(RunLength):
     env: str = "CartPole-v1"
-    """gymnax environment id (discrete action space)."""
+    """Environment: a gymnax id, or BACKEND:ID for a host backend (fragc envs); discrete actions."""
     num_envs: int = 8
     """Environments stepped in parallel."""
     num_steps: int = 8

@@ -31,7 +31,7 @@ ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
 @dataclasses.dataclass(frozen=True)
 class Config(RunLength):
     env: str = "CartPole-v1"
-    """gymnax environment id (discrete action space)."""
+    """Environment: a gymnax id, or BACKEND:ID for a host backend (fragc envs); discrete actions."""
     num_envs: int = 4
     """Environments stepped in parallel."""
     num_steps: int = 128

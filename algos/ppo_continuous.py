@@ -24,7 +24,7 @@ from fragc.ir.errors import FragcError
 @dataclasses.dataclass(frozen=True)
 class Config(ppo.Config):
     env: str = "Pendulum-v1"
-    """gymnax environment id (continuous, Box action space)."""
+    """Environment: a gymnax id, or BACKEND:ID for a host backend (fragc envs); continuous (Box) actions."""
     num_envs: int = 16
     """Environments stepped in parallel."""
     num_steps: int = 128
