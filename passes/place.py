@@ -48,7 +48,9 @@ class Place(Pass):
 
 def _env_groups(fdef: FragmentDef, replicas: int, policy: Policy) -> int:
     """The policy's environment groups for a fragment that steps host environments (0 for any other),
-    checked: the groups divide each replica's environments and the body splits into a host loop."""
+    checked: the groups divide each replica's environments and the body splits into a host loop. With
+    one group, a body that does not split (its host step nested in a jit, say) runs in-program (0), which
+    is synchronous too; with more, that is refused in one line."""
     groups = policy.env_groups
     if not fdef.host_steps or not groups:
         return 0
@@ -57,9 +59,11 @@ def _env_groups(fdef: FragmentDef, replicas: int, policy: Policy) -> int:
         raise FragcError(f"env_groups={groups}: fragment '{fdef.name}' steps {n} environments, which do not split "
                          f"into {groups} equal groups on each of {replicas} replica(s)")
     reason = time_loop_error(fdef, replicas, groups)
-    if reason is not None:
-        raise FragcError(reason)
-    return groups
+    if reason is None:
+        return groups
+    if groups == 1:  # synchronous either way: a rollout the host loop cannot cut steps its host calls in-program
+        return 0
+    raise FragcError(reason)
 
 
 def _place_values(module: Module) -> Graph:

@@ -11,11 +11,13 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import fragc
 from fragc.algos import ppo
+from fragc.algos.envs import VecEnv
 from fragc.api import run_passes
 from fragc.ir import parse, verify
 from fragc.ir.errors import VerifyError
@@ -159,3 +161,36 @@ def test_each_process_steps_the_environments_of_its_own_devices():
     state, history = prog.run(prog.init(0), 4)
     assert two["params_fingerprint"] == params_fingerprint(state)
     assert two["final_return"] == pytest.approx(float(history["episode_return"][-1]))
+
+
+class NestedHostStep:
+    """A rollout whose host step sits inside a jit inside its time loop: a host loop cannot cut it."""
+
+    def __init__(self):
+        self.env = VecEnv("gymnasium:CartPole-v1")
+
+    def init(self, key):
+        return self.env.reset(key, 4)
+
+    @fragc.fragment(role="actor", in_axes=(0,), out_axes=(0, None))
+    def rollout(self, runner):
+        def step(runner, _):
+            runner, out = jax.jit(lambda r: self.env.step(r, jnp.zeros(r.obs.shape[0], jnp.int32)))(runner)
+            return runner, out.reward
+
+        runner, rewards = jax.lax.scan(step, runner, None, 3)
+        return runner, fragc.psum(rewards.sum())
+
+    def iteration(self, runner):
+        runner, total = self.rollout(runner)
+        return runner, {"reward": total}
+
+
+def test_a_rollout_the_host_loop_cannot_cut_runs_in_program_or_is_refused():
+    """One group: synchronous either way, so the host step stays in the program (no host_loop in the IR);
+    two groups: refused in one line that says what a host loop needs."""
+    pipeline, _, _ = run_passes(NestedHostStep(), "single", 1, env_groups=1)
+    assert pipeline.final.fragments["rollout"].placement.env_groups == 0
+    assert "host_loop(" not in str(pipeline.final) and pipeline.final.schedule.shape == "fused"
+    with pytest.raises(fragc.FragcError, match="a host loop needs exactly one host step directly in its time loop"):
+        run_passes(NestedHostStep(), "single", 1, env_groups=2)
