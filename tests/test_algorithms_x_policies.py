@@ -29,11 +29,13 @@ from shared_programs import ALGOS, small_algo, traced
 ITERATIONS = 2
 
 REPLICAS = {"anakin": 8, "actor_learner": {"actor": 4, "buffer": 4, "learner": 4}}
-DEFAULT = {"anakin": {"dqn"}, "actor_learner": {"dqn"}, "actor_learner_async": {"impala", "a2c"},
+DEFAULT = {"anakin": {"dqn"}, "actor_learner": {"dqn"}, "actor_learner_async": {"a2c"},
            "population": {"ppo_continuous"}}
 """The cells of the matrix in the default suite: with PPO under every policy in test_policies.py, every
-algorithm runs under at least one policy, the buffer role (DQN) under replicas and under roles, IMPALA
-under the policy it is made for."""
+algorithm runs under at least one policy, the buffer role (DQN) under replicas and under roles. IMPALA under
+the policy it is made for is this file's cell in test_impala.py (`test_impala_async_equals_its_pipelined_module`:
+the same small IMPALA, the same program, 3 iterations against the pipelined module, and its staleness), so
+its cell here runs with -m slow and the program compiles once in the default suite."""
 
 
 def cells(policy, names):

@@ -75,6 +75,8 @@ def test_on_policy_vtrace_is_the_n_step_return():
 
 @pytest.fixture(scope="module")
 def algo():
+    """shared_programs.ALGOS["impala"]: the next test stands for IMPALA's actor_learner_async cell of
+    test_algorithms_x_policies.py in the default suite (that cell is -m slow); keep the two configs equal."""
     return impala.IMPALA(impala.Config(num_envs=8, num_steps=8))
 
 
