@@ -150,15 +150,20 @@ def test_each_process_steps_the_environments_of_its_own_devices():
             "--num-steps", "16", "--total-steps", "512", "--json", "--quiet"]
     env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
     cli = [sys.executable, "-m", "fragc.cli"]
-    proc = subprocess.run([*cli, "launch", "-n", "2", "--", *cli, *argv, "--devices", "2"], capture_output=True,
-                          text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (two,) = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    proc = subprocess.Popen([*cli, "launch", "-n", "2", "--", *cli, *argv, "--devices", "2"], text=True, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:  # the one-process reference while the two processes run
+        config = ppo.Config(env="gymnasium:CartPole-v1", num_envs=8, num_steps=16, total_steps=512)  # as the CLI's
+        prog = fragc.compile(ppo.PPO(config), "anakin", devices=4)
+        state, history = prog.run(prog.init(0), 4)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, stderr[-2000:]
+    (two,) = [json.loads(line) for line in stdout.splitlines() if line.strip()]
     assert (two["processes"], two["devices"], two["iterations"]) == (2, 4, 4)
-
-    config = ppo.Config(env="gymnasium:CartPole-v1", num_envs=8, num_steps=16, total_steps=512)  # as the CLI's
-    prog = fragc.compile(ppo.PPO(config), "anakin", devices=4)
-    state, history = prog.run(prog.init(0), 4)
     assert two["params_fingerprint"] == params_fingerprint(state)
     assert two["final_return"] == pytest.approx(float(history["episode_return"][-1]))
 
