@@ -1,8 +1,9 @@
 """The verifier's rule tables: each rule rejects a hand-broken module, naming the node and the rule.
 
 Modules come from the passes only (no XLA): the traced Regression, Regression
-under actor_learner on 2 devices (transfers, stages, a schedule), and PPO under
-actor_learner_async (a delay).
+under actor_learner on 2 devices (transfers, stages, a schedule), PPO under
+actor_learner_async (a delay), and PPO on Gymnasium CartPole in a host loop of
+2 environment groups.
 """
 
 import dataclasses
@@ -23,7 +24,10 @@ def modules():
     staged = run_pipeline(traced, default_passes(resolve("actor_learner", 2), 4)).final
     small_ppo = ppo.PPO(ppo.Config(num_envs=8, num_steps=4, num_minibatches=2, update_epochs=1))
     delayed = run_pipeline(fragc.trace(small_ppo), default_passes(resolve("actor_learner_async", 2), 4)).final
-    return {"traced": traced, "staged": staged, "delayed": delayed}
+    host_ppo = ppo.PPO(ppo.Config(env="gymnasium:CartPole-v1", num_envs=8, num_steps=4))
+    two_groups = dataclasses.replace(resolve("single", 1), env_groups=2)
+    hosted = run_pipeline(fragc.trace(host_ppo), default_passes(two_groups, 4)).final
+    return {"traced": traced, "staged": staged, "delayed": delayed, "hosted": hosted}
 
 
 def with_nodes(module, nodes):
@@ -171,6 +175,18 @@ def fused_schedule_over_two_stages(m):
     return m.replace(schedule=Schedule("fused", 4))
 
 
+def learn_as_a_host_loop(m):
+    return replace_placement(m, "learn", env_groups=2)
+
+
+def three_groups_of_eight_envs(m):
+    return replace_placement(m, "rollout", env_groups=3)
+
+
+def host_loop_in_an_spmd_schedule(m):
+    return m.replace(schedule=Schedule("spmd", 4))
+
+
 CASES = [
     # rule, module, breaker, what the message says
     ("operands_defined_before_use", "traced", swap_first_nodes,
@@ -190,6 +206,10 @@ CASES = [
      r"node 0 \(run @sample .*\): @sample has 2 replicas, but shard_map on @actors \(1 devices\) runs 1"),
     ("batch_axes_divide_by_replicas", "staged", three_replicas_for_eight_envs,
      r"node 0 \(run @sample .*\): batch axis of length 8 does not divide by 3 replicas"),
+    ("host_loop_splits_the_environments", "hosted", learn_as_a_host_loop,
+     r"\(run @learn .*\): @learn runs as a host loop \(env_groups=2\) but steps no host environments"),
+    ("host_loop_splits_the_environments", "hosted", three_groups_of_eight_envs,
+     r"\(run @rollout .*\): batch axis of length 8 does not divide into 3 environment groups on each of 1 replicas"),
     ("operands_live_on_the_fragments_group", "staged", read_a_leaf_of_another_group,
      r"\(run @learn .*\): operand 1 lives on @actors, but @learn runs on @learner"),
     ("operands_match_the_glue_body", "traced", glue_without_operands, r"\(glue -> %g\): 0 operands for a body of 1 inputs"),
@@ -213,6 +233,8 @@ CASES = [
      r"stage @learner: inputs are not the leaves it reads from outside"),
     ("stages_close_over_the_graph", "staged", stage_holding_a_node_of_another_group,
      r"stage @actors on @learner holds node 0 \(run @sample .*\) of another group"),
+    ("schedule_fits_the_graph", "hosted", host_loop_in_an_spmd_schedule,
+     r"schedule spmd, but a host loop runs only in a staged schedule"),
     ("schedule_fits_the_graph", "staged", fused_schedule_over_two_stages,
      r"schedule fused, but the iteration has 2 stages and 2 transfers and delays"),
 ]
