@@ -119,7 +119,8 @@ def test_single_program_equals_the_device_program(host_single):
 
 @pytest.mark.parametrize("env_groups,pools", [
     (0, [tuple(range(8)), tuple(range(8, 16))]),  # host calls inside the program: a pool per device
-    (2, [(0, 1, 2, 3, 8, 9, 10, 11), (4, 5, 6, 7, 12, 13, 14, 15)]),  # host loop: a pool per group, both devices
+    # host loop: a pool per group, both devices (2 groups on several devices by default: test_host_loop's processes)
+    pytest.param(2, [(0, 1, 2, 3, 8, 9, 10, 11), (4, 5, 6, 7, 12, 13, 14, 15)], marks=pytest.mark.slow),
 ])
 def test_anakin_steps_a_pool_per_device_or_group_and_equals_the_device_program(env_groups, pools):
     """2 devices of 8 environments each: with the host step inside the program each device steps its own

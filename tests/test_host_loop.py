@@ -145,16 +145,17 @@ def test_actor_learner_async_with_two_groups_equals_the_device_program():
 
 def test_each_process_steps_the_environments_of_its_own_devices():
     """Sebulba on two hosts: anakin over 2 processes of 2 devices on jax.distributed, each process stepping
-    the Gymnasium environments of its own devices in its host loop; the same bits as one process of 4."""
+    the Gymnasium environments of its own devices in its host loop, 2 groups of 1 environment per device;
+    the same bits as one process of 4 devices."""
     argv = ["run", "ppo", "--env", "gymnasium:CartPole-v1", "--policy", "anakin", "--num-envs", "8",
-            "--num-steps", "16", "--total-steps", "512", "--json", "--quiet"]
+            "--num-steps", "16", "--total-steps", "512", "--env-groups", "2", "--json", "--quiet"]
     env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
     cli = [sys.executable, "-m", "fragc.cli"]
     proc = subprocess.Popen([*cli, "launch", "-n", "2", "--", *cli, *argv, "--devices", "2"], text=True, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:  # the one-process reference while the two processes run
         config = ppo.Config(env="gymnasium:CartPole-v1", num_envs=8, num_steps=16, total_steps=512)  # as the CLI's
-        prog = fragc.compile(ppo.PPO(config), "anakin", devices=4)
+        prog = fragc.compile(ppo.PPO(config), "anakin", devices=4, env_groups=2)
         state, history = prog.run(prog.init(0), 4)
         stdout, stderr = proc.communicate(timeout=300)
     finally:
