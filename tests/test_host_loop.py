@@ -140,7 +140,7 @@ def test_actor_learner_async_with_two_groups_equals_the_device_program():
     _, _, dev_state, dev_metrics = shared_programs.ppo_run("actor_learner_async", 4)
     assert_trees_close(metrics, dev_metrics, rtol=1e-5, atol=1e-5)
     assert_trees_close(state.learner, dev_state.learner, rtol=1e-5, atol=1e-5)
-    assert jax.tree.structure(state) == jax.tree.structure(dev_state)
+    assert_trees_close(runner_numbers(state.runner), runner_numbers(dev_state.runner), rtol=1e-5, atol=1e-5)
 
 
 def test_each_process_steps_the_environments_of_its_own_devices():
