@@ -108,7 +108,8 @@ def test_the_time_loop_splits_around_the_host_step():
 
 def test_bad_environment_groups_are_refused_in_one_line():
     algo = ppo_on("gymnasium:CartPole-v1")  # 16 environments
-    with pytest.raises(fragc.FragcError, match="env_groups=3: fragment 'rollout' steps 16 environments, which do not split into 3 equal groups"):
+    with pytest.raises(fragc.FragcError,
+                       match="env_groups=3: fragment 'rollout' steps 16 environments, which do not split into 3 equal"):
         run_passes(algo, "single", 1, env_groups=3)
     with pytest.raises(fragc.FragcError, match="env_groups must be an int from 0"):
         run_passes(algo, "single", 1, env_groups=-1)
@@ -120,7 +121,8 @@ def test_the_verifier_refuses_a_broken_host_loop():
     learn = final.fragments["learn"]
     broken = final.replace(fragments={**final.fragments, "learn": learn.replace(
         placement=dataclasses.replace(learn.placement, env_groups=2))})
-    with pytest.raises(VerifyError, match=r"@learn runs as a host loop .* steps no host environments \[rule host_loop_splits_the_environments\]"):
+    with pytest.raises(VerifyError, match=r"@learn runs as a host loop .* steps no host environments "
+                                          r"\[rule host_loop_splits_the_environments\]"):
         verify(broken)
     rollout = final.fragments["rollout"]
     broken = final.replace(fragments={**final.fragments, "rollout": rollout.replace(
