@@ -347,8 +347,6 @@ def _key_data(keys: jax.Array) -> jax.Array:
     return jax.random.key_data(keys) if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key) else keys
 
 
-
-
 def _per_env(ids: np.ndarray, fn: Callable[..., tuple[np.ndarray, ...]], *arrays: np.ndarray) -> Any:
     """Call `fn(pool_ids, *arrays)` with the call's environments' rows in index order (`pool_ids`: the
     sorted indices, which name their pool), and return its results in the caller's order and shape.

@@ -93,24 +93,23 @@ def _field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def _count(text: str) -> int:
+def _whole_number(text: str, least: int) -> int:
     try:
         value = int(float(text))  # accepts 5e5
     except (OverflowError, ValueError):  # inf, nan, abc
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        expected = "a positive whole number" if least == 1 else f"a whole number from {least}"
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be {'positive' if least == 1 else f'{least} or more'}, got {text}")
     return value
+
+
+def _count(text: str) -> int:
+    return _whole_number(text, 1)
 
 
 def _groups(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number from 0, got {text}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return value
+    return _whole_number(text, 0)
 
 
 def _seed(text: str) -> int:
@@ -198,7 +197,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", type=_count, default=None, help="devices to use; simulated on CPU if needed")
     parser.add_argument("--env-groups", type=_groups, default=None, metavar="G",
                         help="host environments: split each replica's environments into G groups whose inference "
-                        "overlaps the host stepping of the others (default 1; 0: step them inside the compiled program)")
+                        "overlaps the host stepping of the others (default 1; 0: step them in the compiled program)")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -77,13 +77,19 @@ class HostStep:
         return HostStep(m[1], int(m[2]), int(m[3]), int(m[4])) if m else None
 
 
+def is_host_call(eqn: Any) -> bool:
+    """Whether `eqn` is a `host_call` (a `pure_callback` whose callback is a `HostCallback`)."""
+    return eqn.primitive.name == "pure_callback" and isinstance(
+        getattr(eqn.params.get("callback"), "callback_func", None), HostCallback)
+
+
 def find_host_steps(jaxpr: Any, times: int = 1) -> tuple[HostStep, ...]:
     """Every host call in `jaxpr` (recursively), with the trip counts of the scans around it."""
     steps: list[HostStep] = []
     for eqn in jaxpr.eqns:
-        callback = getattr(eqn.params.get("callback"), "callback_func", None)
-        if eqn.primitive.name == "pure_callback" and isinstance(callback, HostCallback):
-            steps.append(HostStep(callback.name, times, times * _nbytes(eqn.invars), times * _nbytes(eqn.outvars)))
+        if is_host_call(eqn):
+            name = eqn.params["callback"].callback_func.name
+            steps.append(HostStep(name, times, times * _nbytes(eqn.invars), times * _nbytes(eqn.outvars)))
             continue
         trips = int(eqn.params.get("length", 1)) if eqn.primitive.name == "scan" else 1
         for sub in jex.jaxprs_in_params(eqn.params):

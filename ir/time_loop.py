@@ -30,7 +30,7 @@ from typing import Any, Callable
 from jax.extend import core as jex
 
 from .errors import FragcError
-from .host import HostCallback
+from .host import is_host_call
 from .module import FragmentDef
 
 COLLECTIVES = {"psum", "pmax", "pmin", "ppermute", "all_gather", "all_to_all", "axis_index", "psum_scatter",
@@ -58,7 +58,6 @@ class TimeLoop:
     num_consts: int
     num_carry: int
     num_xs: int
-    num_kept: int
     num_operands: int  # of the host step
     group_axes: tuple[int | None, ...]  # consts + carry + xs
     ys_group_axes: tuple[int | None, ...]
@@ -89,7 +88,7 @@ def split_time_loop(fdef: FragmentDef, replicas: int, groups: int) -> TimeLoop:
         name=call.params["callback"].callback_func.name, prefix=prefix, infer=infer,
         callback=call.params["callback"], result_avals=tuple(v.aval for v in call.outvars), absorb=absorb,
         suffix=_suffix(body, s, kept), length=int(p["length"]), reverse=bool(p["reverse"]), num_consts=nc,
-        num_carry=nk, num_xs=len(scan.invars) - nc - nk, num_kept=len(kept), num_operands=len(call.invars),
+        num_carry=nk, num_xs=len(scan.invars) - nc - nk, num_operands=len(call.invars),
         group_axes=axes, ys_group_axes=ys_axes)
 
 
@@ -105,19 +104,18 @@ def time_loop_error(fdef: FragmentDef, replicas: int, groups: int) -> str | None
 # ---------------------------------------------------------------- finding the host step
 
 
-def _is_host_call(eqn: Any) -> bool:
-    return eqn.primitive.name == "pure_callback" and isinstance(
-        getattr(eqn.params.get("callback"), "callback_func", None), HostCallback)
+def _anywhere(eqn: Any, found: Callable[[Any], bool]) -> bool:
+    """Whether `found(eqn)`, or `found` of an equation in a jaxpr nested in `eqn`, at any depth."""
+    return found(eqn) or any(_anywhere(e, found) for j in jex.jaxprs_in_params(eqn.params) for e in j.eqns)
 
 
-def _contains_host_call(jaxpr: Any) -> bool:
-    return any(_is_host_call(e) or any(_contains_host_call(j) for j in jex.jaxprs_in_params(e.params))
-               for e in jaxpr.eqns)
+def _is_collective(eqn: Any) -> bool:
+    return eqn.primitive.name in COLLECTIVES
 
 
 def _host_scan(fdef: FragmentDef, body: jex.ClosedJaxpr) -> tuple[int, Any]:
     """(index, eqn) of the top-level scan whose body makes the host step."""
-    found = [(i, e) for i, e in enumerate(body.jaxpr.eqns) if _contains_host_call_here(e)]
+    found = [(i, e) for i, e in enumerate(body.jaxpr.eqns) if _anywhere(e, is_host_call)]
     if len(found) != 1 or found[0][1].primitive.name != "scan":
         raise FragcError(f"fragment '{fdef.name}': a host loop needs exactly one host step, made directly in "
                          "the body of a lax.scan at the fragment's top level (the time loop); this body has "
@@ -127,13 +125,9 @@ def _host_scan(fdef: FragmentDef, body: jex.ClosedJaxpr) -> tuple[int, Any]:
     return found[0]
 
 
-def _contains_host_call_here(eqn: Any) -> bool:
-    return _is_host_call(eqn) or any(_contains_host_call(j) for j in jex.jaxprs_in_params(eqn.params))
-
-
 def _host_call(fdef: FragmentDef, step: Any) -> tuple[int, Any]:
-    calls = [(i, e) for i, e in enumerate(step.eqns) if _is_host_call(e)]
-    nested = any(_contains_host_call(j) for e in step.eqns for j in jex.jaxprs_in_params(e.params))
+    calls = [(i, e) for i, e in enumerate(step.eqns) if is_host_call(e)]
+    nested = any(_anywhere(e, is_host_call) for e in step.eqns if not is_host_call(e))
     if len(calls) != 1 or nested:
         raise FragcError(f"fragment '{fdef.name}': a host loop needs exactly one host step directly in its time "
                          f"loop's body, found {len(calls)}{' and more nested deeper' if nested else ''}: pass "
@@ -143,15 +137,10 @@ def _host_call(fdef: FragmentDef, step: Any) -> tuple[int, Any]:
 
 def _refuse_collectives(fdef: FragmentDef, step: Any, groups: int) -> None:
     for eqn in step.eqns:
-        name = eqn.primitive.name
-        if name in COLLECTIVES or any(_has_collective(j) for j in jex.jaxprs_in_params(eqn.params)):
-            raise FragcError(f"fragment '{fdef.name}': its time loop's body reads other replicas ({name}), so "
-                             f"its environments cannot be split into {groups} groups; use env_groups=1")
-
-
-def _has_collective(jaxpr: Any) -> bool:
-    return any(e.primitive.name in COLLECTIVES or any(_has_collective(j) for j in jex.jaxprs_in_params(e.params))
-               for e in jaxpr.eqns)
+        if _anywhere(eqn, _is_collective):
+            raise FragcError(f"fragment '{fdef.name}': its time loop's body reads other replicas "
+                             f"({eqn.primitive.name}), so its environments cannot be split into {groups} groups; "
+                             "use env_groups=1")
 
 
 def _group_axis(fdef: FragmentDef, whole: Any, part: Any, groups: int) -> int | None:
