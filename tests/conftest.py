@@ -14,6 +14,11 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
+# Every worker and every `fragc` subprocess compiles through one persistent cache (what `fragc run` sets up for
+# a user): the suite compiles many programs more than once (the same small algorithm under several tests).
+from fragc.runtime.reporting import enable_compilation_cache  # noqa: E402
+
+enable_compilation_cache(os.environ["FRAGC_CACHE_DIR"])
 
 LONGEST_FIRST = ["test_checkpoint.py", "test_algorithms_x_policies.py", "test_distributed.py", "test_policies.py",
                  "test_host_loop.py", "test_dqn.py", "test_host_envs.py", "test_semantics.py", "test_ppo_continuous.py",
