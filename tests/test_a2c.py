@@ -7,7 +7,7 @@ from fragc.algos import a2c
 
 
 def test_a2c_short_run_return_rises():
-    assert_return_rises(train_returns(a2c.A2C(a2c.Config(total_steps=150_000))))
+    assert_return_rises(train_returns(a2c.A2C(a2c.Config(total_steps=60_000))))
 
 
 @pytest.mark.slow

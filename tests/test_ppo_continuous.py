@@ -45,7 +45,7 @@ def test_value_loss_is_clipped_only_when_asked():
 
 
 def test_short_run_return_rises():
-    algo = pc.PPOContinuous(pc.Config(total_steps=200_000))
+    algo = pc.PPOContinuous(pc.Config(total_steps=100_000))
     prog = fragc.compile(algo, "single", iterations_per_dispatch=8)
     _, history = prog.run(prog.init(0), algo.config.iterations)
     returns = history["episode_return"]
