@@ -302,7 +302,8 @@ def _env_name(algo: Any) -> str:
     return str(getattr(config, "env", None) or getattr(config, "env_name", None) or "?")
 
 
-def _compile(args: argparse.Namespace, **kwargs: Any) -> Any:
+def _compile(args: argparse.Namespace, check: Any = None, **kwargs: Any) -> Any:
+    """(algo, its compiled program); `check(algo)` runs before compiling."""
     import fragc
     from fragc.devices import devices
 
@@ -312,6 +313,8 @@ def _compile(args: argparse.Namespace, **kwargs: Any) -> Any:
         devices(args.devices)  # simulate CPU devices before JAX starts
         chosen = args.devices
     algo = _make_algo(args)
+    if check is not None:
+        check(algo)
     return algo, fragc.compile(algo, policy=args.policy, devices=chosen, env_groups=args.env_groups, **kwargs)
 
 
@@ -328,7 +331,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from fragc.runtime.reporting import enable_compilation_cache, params_fingerprint
     from fragc.runtime.stopping import Stopped
-    from fragc.training import steps_per_iteration, train
+    from fragc.training import algo_meta, steps_per_iteration, train
 
     if args.resume and not args.checkpoint_dir:
         raise FragcError("--resume needs --checkpoint-dir")
@@ -338,7 +341,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         enable_compilation_cache()
     lead = jax.process_index() == 0  # progress and output come from process 0
     checkpoints = _open_checkpoints(args.checkpoint_dir)  # an unwritable folder fails before compiling
-    algo, prog = _compile(args, iterations_per_dispatch=args.iterations_per_dispatch)
+    run_info = {"algo": args.algo, "seed": args.seed}
+
+    def resumable(algo: Any) -> None:  # another configuration's checkpoint is refused before compiling
+        if args.resume:
+            checkpoints.check_run(algo_meta(algo, run_info))
+
+    algo, prog = _compile(args, check=resumable, iterations_per_dispatch=args.iterations_per_dispatch)
     iterations, steps, env = _run_length(algo, args.algo), steps_per_iteration(algo), _env_name(algo)
     out = sys.stderr if args.json else sys.stdout
     progress = None if args.quiet or not lead else out
@@ -348,7 +357,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         result = train(prog, prog.init(args.seed), iterations, checkpoint_dir=checkpoints,
                        checkpoint_every=args.checkpoint_every, resume=args.resume, metrics=args.metrics,
-                       progress=progress, stop_after=args.stop_after, run_info={"algo": args.algo, "seed": args.seed})
+                       progress=progress, stop_after=args.stop_after, run_info=run_info)
     except Stopped as stop:
         if lead:
             print(f"fragc: {stop}; its checkpoint continues with --resume", file=sys.stderr)

@@ -211,9 +211,13 @@ def config_dict(algo: Any) -> dict | None:
 
 def _run_meta(prog: Any, run_info: dict | None) -> dict:
     """What a checkpoint records about its run."""
-    algo = prog.algo
+    return algo_meta(prog.algo, {"policy": prog.policy.name, "devices": len(prog.devices), **(run_info or {})})
+
+
+def algo_meta(algo: Any, run_info: dict | None) -> dict:
+    """The part of a checkpoint's metadata known before compiling: the algorithm, its config, and `run_info`."""
     meta = {"algo": f"{type(algo).__module__}.{type(algo).__qualname__}", "config": config_dict(algo),
-            "policy": prog.policy.name, "devices": len(prog.devices), **(run_info or {})}
+            **(run_info or {})}
     return json.loads(json.dumps(meta, default=str))
 
 

@@ -187,6 +187,18 @@ class Checkpointer:
             return state, delays, meta
         raise FragcError(f"--resume: every checkpoint in '{self.directory}' is damaged")
 
+    def check_run(self, run: dict) -> None:
+        """Refuse, before anything is compiled, to resume from a checkpoint another configuration wrote: the
+        newest whose metadata reads back is compared with `run` (only the fields `run` has). Damaged ones are
+        left to `restore_latest`, which warns and sets them aside."""
+        for step in reversed(self.steps()):
+            try:
+                meta = self._read_meta(step)
+            except Damaged:
+                continue
+            self._check_run(step, meta, run)
+            return
+
     def _read_meta(self, step: int) -> dict:
         try:
             meta = self._manager.restore(step, args=self._ocp.args.Composite(meta=self._ocp.args.JsonRestore()))["meta"]

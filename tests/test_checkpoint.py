@@ -199,11 +199,15 @@ def test_checkpoint_errors_are_one_line_and_exit_code_2(capsys, tmp_path, extra,
     assert err.count("\n") == 1 and message in err, err
 
 
-def test_resuming_with_another_configuration_is_refused_naming_what_differs(capsys, tmp_path):
-    """Issue 15.5: another environment is not 'damage', and another seed is not accepted."""
+def test_resuming_with_another_configuration_is_refused_naming_what_differs(capsys, tmp_path, monkeypatch):
+    """Issue 15.5: another environment is not 'damage', and another seed is not accepted; refused before
+    anything is compiled."""
+    import fragc
+
     ckpt = str(tmp_path / "ckpt")
     assert main(["run", "ppo", "--total-steps", "4096", "--checkpoint-dir", ckpt, "--quiet"]) == 0
     capsys.readouterr()
+    monkeypatch.setattr(fragc, "compile", lambda *a, **k: pytest.fail("compiled before refusing"))
     for option, named in ((["--env", "Acrobot-v1"], "--env is 'CartPole-v1' in the checkpoint and 'Acrobot-v1' here"),
                           (["--seed", "7"], "--seed is 0 in the checkpoint and 7 here.")):
         assert main(["run", "ppo", "--total-steps", "4096", *option, "--checkpoint-dir", ckpt, "--resume"]) == 2
