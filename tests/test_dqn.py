@@ -79,7 +79,7 @@ def test_continuous_action_space_is_refused():
 
 @pytest.mark.parametrize("double", [False, True])
 def test_short_run_return_rises(double):
-    algo = dqn.DQN(dqn.Config(total_steps=60_000, learning_starts=5_000, eps_decay_steps=30_000, double_dqn=double))
+    algo = dqn.DQN(dqn.Config(total_steps=30_000, learning_starts=5_000, eps_decay_steps=30_000, double_dqn=double))
     assert_return_rises(train_returns(algo, iterations_per_dispatch=64), early=slice(20, 60), late=slice(-20, None))
 
 
