@@ -59,9 +59,13 @@ class HostPool(abc.ABC):
     def spaces(cls, env_id: str) -> tuple[Any, Any]:
         """(observation space, action space) of one environment: Gymnasium or gymnax spaces."""
 
-    def __init__(self, env_id: str, num_envs: int):
+    workers: str | None = None
+    """What a worker count sets for this backend (`"threads"`), or None: it takes none (`env_workers`)."""
+
+    def __init__(self, env_id: str, num_envs: int, workers: int = 0):
         self.env_id = env_id
         self.num_envs = num_envs
+        self.num_workers = workers  # 0: the backend's default
 
     @abc.abstractmethod
     def reset(self, keys: np.ndarray) -> np.ndarray:
@@ -138,7 +142,10 @@ class GymnasiumAsyncPool(GymnasiumPool):
 
 class EnvPoolPool(HostPool):
     """EnvPool's synchronous pool (C++ threads). EnvPool resets a finished environment on the next step
-    (NEXT_STEP); this pool resets finished environments at once instead, to give SAME_STEP semantics."""
+    (NEXT_STEP); this pool resets finished environments at once instead, to give SAME_STEP semantics.
+    A worker count sets its C++ threads (`num_threads`; 0 keeps EnvPool's default)."""
+
+    workers = "threads"
 
     @classmethod
     def spaces(cls, env_id: str) -> tuple[Any, Any]:
@@ -150,8 +157,8 @@ class EnvPoolPool(HostPool):
             warnings.simplefilter("ignore")
             return spec.observation_space, spec.action_space
 
-    def __init__(self, env_id: str, num_envs: int):
-        super().__init__(env_id, num_envs)
+    def __init__(self, env_id: str, num_envs: int, workers: int = 0):
+        super().__init__(env_id, num_envs, workers)
         self.envs = None
 
     def reset(self, keys: np.ndarray) -> np.ndarray:
@@ -160,7 +167,9 @@ class EnvPoolPool(HostPool):
             self.envs.close()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self.envs = envpool.make_gymnasium(self.env_id, num_envs=self.num_envs, seed=seeds_of(keys)[0] % 2**31)
+            threads = {"num_threads": self.num_workers} if self.num_workers else {}
+            self.envs = envpool.make_gymnasium(self.env_id, num_envs=self.num_envs, seed=seeds_of(keys)[0] % 2**31,
+                                               **threads)
         obs, info = self.envs.reset()
         return _by_env_id(obs, info)
 
@@ -192,6 +201,9 @@ def _import_envpool() -> Any:
         raise FragcError("the envpool backend needs EnvPool: pip install 'fragc[host]' (or pip install envpool)") from err
     return envpool
 
+
+_NO_WORKERS = {"gymnasium": "it steps its environments one after another in this process",
+               "gymnasium_async": "Gymnasium's AsyncVectorEnv starts one worker process per environment"}
 
 HOST_POOLS: dict[str, type[HostPool]] = {
     "gymnasium": GymnasiumPool, "gymnasium_async": GymnasiumAsyncPool, "envpool": EnvPoolPool}
@@ -244,6 +256,7 @@ class HostVecEnv(VecEnv):
         self.pools: dict[tuple[int, ...], _PoolSlot] = {}  # environment indices -> their pool
         self._lock = threading.Lock()  # the devices' host calls come from several threads
         self._reset_keys: dict[int, np.ndarray] = {}  # environment index -> the key data of its last reset
+        self.workers = 0  # of each pool (`set_workers`, from the fragment's placement); 0: the backend's default
 
     @property
     def action_space(self) -> Any:
@@ -258,7 +271,7 @@ class HostVecEnv(VecEnv):
         reset_keys, carry_keys = jax.vmap(jax.random.split, out_axes=1)(keys)
         ids = jnp.arange(num_envs, dtype=jnp.int32)
         obs, pool_step = host_call(f"{self.name} reset", self._host_reset, (self._obs_struct(num_envs), _counts(num_envs)),
-                                   ids, _key_data(reset_keys))
+                                   ids, _key_data(reset_keys), set_workers=self.set_workers)
         return self._new_runner(HostEnvState(ids, pool_step), obs.astype(jnp.float32), carry_keys)
 
     def step(self, runner: Runner, action: jax.Array, step_keys: jax.Array | None = None) -> tuple[Runner, Step]:
@@ -269,9 +282,24 @@ class HostVecEnv(VecEnv):
                   _counts(n))
         state = runner.env_state
         obs, reward, terminated, truncated, final_obs, pool_step = host_call(
-            f"{self.name} step", self._host_step, shapes, state.index, state.pool_step, action, _key_data(step_keys))
+            f"{self.name} step", self._host_step, shapes, state.index, state.pool_step, action, _key_data(step_keys),
+            set_workers=self.set_workers)
         return self._advance(runner, HostEnvState(state.index, pool_step), obs.astype(jnp.float32), carry_keys,
                              reward, terminated, truncated, final_obs.astype(jnp.float32))
+
+    def set_workers(self, workers: int) -> None:
+        """The workers of each pool made from now on (a placement's `env_workers`); pools made with another
+        count are closed, to be made again."""
+        if workers and self.pool_type.workers is None:
+            backend = split_env_name(self.name)[0]
+            raise FragcError(f"env_workers={workers}: {backend} environments take no worker count ("
+                             f"{_NO_WORKERS.get(backend, 'its pool has no such setting')}); a worker count sets EnvPool's threads")
+        with self._lock:
+            if workers != self.workers:
+                for slot in self.pools.values():
+                    slot.pool.close()
+                self.pools.clear()
+            self.workers = workers
 
     def _flat_obs(self, obs: np.ndarray) -> np.ndarray:
         obs = np.asarray(obs)
@@ -293,7 +321,9 @@ class HostVecEnv(VecEnv):
         """-> (the pool of `ids`, made if needed, reset from `keys`; observations; pool step counts)."""
         slot = self._slot(ids)
         if slot is None:
-            slot = _PoolSlot(self.pool_type(self.env_id, len(ids)))
+            made = self.pool_type(self.env_id, len(ids), self.workers) if self.workers else self.pool_type(
+                self.env_id, len(ids))  # a pool class that takes no worker count need not accept one
+            slot = _PoolSlot(made)
             with self._lock:
                 for other in [k for k in self.pools if set(k) & set(ids)]:  # the batch is split differently now
                     self.pools.pop(other).pool.close()

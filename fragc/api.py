@@ -27,6 +27,7 @@ def compile(
     printer: Callable[[str], None] = print,
     transfers: str = "auto",
     env_groups: int | None = None,
+    env_workers: int | None = None,
 ) -> Program:
     """Compile `algo` under `policy` on `devices` (a count, or the devices themselves) or the
     devices of `mesh`.
@@ -43,9 +44,11 @@ def compile(
     env_groups: for host environments (docs/host_envs.md), the policy's `env_groups` instead of its own:
       0 steps them inside the compiled program, G >= 1 runs the rollout's time loop from the host with
       each replica's environments in G groups (G >= 2 pipelines inference with host stepping).
+    env_workers: the policy's `env_workers` instead of its own: the workers of each host environment pool
+      (EnvPool's threads), 0 for the backend's default.
     """
     pipeline, devs, resolved = run_passes(algo, policy, devices, mesh, iterations_per_dispatch, print_after_all,
-                                          dump_dir, printer, transfers, env_groups)
+                                          dump_dir, printer, transfers, env_groups, env_workers)
     # The 2-replica check is Python tracing and XLA compiles without the GIL: trace while XLA compiles, so
     # the check costs no start-up time; its error (the user's mistake) wins over the program.
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fragc-check") as pool:
@@ -66,6 +69,7 @@ def run_passes(
     printer: Callable[[str], None] = print,
     transfers: str = "auto",
     env_groups: int | None = None,
+    env_workers: int | None = None,
 ) -> tuple[PipelineResult, list[Any], Policy]:
     """`compile` without the XLA programs: trace `algo` and run the passes of `policy` ->
     (the module after every pass, the devices, the resolved policy). `fragc ir` prints this."""
@@ -83,6 +87,8 @@ def run_passes(
     resolved = resolve(policy, len(devs))
     if env_groups is not None:
         resolved = dataclasses.replace(resolved, env_groups=env_groups)  # checked by Policy itself
+    if env_workers is not None:
+        resolved = dataclasses.replace(resolved, env_workers=env_workers)
     if resolved.num_devices > len(devs):
         raise FragcError(
             f"policy '{resolved.name}' uses {resolved.num_devices} devices but the program has {len(devs)}; "

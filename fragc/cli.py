@@ -198,6 +198,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env-groups", type=_groups, default=None, metavar="G",
                         help="host environments: split each replica's environments into G groups whose inference "
                         "overlaps the host stepping of the others (default 1; 0: step them in the compiled program)")
+    parser.add_argument("--env-workers", type=_groups, default=None, metavar="W",
+                        help="host environments: workers of each environment pool (EnvPool's threads; default 0: "
+                        "the backend's own choice)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -315,7 +318,8 @@ def _compile(args: argparse.Namespace, check: Any = None, **kwargs: Any) -> Any:
     algo = _make_algo(args)
     if check is not None:
         check(algo)
-    return algo, fragc.compile(algo, policy=args.policy, devices=chosen, env_groups=args.env_groups, **kwargs)
+    return algo, fragc.compile(algo, policy=args.policy, devices=chosen, env_groups=args.env_groups,
+                               env_workers=args.env_workers, **kwargs)
 
 
 def _devices_of_every_process(args: argparse.Namespace) -> Any:
@@ -505,7 +509,7 @@ def cmd_ir(args: argparse.Namespace) -> int:
     devices(args.devices)  # simulate CPU devices before JAX starts
     pipeline, _, _ = run_passes(_make_algo(args), policy=args.policy, devices=args.devices,
                                 print_after_all=args.print_after_all, dump_dir=args.dump_dir,
-                                env_groups=args.env_groups)
+                                env_groups=args.env_groups, env_workers=args.env_workers)
     check_per_replica(pipeline.final)  # what compile checks: a body that only works with one replica
     if args.print_after_all:
         return 0

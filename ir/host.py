@@ -32,11 +32,17 @@ from .errors import FragcError
 
 
 class HostCallback:
-    """A callable run on the host by `host_call`; `name` says what it is (``gymnasium:CartPole-v1 step``)."""
+    """A callable run on the host by `host_call`; `name` says what it is (``gymnasium:CartPole-v1 step``).
 
-    def __init__(self, name: str, fn: Callable[..., Any]):
+    `set_workers(n)`, when given, applies the host resources a placement chose (`Placement.env_workers`:
+    worker threads or processes for the environments behind the call); it raises FragcError where the
+    backend takes no worker count.
+    """
+
+    def __init__(self, name: str, fn: Callable[..., Any], set_workers: Callable[[int], None] | None = None):
         self.name = name
         self.fn = fn
+        self.set_workers = set_workers
 
     def __call__(self, *args: Any) -> Any:
         return self.fn(*args)
@@ -45,13 +51,14 @@ class HostCallback:
         return f"HostCallback({self.name})"
 
 
-def host_call(name: str, fn: Callable[..., Any], result_shapes: Any, *args: Any) -> Any:
+def host_call(name: str, fn: Callable[..., Any], result_shapes: Any, *args: Any,
+              set_workers: Callable[[int], None] | None = None) -> Any:
     """Run `fn(*args)` on the host (numpy in, numpy out) from inside a fragment, visible in the IR as a host step.
 
     Under `vmap` the callback is called once with a leading axis added to every argument; it must
-    return results with the same leading axes.
+    return results with the same leading axes. `set_workers`: see `HostCallback`.
     """
-    return jax.pure_callback(HostCallback(name, fn), result_shapes, *args, vmap_method="expand_dims")
+    return jax.pure_callback(HostCallback(name, fn, set_workers), result_shapes, *args, vmap_method="expand_dims")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +102,31 @@ def find_host_steps(jaxpr: Any, times: int = 1) -> tuple[HostStep, ...]:
         for sub in jex.jaxprs_in_params(eqn.params):
             steps += find_host_steps(sub, times * trips)
     return tuple(steps)
+
+
+def host_callbacks(jaxpr: Any) -> list[HostCallback]:
+    """Every host call's callback in `jaxpr` (recursively)."""
+    found: list[HostCallback] = []
+    for eqn in jaxpr.eqns:
+        if is_host_call(eqn):
+            found.append(eqn.params["callback"].callback_func)
+        for sub in jex.jaxprs_in_params(eqn.params):
+            found += host_callbacks(sub)
+    return found
+
+
+def apply_env_workers(module: Any) -> None:
+    """Give every host call of a placed fragment its placement's worker count (0: the backend's default)."""
+    for fdef in module.fragments.values():
+        if fdef.placement is None or fdef.body is None or not fdef.host_steps:
+            continue
+        workers = fdef.placement.env_workers
+        for callback in host_callbacks(fdef.body.jaxpr):
+            if callback.set_workers is not None:
+                callback.set_workers(workers)
+            elif workers:
+                raise FragcError(f"env_workers={workers}: the host call '{callback.name}' of fragment "
+                                 f"'{fdef.name}' takes no worker count")
 
 
 def _nbytes(variables: Any) -> int:

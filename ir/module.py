@@ -63,11 +63,15 @@ class Placement:
     """For a fragment that steps host environments: 0 runs the host step inside the compiled program;
     G >= 1 runs its time loop from the host (a host loop, runtime/host_loop.py) with each replica's
     environments in G groups, inference of one overlapping the host stepping of another."""
+    env_workers: int = 0
+    """For a fragment that steps host environments: the workers of each of its pools (EnvPool's threads);
+    0 leaves the backend's default."""
 
     def where(self) -> str:
-        """The printed placement (`on @actors shard_map replicas=4 host_loop(groups=2)`)."""
+        """The printed placement (`on @actors shard_map replicas=4 host_loop(groups=2) env_workers=2`)."""
         loop = f" host_loop(groups={self.env_groups})" if self.env_groups else ""
-        return f"on @{self.group} {self.lowering} replicas={self.replicas}{loop}"
+        workers = f" env_workers={self.env_workers}" if self.env_workers else ""
+        return f"on @{self.group} {self.lowering} replicas={self.replicas}{loop}{workers}"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -39,8 +39,9 @@ class Place(Pass):
             role = policy.placement(fdef.role)
             replicas = policy.replicas(fdef.role)
             check_divides(name, fdef.arg_names, fdef.in_types, replicas)
+            workers = policy.env_workers if fdef.host_steps else 0
             fragments[name] = fdef.replace(placement=Placement(role.group, replicas, role.lowering,
-                                                               _env_groups(fdef, replicas, policy)))
+                                                               _env_groups(fdef, replicas, policy), workers))
         meshes = tuple(Mesh(g, tuple(d)) for g, d in policy.groups.items())
         module = module.replace(fragments=fragments, meshes=meshes, population=tuple(policy.population))
         return module.replace(graph=_place_values(module))

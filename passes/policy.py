@@ -45,6 +45,9 @@ class Policy:
     """For fragments that step host environments: their time loop runs from the host with each replica's
     environments in this many groups, inference of one group overlapping the host stepping of another
     (1: synchronous; 0: the host step runs inside the compiled program)."""
+    env_workers: int = 0
+    """For fragments that step host environments: the workers of each environment pool (EnvPool's threads;
+    0: the backend's default). docs/host_envs.md, "Choosing groups and workers"."""
 
     def __post_init__(self) -> None:
         check_policy(self)
@@ -102,6 +105,8 @@ def check_policy(policy: Policy) -> None:
         raise FragcError(f"policy '{name}': staleness must be an int from 0, got {policy.staleness!r}")
     if not _is_count(policy.env_groups, 0):
         raise FragcError(f"policy '{name}': env_groups must be an int from 0, got {policy.env_groups!r}")
+    if not _is_count(policy.env_workers, 0):
+        raise FragcError(f"policy '{name}': env_workers must be an int from 0, got {policy.env_workers!r}")
 
 
 def _is_count(value: object, least: int) -> bool:

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fragc.ir.host import apply_env_workers
 from fragc.ir.errors import FragcError
 from fragc.ir.module import Delay, Transfer
 from fragc.ir.printer import format_module
@@ -51,6 +52,7 @@ class Program:
         self.k = module.schedule.iterations_per_dispatch
         self.last_delays: dict[int, list[Any]] | None = None
         self._state_tree = module.graph.inputs[0].type.treedef
+        apply_env_workers(module)  # the host pools' workers, as placed: before `init` makes the pools
         t0 = time.perf_counter()
         self._init = jax.jit(self._init_fn())
         self._executor = EXECUTORS[module.schedule.shape](module, self.devices)

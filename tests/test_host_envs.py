@@ -55,6 +55,20 @@ class GymnaxHostPool(HostPool):
 
 register_host_pool("gymnax_host", GymnaxHostPool, "gymnax environments stepped on the host (tests only)")
 
+
+class ThreadedGymnaxHostPool(GymnaxHostPool):
+    """The adapter as a backend that takes a worker count; records each pool's (environments, workers)."""
+
+    workers = "threads"
+    made: list[tuple[int, int]] = []
+
+    def __init__(self, env_id, num_envs, workers=0):
+        super().__init__(env_id, num_envs)
+        self.made.append((num_envs, workers))
+
+
+register_host_pool("gymnax_threads", ThreadedGymnaxHostPool, "the gymnax adapter with worker threads (tests only)")
+
 def ppo_on(env):
     """The shared PPO program's algorithm (tests/shared_programs.py), on `env`."""
     return ppo.PPO(dataclasses.replace(shared_programs.ppo_algo().config, env=env))
@@ -152,6 +166,30 @@ def test_the_ir_shows_the_host_step_and_its_bytes(host_single):
     total = host_single.cost()["total"]
     assert (total["device_to_host_bytes"], total["host_to_device_bytes"]) == (to_host, from_host)
     assert parse(text).fragments["rollout"].host_steps == host_single.module.fragments["rollout"].host_steps
+
+
+def test_env_workers_are_placed_printed_parsed_and_reach_every_pool():
+    """The policy's worker count is the host fragment's placement: in the IR, read back by the parser, and
+    given to each pool as it is made; the numbers are the device program's."""
+    ThreadedGymnaxHostPool.made.clear()
+    prog = fragc.compile(ppo_on("gymnax_threads:CartPole-v1"), "single", env_workers=3)
+    text = prog.ir()
+    assert "fragment @rollout role=actor on @main shard_map replicas=1 host_loop(groups=1) env_workers=3 " in text
+    assert "env_workers" not in text.split("fragment @learn", 1)[1]  # only fragments that step host environments
+    assert parse(text).fragments["rollout"].placement.env_workers == 3
+    assert_equals_the_device_program(prog)
+    assert ThreadedGymnaxHostPool.made and set(ThreadedGymnaxHostPool.made) == {(16, 3)}
+
+
+@pytest.mark.parametrize("env,message", [
+    ("gymnasium:CartPole-v1", r"env_workers=2: gymnasium environments take no worker count \(it steps its "
+                              r"environments one after another in this process\); a worker count sets EnvPool's"),
+    ("gymnasium_async:CartPole-v1", "env_workers=2: gymnasium_async environments take no worker count "
+                                    r"\(Gymnasium's AsyncVectorEnv starts one worker process per environment\)"),
+])
+def test_a_worker_count_for_a_backend_without_workers_is_one_line(env, message):
+    with pytest.raises(fragc.FragcError, match=message):
+        fragc.compile(ppo_on(env), "single", env_workers=2)
 
 
 @pytest.mark.parametrize("policy,devices,message", [
@@ -266,7 +304,7 @@ def test_fragc_envs_lists_the_backends_and_a_bad_backend_is_one_line(capsys):
     assert main(["ir", "ppo", "--env", "gym:CartPole-v1"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "fragc: error: unknown environment backend 'gym' in 'gym:CartPole-v1'; backends: gymnax, gymnasium, "
-        "gymnasium_async, envpool, gymnax_host"]
+        "gymnasium_async, envpool, gymnax_host, gymnax_threads"]
 
 
 class ByteFrames(gymnasium.Env):
