@@ -44,6 +44,9 @@ def main() -> None:
     parser.add_argument("--num-steps", type=int, default=128)
     parser.add_argument("--iterations", type=int, default=4, help="iterations per timed repeat")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--env-workers", type=int, default=0,
+                        help="workers of each pool (EnvPool's threads), the same for fragc's pools and the raw ones; "
+                             "0: the backend's default")
     parser.add_argument("--modes", default=",".join(str(g) for _, g in MODES),
                         help="environment groups to measure (0: in-program)")
     parser.add_argument("--out", default="bench/results")
@@ -95,13 +98,15 @@ def measure(name: str, mode: str, groups: int, args: argparse.Namespace) -> dict
                         activation="relu" if backend == "envpool" else "tanh")
     algo = ppo.PPO(config)
     # each program its own algorithm, so its own host pools: a pool follows one runner's steps
-    programs = {what: fragc.compile(a, "single", iterations_per_dispatch=k, env_groups=groups)
+    workers = args.env_workers
+    programs = {what: fragc.compile(a, "single", iterations_per_dispatch=k, env_groups=groups, env_workers=workers)
                 for what, a in (("rollout", RolloutOnly(ppo.PPO(config))), ("train", algo))}
     states = {}
     for what, prog in programs.items():  # warm-up: compiled, pools made
         states[what], _ = prog.run(prog.init(0), k)
 
-    pools = [HOST_POOLS[backend](env_id, n // max(groups, 1)) for _ in range(max(groups, 1))]
+    extra = (workers,) if workers else ()  # Gymnasium's pools take no worker count
+    pools = [HOST_POOLS[backend](env_id, n // max(groups, 1), *extra) for _ in range(max(groups, 1))]
     rng = np.random.default_rng(0)
     actions = algo.env.action_space.n
     for i, pool in enumerate(pools):
@@ -128,7 +133,7 @@ def measure(name: str, mode: str, groups: int, args: argparse.Namespace) -> dict
         rates["train"].append(fragc_rate("train"))
     for pool in pools:
         pool.close()
-    row = {"env": name, "mode": mode, "env_groups": groups, "num_envs": n, "num_steps": t, "iterations": k,
+    row = {"env": name, "mode": mode, "env_groups": groups, "env_workers": workers, "num_envs": n, "num_steps": t, "iterations": k,
            "each": rates, **{f"{w}_env_steps_per_s": statistics.median(r) for w, r in rates.items()}}
     for what in ("rollout", "train"):
         ratios = [f / r for f, r in zip(rates[what], rates["raw"])]
