@@ -293,7 +293,8 @@ class HostVecEnv(VecEnv):
         if workers and self.pool_type.workers is None:
             backend = split_env_name(self.name)[0]
             raise FragcError(f"env_workers={workers}: {backend} environments take no worker count ("
-                             f"{_NO_WORKERS.get(backend, 'its pool has no such setting')}); a worker count sets EnvPool's threads")
+                             f"{_NO_WORKERS.get(backend, 'its pool has no such setting')}); a worker count sets "
+                             "EnvPool's threads")
         with self._lock:
             if workers != self.workers:
                 for slot in self.pools.values():

@@ -133,8 +133,8 @@ def measure(name: str, mode: str, groups: int, args: argparse.Namespace) -> dict
         rates["train"].append(fragc_rate("train"))
     for pool in pools:
         pool.close()
-    row = {"env": name, "mode": mode, "env_groups": groups, "env_workers": workers, "num_envs": n, "num_steps": t, "iterations": k,
-           "each": rates, **{f"{w}_env_steps_per_s": statistics.median(r) for w, r in rates.items()}}
+    row = {"env": name, "mode": mode, "env_groups": groups, "env_workers": workers, "num_envs": n, "num_steps": t,
+           "iterations": k, "each": rates, **{f"{w}_env_steps_per_s": statistics.median(r) for w, r in rates.items()}}
     for what in ("rollout", "train"):
         ratios = [f / r for f, r in zip(rates[what], rates["raw"])]
         row[f"{what}_ratio"] = [statistics.median(ratios), min(ratios), max(ratios)]

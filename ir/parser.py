@@ -272,8 +272,8 @@ class _Parser:
         return next(self.lines)
 
     def fragment(self, line: str) -> str:
-        m = re.match(r"^fragment @(\w+) role=(\w+)(?: on @(\w+) (\w+) replicas=(\d+)(?: host_loop\(groups=(\d+)\))?(?: env_workers=(\d+))?)? "
-                     r"eqns=\S+   // (.*)$", line)
+        m = re.match(r"^fragment @(\w+) role=(\w+)(?: on @(\w+) (\w+) replicas=(\d+)"
+                     r"(?: host_loop\(groups=(\d+)\))?(?: env_workers=(\d+))?)? eqns=\S+   // (.*)$", line)
         if not m:
             raise ParseError(f"not a fragment line: {line!r}")
         name, role, group, lowering, replicas, env_groups, env_workers, source = m.groups()
