@@ -31,6 +31,7 @@ Semantics, the same as the device path's:
 from __future__ import annotations
 
 import abc
+import inspect
 import threading
 import warnings
 from typing import Any, Callable
@@ -59,8 +60,9 @@ class HostPool(abc.ABC):
     def spaces(cls, env_id: str) -> tuple[Any, Any]:
         """(observation space, action space) of one environment: Gymnasium or gymnax spaces."""
 
-    workers: str | None = None
-    """What a worker count sets for this backend (`"threads"`), or None: it takes none (`env_workers`)."""
+    worker_kind: str | None = None
+    """What a worker count sets for this backend (`"threads"`), or None: it takes none (`env_workers`); a
+    pool that takes one accepts `workers` as the third argument of `__init__`."""
 
     def __init__(self, env_id: str, num_envs: int, workers: int = 0):
         self.env_id = env_id
@@ -145,7 +147,7 @@ class EnvPoolPool(HostPool):
     (NEXT_STEP); this pool resets finished environments at once instead, to give SAME_STEP semantics.
     A worker count sets its C++ threads (`num_threads`; 0 keeps EnvPool's default)."""
 
-    workers = "threads"
+    worker_kind = "threads"
 
     @classmethod
     def spaces(cls, env_id: str) -> tuple[Any, Any]:
@@ -271,7 +273,7 @@ class HostVecEnv(VecEnv):
         reset_keys, carry_keys = jax.vmap(jax.random.split, out_axes=1)(keys)
         ids = jnp.arange(num_envs, dtype=jnp.int32)
         obs, pool_step = host_call(f"{self.name} reset", self._host_reset, (self._obs_struct(num_envs), _counts(num_envs)),
-                                   ids, _key_data(reset_keys), set_workers=self.set_workers)
+                                   ids, _key_data(reset_keys), resources=self)
         return self._new_runner(HostEnvState(ids, pool_step), obs.astype(jnp.float32), carry_keys)
 
     def step(self, runner: Runner, action: jax.Array, step_keys: jax.Array | None = None) -> tuple[Runner, Step]:
@@ -283,23 +285,28 @@ class HostVecEnv(VecEnv):
         state = runner.env_state
         obs, reward, terminated, truncated, final_obs, pool_step = host_call(
             f"{self.name} step", self._host_step, shapes, state.index, state.pool_step, action, _key_data(step_keys),
-            set_workers=self.set_workers)
+            resources=self)
         return self._advance(runner, HostEnvState(state.index, pool_step), obs.astype(jnp.float32), carry_keys,
                              reward, terminated, truncated, final_obs.astype(jnp.float32))
 
+    def workers_error(self, workers: int) -> str | None:
+        """Why this backend's pools cannot take `workers` workers each (None when they can)."""
+        backend = split_env_name(self.name)[0]
+        if self.pool_type.worker_kind is None:
+            return (f"env_workers={workers}: {backend} environments take no worker count ("
+                    f"{_NO_WORKERS.get(backend, 'its pool has no such setting')}); a worker count sets EnvPool's "
+                    "threads")
+        try:
+            inspect.signature(self.pool_type).bind(self.env_id, 1, workers)
+        except TypeError:
+            return (f"env_workers={workers}: {self.pool_type.__name__} says it takes {self.pool_type.worker_kind} "
+                    f"but its __init__ takes no third argument (workers)")
+        return None
+
     def set_workers(self, workers: int) -> None:
-        """The workers of each pool made from now on (a placement's `env_workers`); pools made with another
-        count are closed, to be made again."""
-        if workers and self.pool_type.workers is None:
-            backend = split_env_name(self.name)[0]
-            raise FragcError(f"env_workers={workers}: {backend} environments take no worker count ("
-                             f"{_NO_WORKERS.get(backend, 'its pool has no such setting')}); a worker count sets "
-                             "EnvPool's threads")
+        """The workers of each pool made from now on (a placement's `env_workers`, checked by `place`). Pools
+        already made keep theirs: another program over the same environments may be stepping them."""
         with self._lock:
-            if workers != self.workers:
-                for slot in self.pools.values():
-                    slot.pool.close()
-                self.pools.clear()
             self.workers = workers
 
     def _flat_obs(self, obs: np.ndarray) -> np.ndarray:

@@ -34,15 +34,15 @@ from .errors import FragcError
 class HostCallback:
     """A callable run on the host by `host_call`; `name` says what it is (``gymnasium:CartPole-v1 step``).
 
-    `set_workers(n)`, when given, applies the host resources a placement chose (`Placement.env_workers`:
-    worker threads or processes for the environments behind the call); it raises FragcError where the
-    backend takes no worker count.
+    `resources`, when given, is what stands behind the call on the host (a `HostVecEnv`): its
+    `workers_error(n)` says why it cannot take `n` workers (None when it can), and `set_workers(n)` applies
+    the worker count a placement chose (`Placement.env_workers`).
     """
 
-    def __init__(self, name: str, fn: Callable[..., Any], set_workers: Callable[[int], None] | None = None):
+    def __init__(self, name: str, fn: Callable[..., Any], resources: Any = None):
         self.name = name
         self.fn = fn
-        self.set_workers = set_workers
+        self.resources = resources
 
     def __call__(self, *args: Any) -> Any:
         return self.fn(*args)
@@ -51,14 +51,13 @@ class HostCallback:
         return f"HostCallback({self.name})"
 
 
-def host_call(name: str, fn: Callable[..., Any], result_shapes: Any, *args: Any,
-              set_workers: Callable[[int], None] | None = None) -> Any:
+def host_call(name: str, fn: Callable[..., Any], result_shapes: Any, *args: Any, resources: Any = None) -> Any:
     """Run `fn(*args)` on the host (numpy in, numpy out) from inside a fragment, visible in the IR as a host step.
 
     Under `vmap` the callback is called once with a leading axis added to every argument; it must
-    return results with the same leading axes. `set_workers`: see `HostCallback`.
+    return results with the same leading axes. `resources`: see `HostCallback`.
     """
-    return jax.pure_callback(HostCallback(name, fn, set_workers), result_shapes, *args, vmap_method="expand_dims")
+    return jax.pure_callback(HostCallback(name, fn, resources), result_shapes, *args, vmap_method="expand_dims")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,18 +114,32 @@ def host_callbacks(jaxpr: Any) -> list[HostCallback]:
     return found
 
 
+def _worker_resources(fdef: Any) -> list[Any]:
+    """What stands behind the fragment's host calls and takes a worker count (each once)."""
+    found: list[Any] = []
+    for callback in host_callbacks(fdef.body.jaxpr) if fdef.body is not None else ():
+        if callback.resources is not None and all(r is not callback.resources for r in found):
+            found.append(callback.resources)
+    return found
+
+
+def env_workers_error(fdef: Any, workers: int) -> str | None:
+    """Why the fragment's host environments cannot take `workers` workers each (None when they can, or 0)."""
+    if not workers:
+        return None
+    resources = _worker_resources(fdef)
+    if not resources:
+        return f"env_workers={workers}: fragment '{fdef.name}' has no host environment that takes a worker count"
+    return next((e for e in (r.workers_error(workers) for r in resources) if e), None)
+
+
 def apply_env_workers(module: Any) -> None:
-    """Give every host call of a placed fragment its placement's worker count (0: the backend's default)."""
+    """Give the host environments of every placed fragment its placement's worker count (0: their default);
+    `place` checked that they take it."""
     for fdef in module.fragments.values():
-        if fdef.placement is None or fdef.body is None or not fdef.host_steps:
-            continue
-        workers = fdef.placement.env_workers
-        for callback in host_callbacks(fdef.body.jaxpr):
-            if callback.set_workers is not None:
-                callback.set_workers(workers)
-            elif workers:
-                raise FragcError(f"env_workers={workers}: the host call '{callback.name}' of fragment "
-                                 f"'{fdef.name}' takes no worker count")
+        if fdef.placement is not None and fdef.host_steps:
+            for resources in _worker_resources(fdef):
+                resources.set_workers(fdef.placement.env_workers)
 
 
 def _nbytes(variables: Any) -> int:

@@ -166,6 +166,15 @@ def host_loop_splits_the_environments(site: Site) -> str | None:
     return None
 
 
+def env_workers_only_for_host_environments(site: Site) -> str | None:
+    """A worker count (`env_workers`) is placed only on a fragment that steps host environments."""
+    fdef = site.module.fragments[site.node.fragment]
+    p = fdef.placement
+    if p is not None and p.env_workers and not fdef.host_steps:
+        return f"@{fdef.name} has env_workers={p.env_workers} but steps no host environments"
+    return None
+
+
 def operands_live_on_the_fragments_group(site: Site) -> str | None:
     """Once transfers are inserted, a fragment reads only values on its own group."""
     p = site.module.fragments[site.node.fragment].placement
@@ -268,7 +277,8 @@ def delay_types_agree(site: Site) -> str | None:
 NODE_RULES: dict[str, tuple[Rule, ...]] = {
     "run": COMMON + (fragment_is_defined, operands_match_the_arguments, results_match_the_fragment,
                      placed_on_a_mesh, replicas_fill_the_group, batch_axes_divide_by_replicas,
-                     host_loop_splits_the_environments, operands_live_on_the_fragments_group),
+                     host_loop_splits_the_environments, env_workers_only_for_host_environments,
+                     operands_live_on_the_fragments_group),
     "glue": COMMON + (operands_match_the_glue_body, glue_defines_one_value_of_its_body_outputs,
                       glue_reads_and_writes_one_group),
     "transfer": COMMON + (transfer_moves_between_two_groups, transfer_source_is_the_operands_group,

@@ -15,6 +15,7 @@ import collections
 import dataclasses
 
 from fragc.ir.errors import FragcError
+from fragc.ir.host import env_workers_error
 from fragc.ir.module import FragmentDef, Glue, Graph, Mesh, Module, Placement, Run, Use, Value
 from fragc.ir.replicas import check_divides
 from fragc.ir.time_loop import time_loop_error
@@ -40,6 +41,8 @@ class Place(Pass):
             replicas = policy.replicas(fdef.role)
             check_divides(name, fdef.arg_names, fdef.in_types, replicas)
             workers = policy.env_workers if fdef.host_steps else 0
+            if reason := env_workers_error(fdef, workers):
+                raise FragcError(reason)
             fragments[name] = fdef.replace(placement=Placement(role.group, replicas, role.lowering,
                                                                _env_groups(fdef, replicas, policy), workers))
         meshes = tuple(Mesh(g, tuple(d)) for g, d in policy.groups.items())

@@ -52,12 +52,12 @@ class Program:
         self.k = module.schedule.iterations_per_dispatch
         self.last_delays: dict[int, list[Any]] | None = None
         self._state_tree = module.graph.inputs[0].type.treedef
-        apply_env_workers(module)  # the host pools' workers, as placed: before `init` makes the pools
         t0 = time.perf_counter()
         self._init = jax.jit(self._init_fn())
         self._executor = EXECUTORS[module.schedule.shape](module, self.devices)
         self._shardings = self._executor.state_shardings
         self.compile_seconds = time.perf_counter() - t0
+        apply_env_workers(module)  # the host pools' workers, as placed (and checked by `place`): before `init`
 
     # ------------------------------------------------------------ inspection
 

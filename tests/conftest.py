@@ -4,10 +4,13 @@ import os
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+_MADE_CACHE_DIR = None
+"""The session's compilation cache folder, when this process made it (the xdist controller, or a run with -n 0):
+it removes the folder at the end. Workers and `fragc` subprocesses inherit it through FRAGC_CACHE_DIR."""
 if "FRAGC_CACHE_DIR" not in os.environ:  # keep `fragc run`'s compilation cache out of the user's folder
     import tempfile
 
-    os.environ["FRAGC_CACHE_DIR"] = tempfile.mkdtemp(prefix="fragc-test-cache-")
+    os.environ["FRAGC_CACHE_DIR"] = _MADE_CACHE_DIR = tempfile.mkdtemp(prefix="fragc-test-cache-")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -27,6 +30,13 @@ LONGEST_FIRST = ["test_checkpoint.py", "test_algorithms_x_policies.py", "test_di
 pytest-xdist (addopts: `--dist loadfile --no-loadscope-reorder`) hands whole files to its 2 workers in this
 order, so the long ones start first and the short ones fill the gaps at the end. The two files of subprocesses
 (checkpoint, distributed) are not the first two, so that they do not start together on the 2 cores."""
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _MADE_CACHE_DIR is not None and not hasattr(session.config, "workerinput"):  # not an xdist worker
+        import shutil
+
+        shutil.rmtree(_MADE_CACHE_DIR, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -59,7 +59,7 @@ register_host_pool("gymnax_host", GymnaxHostPool, "gymnax environments stepped o
 class ThreadedGymnaxHostPool(GymnaxHostPool):
     """The adapter as a backend that takes a worker count; records each pool's (environments, workers)."""
 
-    workers = "threads"
+    worker_kind = "threads"
     made: list[tuple[int, int]] = []
 
     def __init__(self, env_id, num_envs, workers=0):
@@ -180,6 +180,19 @@ def test_env_workers_are_placed_printed_parsed_and_reach_every_pool():
     assert_equals_the_device_program(prog)
     assert ThreadedGymnaxHostPool.made and set(ThreadedGymnaxHostPool.made) == {(16, 3)}
 
+    # Another program over the same environments, with another count (`Program` applies it as below): the
+    # pools already made are left to the first, which goes on stepping them without a reset.
+    from fragc.api import run_passes
+    from fragc.ir.host import apply_env_workers
+
+    state, _ = prog.run(prog.init(0), 1)
+    env, pools = prog.algo.env, dict(prog.algo.env.pools)
+    apply_env_workers(run_passes(prog.algo, "single", env_workers=1)[0].final)
+    assert env.pools == pools and env.workers == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a closed pool would be reset mid-run, with a warning
+        prog.run(state, 1)
+
 
 @pytest.mark.parametrize("env,message", [
     ("gymnasium:CartPole-v1", r"env_workers=2: gymnasium environments take no worker count \(it steps its "
@@ -187,9 +200,31 @@ def test_env_workers_are_placed_printed_parsed_and_reach_every_pool():
     ("gymnasium_async:CartPole-v1", "env_workers=2: gymnasium_async environments take no worker count "
                                     r"\(Gymnasium's AsyncVectorEnv starts one worker process per environment\)"),
 ])
-def test_a_worker_count_for_a_backend_without_workers_is_one_line(env, message):
+def test_a_worker_count_for_a_backend_without_workers_is_one_line(env, message, capsys):
     with pytest.raises(fragc.FragcError, match=message):
         fragc.compile(ppo_on(env), "single", env_workers=2)
+    from fragc.cli import main  # `fragc ir` refuses it too: the placement is where it is checked
+
+    assert main(["ir", "ppo", "--env", env, "--env-workers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "take no worker count" in err, err
+
+
+class TwoArgumentPool(GymnaxHostPool):
+    """Says it takes threads but its __init__ takes no count."""
+
+    worker_kind = "threads"
+
+
+register_host_pool("gymnax_two_args", TwoArgumentPool, "a pool whose __init__ takes no count (tests only)")
+
+
+def test_a_pool_class_that_cannot_take_its_worker_count_is_one_line():
+    from fragc.api import run_passes  # the passes alone: refused where the placement is made, before XLA
+
+    with pytest.raises(fragc.FragcError, match=r"env_workers=2: TwoArgumentPool says it takes threads but its "
+                                               r"__init__ takes no third argument \(workers\)"):
+        run_passes(ppo_on("gymnax_two_args:CartPole-v1"), "single", env_workers=2)
 
 
 @pytest.mark.parametrize("policy,devices,message", [
@@ -304,7 +339,7 @@ def test_fragc_envs_lists_the_backends_and_a_bad_backend_is_one_line(capsys):
     assert main(["ir", "ppo", "--env", "gym:CartPole-v1"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "fragc: error: unknown environment backend 'gym' in 'gym:CartPole-v1'; backends: gymnax, gymnasium, "
-        "gymnasium_async, envpool, gymnax_host, gymnax_threads"]
+        "gymnasium_async, envpool, gymnax_host, gymnax_threads, gymnax_two_args"]
 
 
 class ByteFrames(gymnasium.Env):

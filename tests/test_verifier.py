@@ -179,6 +179,10 @@ def learn_as_a_host_loop(m):
     return replace_placement(m, "learn", env_groups=2)
 
 
+def workers_for_learn(m):
+    return replace_placement(m, "learn", env_workers=2)
+
+
 def three_groups_of_eight_envs(m):
     return replace_placement(m, "rollout", env_groups=3)
 
@@ -210,6 +214,8 @@ CASES = [
      r"\(run @learn .*\): @learn runs as a host loop \(env_groups=2\) but steps no host environments"),
     ("host_loop_splits_the_environments", "hosted", three_groups_of_eight_envs,
      r"\(run @rollout .*\): batch axis of length 8 does not divide into 3 environment groups on each of 1 replicas"),
+    ("env_workers_only_for_host_environments", "hosted", workers_for_learn,
+     r"\(run @learn .*\): @learn has env_workers=2 but steps no host environments"),
     ("operands_live_on_the_fragments_group", "staged", read_a_leaf_of_another_group,
      r"\(run @learn .*\): operand 1 lives on @actors, but @learn runs on @learner"),
     ("operands_match_the_glue_body", "traced", glue_without_operands, r"\(glue -> %g\): 0 operands for a body of 1 inputs"),
