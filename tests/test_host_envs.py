@@ -25,7 +25,10 @@ from conftest import assert_trees_close
 
 class GymnaxHostPool(HostPool):
     """The test adapter: a gymnax environment stepped on the host, numpy in and out, with the keys the
-    device path would use, so the host path must reproduce the device path exactly."""
+    device path would use, so the host path must reproduce the device path exactly. It takes a worker count
+    as EnvPool does (and ignores it), so the tests can see where a placement's count arrives."""
+
+    worker_kind = "threads"
 
     @classmethod
     def spaces(cls, env_id):
@@ -34,10 +37,10 @@ class GymnaxHostPool(HostPool):
         env, params = gymnax.make(env_id)
         return env.observation_space(params), env.action_space(params)
 
-    def __init__(self, env_id, num_envs):
+    def __init__(self, env_id, num_envs, workers=0):
         import gymnax
 
-        super().__init__(env_id, num_envs)
+        super().__init__(env_id, num_envs, workers)
         env, params = gymnax.make(env_id)
         self._reset = jax.jit(jax.vmap(lambda k: env.reset(k, params)))
         self._step = jax.jit(jax.vmap(lambda k, s, a: env.step(k, s, a, params)))
@@ -56,18 +59,6 @@ class GymnaxHostPool(HostPool):
 register_host_pool("gymnax_host", GymnaxHostPool, "gymnax environments stepped on the host (tests only)")
 
 
-class ThreadedGymnaxHostPool(GymnaxHostPool):
-    """The adapter as a backend that takes a worker count; records each pool's (environments, workers)."""
-
-    worker_kind = "threads"
-    made: list[tuple[int, int]] = []
-
-    def __init__(self, env_id, num_envs, workers=0):
-        super().__init__(env_id, num_envs)
-        self.made.append((num_envs, workers))
-
-
-register_host_pool("gymnax_threads", ThreadedGymnaxHostPool, "the gymnax adapter with worker threads (tests only)")
 
 def ppo_on(env):
     """The shared PPO program's algorithm (tests/shared_programs.py), on `env`."""
@@ -115,7 +106,7 @@ def test_host_path_gives_the_device_paths_trajectory_step_for_step(env_id, num_e
 
 @pytest.fixture(scope="module")
 def host_single():
-    return fragc.compile(ppo_on("gymnax_host:CartPole-v1"), "single")
+    return fragc.compile(ppo_on("gymnax_host:CartPole-v1"), "single", env_workers=3)  # 3: see the workers test
 
 
 def assert_equals_the_device_program(host, policy="single", devices=1):
@@ -168,30 +159,29 @@ def test_the_ir_shows_the_host_step_and_its_bytes(host_single):
     assert parse(text).fragments["rollout"].host_steps == host_single.module.fragments["rollout"].host_steps
 
 
-def test_env_workers_are_placed_printed_parsed_and_reach_every_pool():
+def test_env_workers_are_placed_printed_parsed_and_reach_every_pool(host_single):
     """The policy's worker count is the host fragment's placement: in the IR, read back by the parser, and
-    given to each pool as it is made; the numbers are the device program's."""
-    ThreadedGymnaxHostPool.made.clear()
-    prog = fragc.compile(ppo_on("gymnax_threads:CartPole-v1"), "single", env_workers=3)
+    given to each pool as it is made (the program's numbers are the device program's: the test above)."""
+    prog = host_single
     text = prog.ir()
     assert "fragment @rollout role=actor on @main shard_map replicas=1 host_loop(groups=1) env_workers=3 " in text
     assert "env_workers" not in text.split("fragment @learn", 1)[1]  # only fragments that step host environments
     assert parse(text).fragments["rollout"].placement.env_workers == 3
-    assert_equals_the_device_program(prog)
-    assert ThreadedGymnaxHostPool.made and set(ThreadedGymnaxHostPool.made) == {(16, 3)}
+    state, _ = prog.run(prog.init(0), 1)
+    assert prog.algo.env.pools and {s.pool.num_workers for s in prog.algo.env.pools.values()} == {3}
 
     # Another program over the same environments, with another count (`Program` applies it as below): the
     # pools already made are left to the first, which goes on stepping them without a reset.
     from fragc.api import run_passes
     from fragc.ir.host import apply_env_workers
 
-    state, _ = prog.run(prog.init(0), 1)
     env, pools = prog.algo.env, dict(prog.algo.env.pools)
     apply_env_workers(run_passes(prog.algo, "single", env_workers=1)[0].final)
     assert env.pools == pools and env.workers == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a closed pool would be reset mid-run, with a warning
         prog.run(state, 1)
+    env.set_workers(3)
 
 
 @pytest.mark.parametrize("env,message", [
@@ -213,7 +203,8 @@ def test_a_worker_count_for_a_backend_without_workers_is_one_line(env, message, 
 class TwoArgumentPool(GymnaxHostPool):
     """Says it takes threads but its __init__ takes no count."""
 
-    worker_kind = "threads"
+    def __init__(self, env_id, num_envs):
+        super().__init__(env_id, num_envs)
 
 
 register_host_pool("gymnax_two_args", TwoArgumentPool, "a pool whose __init__ takes no count (tests only)")
@@ -339,7 +330,7 @@ def test_fragc_envs_lists_the_backends_and_a_bad_backend_is_one_line(capsys):
     assert main(["ir", "ppo", "--env", "gym:CartPole-v1"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "fragc: error: unknown environment backend 'gym' in 'gym:CartPole-v1'; backends: gymnax, gymnasium, "
-        "gymnasium_async, envpool, gymnax_host, gymnax_threads, gymnax_two_args"]
+        "gymnasium_async, envpool, gymnax_host, gymnax_two_args"]
 
 
 class ByteFrames(gymnasium.Env):
