@@ -329,9 +329,8 @@ class HostVecEnv(VecEnv):
         """-> (the pool of `ids`, made if needed, reset from `keys`; observations; pool step counts)."""
         slot = self._slot(ids)
         if slot is None:
-            made = self.pool_type(self.env_id, len(ids), self.workers) if self.workers else self.pool_type(
-                self.env_id, len(ids))  # a pool class that takes no worker count need not accept one
-            slot = _PoolSlot(made)
+            workers = (self.workers,) if self.workers else ()  # a pool that takes no count need not accept one
+            slot = _PoolSlot(self.pool_type(self.env_id, len(ids), *workers))
             with self._lock:
                 for other in [k for k in self.pools if set(k) & set(ids)]:  # the batch is split differently now
                     self.pools.pop(other).pool.close()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 from jax.extend import core as jex
@@ -89,29 +89,27 @@ def is_host_call(eqn: Any) -> bool:
         getattr(eqn.params.get("callback"), "callback_func", None), HostCallback)
 
 
-def find_host_steps(jaxpr: Any, times: int = 1) -> tuple[HostStep, ...]:
-    """Every host call in `jaxpr` (recursively), with the trip counts of the scans around it."""
-    steps: list[HostStep] = []
+def _host_call_eqns(jaxpr: Any, times: int = 1) -> Iterator[tuple[Any, int]]:
+    """(equation, calls per call of `jaxpr`) of every host call in `jaxpr`, recursively: the trip counts of
+    the scans around it multiplied."""
     for eqn in jaxpr.eqns:
         if is_host_call(eqn):
-            name = eqn.params["callback"].callback_func.name
-            steps.append(HostStep(name, times, times * _nbytes(eqn.invars), times * _nbytes(eqn.outvars)))
+            yield eqn, times
             continue
         trips = int(eqn.params.get("length", 1)) if eqn.primitive.name == "scan" else 1
         for sub in jex.jaxprs_in_params(eqn.params):
-            steps += find_host_steps(sub, times * trips)
-    return tuple(steps)
+            yield from _host_call_eqns(sub, times * trips)
+
+
+def find_host_steps(jaxpr: Any) -> tuple[HostStep, ...]:
+    """Every host call in `jaxpr` (recursively), with the trip counts of the scans around it."""
+    return tuple(HostStep(eqn.params["callback"].callback_func.name, times, times * _nbytes(eqn.invars),
+                          times * _nbytes(eqn.outvars)) for eqn, times in _host_call_eqns(jaxpr))
 
 
 def host_callbacks(jaxpr: Any) -> list[HostCallback]:
     """Every host call's callback in `jaxpr` (recursively)."""
-    found: list[HostCallback] = []
-    for eqn in jaxpr.eqns:
-        if is_host_call(eqn):
-            found.append(eqn.params["callback"].callback_func)
-        for sub in jex.jaxprs_in_params(eqn.params):
-            found += host_callbacks(sub)
-    return found
+    return [eqn.params["callback"].callback_func for eqn, _ in _host_call_eqns(jaxpr)]
 
 
 def _worker_resources(fdef: Any) -> list[Any]:
