@@ -60,28 +60,25 @@ class TimeLoop:
     num_xs: int
     num_operands: int  # of the host step
     group_axes: tuple[int | None, ...]  # consts + carry + xs
-    ys_group_axes: tuple[int | None, ...]
+    ys_group_axes: tuple[int | None, ...]  # with one group: the axes two groups would split, None if unknown
 
 
 def split_time_loop(fdef: FragmentDef, replicas: int, groups: int) -> TimeLoop:
     """Split `fdef`'s body (traced for `replicas` replicas) around its host step, for `groups` groups."""
     body = fdef.body_for(replicas)
-    grouped = fdef.body_for(replicas * groups)
     s, scan = _host_scan(fdef, body)
-    _, gscan = _host_scan(fdef, grouped)
     p = scan.params
     nc, nk = p["num_consts"], p["num_carry"]
-    step = gscan.params["jaxpr"]
+    step = fdef.body_for(replicas * groups).jaxpr.eqns[s].params["jaxpr"]
     c, call = _host_call(fdef, step.jaxpr)
     if groups > 1:
         _refuse_collectives(fdef, step.jaxpr, groups)
-    axes = tuple(_group_axis(fdef, a.aval, b.aval, groups) for a, b in zip(scan.invars, gscan.invars))
-    ys = scan.outvars[nk:]
-    ys_axes = tuple(_group_axis(fdef, a.aval, b.aval, groups) for a, b in zip(ys, gscan.outvars[nk:]))
-    for i in range(nc, nc + nk):  # a carried leaf keeps its split
-        if axes[i] != _group_axis(fdef, scan.outvars[i - nc].aval, gscan.outvars[i - nc].aval, groups):
-            raise FragcError(f"fragment '{fdef.name}': carried leaf {i - nc} of its time loop changes how it "
-                             "is split between environments; it cannot run as a host loop")
+        axes, ys_axes = _group_axes(fdef, scan, replicas, groups)
+    else:  # where two groups would split: the environments' axes, for the trajectory's layout (runtime/host_loop.py)
+        try:
+            axes, ys_axes = _group_axes(fdef, scan, replicas, 2, probe=True)
+        except FragcError:  # too few environments to tell: every leaf as if equal in every group
+            axes, ys_axes = (None,) * len(scan.invars), (None,) * (len(scan.outvars) - nk)
     prefix, kept = _prefix(body, s)
     infer, absorb = _split_step(step, c)
     return TimeLoop(
@@ -90,6 +87,42 @@ def split_time_loop(fdef: FragmentDef, replicas: int, groups: int) -> TimeLoop:
         suffix=_suffix(body, s, kept), length=int(p["length"]), reverse=bool(p["reverse"]), num_consts=nc,
         num_carry=nk, num_xs=len(scan.invars) - nc - nk, num_operands=len(call.invars),
         group_axes=axes, ys_group_axes=ys_axes)
+
+
+def _group_axes(fdef: FragmentDef, scan: Any, replicas: int, groups: int, probe: bool = False) -> tuple[tuple, tuple]:
+    """The axis `groups` groups split of each operand (consts + carry + xs) and each per-step output of the time
+    loop `scan` (traced for `replicas` replicas), found by tracing the body for `replicas * groups`. A `probe`
+    (one group: where two would split) takes any output that has no such axis, computed from the environments
+    or not."""
+    _, gscan = _host_scan(fdef, fdef.body_for(replicas * groups))
+    nc, nk = scan.params["num_consts"], scan.params["num_carry"]
+    axes = tuple(_group_axis(fdef, a.aval, b.aval, groups) for a, b in zip(scan.invars, gscan.invars))
+    ys_axes = tuple(_group_axis(fdef, a.aval, b.aval, groups) for a, b in zip(scan.outvars[nk:], gscan.outvars[nk:]))
+    for i in range(nc, nc + nk):  # a carried leaf keeps its split
+        if axes[i] != _group_axis(fdef, scan.outvars[i - nc].aval, gscan.outvars[i - nc].aval, groups):
+            raise FragcError(f"fragment '{fdef.name}': carried leaf {i - nc} of its time loop changes how it "
+                             "is split between environments; it cannot run as a host loop")
+    if not probe:
+        _refuse_reductions(fdef, gscan.params["jaxpr"].jaxpr, axes, axes[nc:nc + nk] + ys_axes, nk, groups)
+    return axes, ys_axes
+
+
+def _refuse_reductions(fdef: FragmentDef, step: Any, in_axes: tuple, out_axes: tuple, num_carry: int,
+                       groups: int) -> None:
+    """A step output that no group splits must be the same in every group (groups take group 0's): refuse
+    one that reads the environments (a mean reward over them, say), which each group computes over its own.
+    Conservative: an output of an equation that reads anything computed from the environments reads them."""
+    split = {v for v, axis in zip(step.invars, in_axes) if axis is not None}
+    for eqn in step.eqns:
+        if any(isinstance(v, jex.Var) and v in split for v in eqn.invars):
+            split.update(_vars(eqn.outvars))
+    for i, (v, axis) in enumerate(zip(step.outvars, out_axes)):
+        if axis is None and isinstance(v, jex.Var) and v in split:
+            what = f"carried leaf {i}" if i < num_carry else f"per-step output {i - num_carry}"
+            raise FragcError(f"fragment '{fdef.name}': {what} of its time loop is computed from the environments "
+                             f"but has no environment axis (a sum or mean over them?), so {groups} environment "
+                             "groups would each compute their own: use env_groups=1, or keep per-environment "
+                             "values in the loop and reduce them after it")
 
 
 def time_loop_error(fdef: FragmentDef, replicas: int, groups: int) -> str | None:

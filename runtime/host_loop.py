@@ -21,6 +21,7 @@ synchronous loop (G = 1).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import jax
@@ -51,9 +52,11 @@ class HostLoop:
         self.per_replica = NamedSharding(mesh, P(REPLICA))
         replicated = NamedSharding(mesh, P())
         self._local = replicated.is_fully_addressable  # else every process steps the environments of its devices
+        self._ys = [TrajectoryLayout.of((self.loop.length,) + tuple(a.shape), a.dtype, axis, self.groups, mesh.size)
+                    for a, axis in zip(self.loop.absorb.out_avals[self.loop.num_carry:], self.loop.ys_group_axes)]
         self.executables = self._compile(stage, replicated)
         self._prefix, self._infer, self._step, self._absorb, self._suffix = (e.compiled for e in self.executables)
-        self._index = [place(np.int32(i), replicated) for i in range(self.loop.length)]
+        self._index = [place(np.int32(i), replicated) for i in range(max(self.loop.length, self.groups))]
         self._slice = jax.jit(_slice, static_argnums=(1, 2, 3), out_shardings=self.per_replica)
         self._concat = jax.jit(_concat, static_argnums=1, out_shardings=self.per_replica)
 
@@ -68,17 +71,16 @@ class HostLoop:
         consts, carry = stacked(loop.infer.in_avals[:nc]), stacked(loop.infer.in_avals[nc:nc + nk])
         xs = stacked(over_time(loop.infer.in_avals[nc + nk:]))
         residuals, results = stacked(loop.infer.out_avals[n_ops:]), stacked(loop.result_avals)
-        ys = stacked(over_time(loop.absorb.out_avals[nk:]))
-        self._zeros = jax.jit(lambda: [jnp.zeros(y.shape, y.dtype) for y in ys],
-                              out_shardings=[self.per_replica] * len(ys))
+        ys = [self._struct(y.shape, y.dtype, y.spec) for y in self._ys]
+        self._zeros = jax.jit(lambda: [jnp.zeros(y.shape, y.dtype) for y in ys], out_shardings=[y.sharding for y in ys])
         prefix = [self._struct(leaf.shape, leaf.dtype, spec(leaf.axis)) for leaf in fdef.in_leaf_types]
+        kept = stacked(loop.suffix.in_avals[:len(loop.suffix.in_avals) - len(ys)])
         parts = (
-            ("prefix", self._edge(loop.prefix, in_specs=[spec(a) for a in fdef.in_axes]), prefix),
+            ("prefix", self._prefix_program(), prefix),
             ("infer", self._stacked(self._infer_fn, 3, 1), (consts, carry, xs, t)),
-            ("step", self._stacked(self._step_fn, 5, 2, donate=(4,)), (consts, xs, residuals, results, ys, t, t)),
-            ("absorb", self._stacked(self._absorb_fn, 3, 1, donate=(2,)), (residuals, results, ys, t)),
-            ("suffix", self._edge(loop.suffix, out_specs=[spec(a) for a in fdef.out_axes]),
-             stacked(loop.suffix.in_avals)),
+            ("step", self._stacked(self._step_fn, 5, 3, ys_at=4, donate=(4,)), (consts, xs, residuals, results, ys, t, t, t)),
+            ("absorb", self._stacked(self._absorb_fn, 3, 2, ys_at=2, donate=(2,)), (residuals, results, ys, t, t)),
+            ("suffix", self._suffix_program(len(kept)), (*kept, *ys)),
         )
         return [_compile(f"{stage}.{name}", stage, fdef, program, structs) for name, program, structs in parts]
 
@@ -92,42 +94,61 @@ class HostLoop:
         outs = jex.jaxpr_as_fun(self.loop.infer)(*consts, *carry, *[x[t] for x in xs])
         return outs[:self.loop.num_operands], outs[self.loop.num_operands:]
 
-    def _absorb_fn(self, residuals: list, results: list, ys: list, t: jax.Array) -> tuple[list, list]:
-        """-> (carry, per-step outputs with step t's written)."""
+    def _absorb_fn(self, residuals: list, results: list, ys: list, t: jax.Array, g: jax.Array) -> tuple[list, list]:
+        """-> (carry, the per-step outputs with group g's step t written)."""
         outs = jex.jaxpr_as_fun(self.loop.absorb)(*residuals, *results)
         nk = self.loop.num_carry
-        return outs[:nk], [jax.lax.dynamic_update_index_in_dim(buf, y, t, 0) for buf, y in zip(ys, outs[nk:])]
+        return outs[:nk], [layout.write(buf, y, t, g) for layout, buf, y in zip(self._ys, ys, outs[nk:])]
 
     def _step_fn(self, consts: list, xs: list, residuals: list, results: list, ys: list, t: jax.Array,
-                 t_next: jax.Array) -> tuple[list, list, list, list]:
-        """Absorb step t and infer step t_next in one program: one dispatch a step."""
-        carry, ys = self._absorb_fn(residuals, results, ys, t)
+                 t_next: jax.Array, g: jax.Array) -> tuple[list, list, list, list]:
+        """Absorb group g's step t and infer its step t_next in one program: one dispatch a step."""
+        carry, ys = self._absorb_fn(residuals, results, ys, t, g)
         ops, residuals = self._infer_fn(consts, carry, xs, t_next)
         return carry, ys, ops, residuals
 
-    def _stacked(self, fn: Any, n_stacked: int, n_scalar: int, donate: tuple[int, ...] = ()) -> Any:
-        """jit(shard_map(fn)) with every value per replica (stacked: leading axis R over the devices)
-        but the last `n_scalar` arguments (step indices, the same on every device)."""
+    def _stacked(self, fn: Any, n_stacked: int, n_scalar: int, ys_at: int | None = None,
+                 donate: tuple[int, ...] = ()) -> Any:
+        """jit(shard_map(fn)) with every value per replica (stacked: a leading axis R over the devices), but
+        the last `n_scalar` arguments (step and group indices, the same on every device) and the per-step
+        outputs, argument `ys_at` and result 1, in their own layout (`TrajectoryLayout`)."""
+        ys_specs = [y.spec for y in self._ys]
+
         def body(*args: Any) -> Any:
-            outs = fn(*jax.tree.map(lambda x: x[0], args[:n_stacked]), *args[n_stacked:])
-            return jax.tree.map(lambda x: x[None], outs)
+            per_replica = [a if i == ys_at else jax.tree.map(lambda x: x[0], a) for i, a in enumerate(args[:n_stacked])]
+            outs = fn(*per_replica, *args[n_stacked:])
+            return tuple(o if ys_at is not None and i == 1 else jax.tree.map(lambda x: x[None], o)
+                         for i, o in enumerate(outs))
 
-        specs = (P(REPLICA),) * n_stacked + (P(),) * n_scalar
-        return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=specs, out_specs=P(REPLICA), check_vma=False),
-                       donate_argnums=donate)
+        n_out = {self._infer_fn: 2, self._absorb_fn: 2, self._step_fn: 4}[fn]
+        in_specs = [ys_specs if i == ys_at else P(REPLICA) for i in range(n_stacked)] + [P()] * n_scalar
+        out_specs = [ys_specs if ys_at is not None and i == 1 else P(REPLICA) for i in range(n_out)]
+        return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=tuple(in_specs), out_specs=tuple(out_specs),
+                                     check_vma=False), donate_argnums=donate)
 
-    def _edge(self, part: jex.ClosedJaxpr, in_specs: list | None = None, out_specs: list | None = None) -> Any:
-        """The prefix (the fragment's inputs -> stacked) or the suffix (stacked -> the fragment's outputs)."""
-        fn = jex.jaxpr_as_fun(part)
+    def _prefix_program(self) -> Any:
+        """The fragment's inputs (in its layout) -> the scan's operands and what the suffix reads, stacked."""
+        fn = jex.jaxpr_as_fun(self.loop.prefix)
+        n_out = len(self.loop.prefix.out_avals)
+        return jax.jit(jax.shard_map(lambda *xs: tuple(o[None] for o in fn(*xs)), mesh=self.mesh,
+                                     in_specs=tuple(spec(a) for a in self.fdef.in_axes),
+                                     out_specs=(P(REPLICA),) * n_out, check_vma=False))
+
+    def _suffix_program(self, n_kept: int) -> Any:
+        """(what the prefix kept and the final carry, stacked; the per-step outputs in their layout) -> the
+        fragment's outputs. The per-step outputs are donated: a trajectory the suffix passes through to the
+        fragment's results (in the same layout) is then not copied."""
+        fn = jex.jaxpr_as_fun(self.loop.suffix)
+        n_ys = len(self._ys)
 
         def body(*xs: Any) -> tuple[Any, ...]:
-            if in_specs is None:
-                return tuple(fn(*[x[0] for x in xs]))
-            return tuple(o[None] for o in fn(*xs))
+            ys = [y if layout.axis is not None else y[0] for layout, y in zip(self._ys, xs[n_kept:])]
+            return tuple(fn(*[x[0] for x in xs[:n_kept]], *ys))
 
-        n_in, n_out = len(part.in_avals), len(part.out_avals)
-        return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=tuple(in_specs or [P(REPLICA)] * n_in),
-                                     out_specs=tuple(out_specs or [P(REPLICA)] * n_out), check_vma=False))
+        in_specs = (P(REPLICA),) * n_kept + tuple(y.spec for y in self._ys)
+        return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=in_specs,
+                                     out_specs=tuple(spec(a) for a in self.fdef.out_axes), check_vma=False),
+                       donate_argnums=tuple(range(n_kept, n_kept + n_ys)))
 
     # ------------------------------------------------------------ running
 
@@ -138,7 +159,7 @@ class HostLoop:
         operands, kept = out[:nc + nk + nx], out[nc + nk + nx:]
         parts = [self._group(operands, g) for g in range(G)]  # per group: consts + carry + xs
         consts, carry, xs = [p[:nc] for p in parts], [p[nc:nc + nk] for p in parts], [p[nc + nk:] for p in parts]
-        ys = [self._zeros() for _ in range(G)]
+        ys = self._zeros()  # every group writes its own environments' part of them
         steps = list(range(loop.length - 1, -1, -1) if loop.reverse else range(loop.length))
         index = self._index
         pending = [self._infer(consts[g], carry[g], xs[g], index[steps[0]]) for g in range(G)]
@@ -148,12 +169,12 @@ class HostLoop:
                 results = loop.callback(*[self._to_host(x) for x in ops])  # waits for this group's inference
                 results = [self._to_device(r, a) for r, a in zip(results, loop.result_avals)]
                 if n + 1 < len(steps):  # absorb and the next inference, queued before the next group's step
-                    carry[g], ys[g], *pending[g] = self._step(consts[g], xs[g], residuals, results, ys[g], index[t],
-                                                              index[steps[n + 1]])
+                    carry[g], ys, *pending[g] = self._step(consts[g], xs[g], residuals, results, ys, index[t],
+                                                           index[steps[n + 1]], index[g])
                 else:
-                    carry[g], ys[g] = self._absorb(residuals, results, ys[g], index[t])
+                    carry[g], ys = self._absorb(residuals, results, ys, index[t], index[g])
         final = self._merge(carry, loop.group_axes[nc:nc + nk])
-        return list(self._suffix(*kept, *final, *self._merge(ys, loop.ys_group_axes)))
+        return list(self._suffix(*kept, *final, *ys))
 
     def _to_host(self, x: jax.Array) -> np.ndarray:
         """This process's replicas of a per-replica value: all of them in one process; across processes
@@ -180,7 +201,8 @@ class HostLoop:
                 for x, axis in zip(leaves, self.loop.group_axes)]
 
     def _merge(self, per_group: list[list[Any]], axes: Sequence[int | None]) -> list[Any]:
-        """Per-replica leaves from every group's: concatenated along the group axis (stacked: one further)."""
+        """The carry's per-replica leaves from every group's: concatenated along the group axis (stacked: one
+        further)."""
         if self.groups == 1:
             return list(per_group[0])
         return [per_group[0][i] if axis is None else self._concat(tuple(p[i] for p in per_group), axis + 1)
@@ -199,3 +221,40 @@ def _slice(x: jax.Array, g: int, groups: int, axis: int) -> jax.Array:
 
 def _concat(parts: tuple[jax.Array, ...], axis: int) -> jax.Array:
     return jnp.concatenate(parts, axis=axis)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrajectoryLayout:
+    """Where a per-step output of the time loop (a `ys` leaf: the trajectory) lives while the loop writes it.
+
+    A leaf split between environments (its group axis `axis`, in per-replica coordinates, time first) is
+    laid out as the fragment lays out its results: the replicas' parts concatenated along that axis, so
+    that the suffix can hand it on as a fragment result without a copy (the buffer is donated), and every
+    group writes its own rows of it, at step t. A leaf equal in every group (no group axis) is stacked
+    (a leading replica axis), and group 0 writes it.
+    """
+
+    shape: tuple[int, ...]  # global
+    dtype: Any
+    spec: P
+    axis: int | None  # the group axis, per replica
+    rows: int  # of one group along it
+
+    @classmethod
+    def of(cls, per_group: tuple[int, ...], dtype: Any, axis: int | None, groups: int,
+           replicas: int) -> "TrajectoryLayout":
+        """The layout of a leaf of shape `per_group` (time first) per replica and group."""
+        if axis is None:
+            return cls((replicas,) + per_group, dtype, P(REPLICA), None, 0)
+        shape = list(per_group)
+        shape[axis] *= groups * replicas
+        return cls(tuple(shape), dtype, spec(axis), axis, per_group[axis])
+
+    def write(self, buf: jax.Array, y: jax.Array, t: jax.Array, g: jax.Array) -> jax.Array:
+        """`buf` (one replica's block) with group g's output `y` of step t written."""
+        if self.axis is None:
+            step = jax.lax.dynamic_index_in_dim(buf[0], t, 0, keepdims=False)
+            return jax.lax.dynamic_update_index_in_dim(buf[0], jnp.where(g == 0, y, step), t, 0)[None]
+        start = [jnp.int32(0)] * buf.ndim
+        start[0], start[self.axis] = t, g * self.rows
+        return jax.lax.dynamic_update_slice(buf, y[None].astype(buf.dtype), start)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -68,6 +69,10 @@ def test_the_ir_and_the_executables_show_the_host_loop(single_two_groups):
     assert [e for e in prog.executables if e.startswith(name + ".")] == [
         f"{name}.{part}" for part in ("prefix", "infer", "step", "absorb", "suffix")]
     assert "stablehlo" in prog.hlo(f"{name}.infer") or "func.func" in prog.hlo(f"{name}.infer")
+    # the trajectory (8 per-step outputs, laid out as the fragment's results) is handed on without a copy:
+    # the suffix's results alias its donated inputs
+    header = prog.hlo(f"{name}.suffix", optimized=True).splitlines()[0]
+    assert len(re.findall(r"\{\d+\}: \(\d+, \{\}, may-alias\)", header)) == 8, header
 
 
 @pytest.mark.parametrize("policy,devices", [("single", 1), ("anakin", 2), ("actor_learner_async", 4)])
@@ -104,6 +109,8 @@ def test_the_time_loop_splits_around_the_host_step():
     consts = zip(loop.group_axes[:loop.num_consts], loop.infer.in_avals[:loop.num_consts])
     assert all(axis is None for axis, aval in consts if 64 in aval.shape)  # the network: the same in every group
     assert set(loop.ys_group_axes) == {1}  # per-step outputs: [time, environment, ...]
+    # with one group, the axes two groups would split: where the trajectory's environments are (its layout)
+    assert set(split_time_loop(fdef, 2, 1).ys_group_axes) == {1}
 
 
 def test_bad_environment_groups_are_refused_in_one_line():
@@ -202,3 +209,47 @@ def test_a_rollout_the_host_loop_cannot_cut_runs_in_program_or_is_refused():
     assert "host_loop(" not in str(pipeline.final) and pipeline.final.schedule.shape == "fused"
     with pytest.raises(fragc.FragcError, match="a host loop needs exactly one host step directly in its time loop"):
         run_passes(NestedHostStep(), "single", 1, env_groups=2)
+
+
+class PerStepOutputs:
+    """A rollout whose time loop outputs, each step, the rewards (per environment) and either a step count (the
+    same in every environment group) or the mean reward over the environments (`reduce`: each group's own)."""
+
+    def __init__(self, reduce: bool = False):
+        self.env, self.reduce = VecEnv(HOST_CARTPOLE), reduce
+
+    def init(self, key):
+        return self.env.reset(key, 8)
+
+    @fragc.fragment(role="actor", in_axes=(0,), out_axes=(0, 1, None))
+    def rollout(self, runner):
+        def step(carry, _):
+            runner, count = carry
+            runner, out = self.env.step(runner, (runner.obs[:, 2] > 0).astype(jnp.int32))  # push towards the lean
+            return (runner, count + 1), (out.reward, out.reward.mean() if self.reduce else count)
+
+        (runner, _), (rewards, per_step) = jax.lax.scan(step, (runner, jnp.int32(0)), None, 5)
+        return runner, rewards, per_step
+
+    def iteration(self, runner):
+        runner, rewards, per_step = self.rollout(runner)
+        return runner, {"rewards": rewards, "per_step": per_step}
+
+
+def test_per_step_outputs_with_and_without_an_environment_axis():
+    """Two groups write their own environments' rows of the rewards and group 0 the step count, one group a
+    step output with no environment axis stacked: the numbers of the in-program host step. A per-step mean
+    over the environments is refused with two groups (each would compute its own) and runs with one."""
+    runs = {}
+    for groups in (0, 1, 2):
+        prog = fragc.compile(PerStepOutputs(), "single", env_groups=groups)
+        runs[groups] = prog.run(prog.init(0), 2)
+    assert "host_loop(groups=2)" in prog.ir()
+    for groups in (1, 2):
+        assert_trees_close(runs[groups], runs[0], rtol=0, atol=0)
+    np.testing.assert_array_equal(runs[2][1]["per_step"], [[0, 1, 2, 3, 4]] * 2)
+    fdef = fragc.trace(PerStepOutputs(reduce=True)).fragments["rollout"]
+    assert split_time_loop(fdef, 1, 1).ys_group_axes == (1, None)  # the mean: no environment axis, stacked
+    with pytest.raises(fragc.FragcError, match=r"per-step output 1 of its time loop is computed from the "
+                                               r"environments but has no environment axis"):
+        split_time_loop(fdef, 1, 2)
