@@ -34,6 +34,11 @@ import statistics
 import sys
 import time
 
+import jax
+import jax.numpy as jnp
+
+import fragc
+
 MODES = (("in-program", 0), ("loop G=1", 1), ("loop G=2", 2))
 
 
@@ -70,7 +75,11 @@ def main() -> None:
 
 
 class RolloutOnly:
-    """PPO's rollout as a whole algorithm: the iteration collects a trajectory and learns nothing."""
+    """PPO's rollout as a whole algorithm: the iteration collects a trajectory and learns nothing.
+
+    A learner fragment reads the whole trajectory once (a sum of each leaf), as learning does: a
+    trajectory that nothing reads would let XLA drop the critic, the bootstrap values and the trajectory
+    buffers from a fused program (in-program) but not from a host loop, whose rollout is a stage of its own."""
 
     def __init__(self, algo):
         self.algo, self.config, self.env = algo, algo.config, algo.env
@@ -80,7 +89,11 @@ class RolloutOnly:
 
     def iteration(self, state):
         traj, runner, metrics = self.algo.rollout(state.learner.params, state.runner)
-        return state.replace(runner=runner), {**metrics, "reward": traj.reward.mean()}
+        return state.replace(runner=runner), {**metrics, "trajectory_sum": self.read(traj)}
+
+    @fragc.fragment(role="learner", in_axes=(1,), out_axes=None)
+    def read(self, traj):
+        return fragc.psum(sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree.leaves(traj)))
 
 
 def measure(name: str, mode: str, groups: int, args: argparse.Namespace) -> dict:
