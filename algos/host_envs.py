@@ -77,6 +77,16 @@ class HostPool(abc.ABC):
     def step(self, actions: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, ...]:
         """-> (obs after any reset, reward, terminated, truncated, final_obs: the observation reached)."""
 
+    def send(self, actions: np.ndarray, keys: np.ndarray) -> None:
+        """Start a step without waiting for it; `recv` waits and returns what `step` returns. A pool whose
+        workers step in the background overrides both; by default the step runs in `recv`."""
+        self._sent = (actions, keys)
+
+    def recv(self) -> tuple[np.ndarray, ...]:
+        actions, keys = self._sent
+        del self._sent
+        return self.step(actions, keys)
+
     def close(self) -> None:
         pass
 
@@ -122,12 +132,10 @@ class GymnasiumPool(HostPool):
         return obs
 
     def step(self, actions: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, ...]:
-        actions = actions.astype(self.envs.single_action_space.dtype, copy=False)
-        obs, reward, terminated, truncated, info = self.envs.step(actions)
-        final_obs = np.array(obs, copy=True)
-        for i in np.flatnonzero(info.get("_final_obs", ())):
-            final_obs[i] = info["final_obs"][i]
-        return obs, reward, terminated, truncated, final_obs
+        return _with_final_obs(*self.envs.step(self._actions(actions)))
+
+    def _actions(self, actions: np.ndarray) -> np.ndarray:
+        return actions.astype(self.envs.single_action_space.dtype, copy=False)
 
     def close(self) -> None:
         self.envs.close()
@@ -140,6 +148,22 @@ class GymnasiumAsyncPool(GymnasiumPool):
 
     mode = "async"
     vector_kwargs = {"shared_memory": True, "context": "spawn"}
+
+    def send(self, actions: np.ndarray, keys: np.ndarray) -> None:
+        self.envs.step_async(self._actions(actions))
+
+    def recv(self) -> tuple[np.ndarray, ...]:
+        return _with_final_obs(*self.envs.step_wait())
+
+
+def _with_final_obs(obs: np.ndarray, reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
+                    info: dict) -> tuple[np.ndarray, ...]:
+    """A Gymnasium vector step's results with the observation each environment reached (SAME_STEP autoreset
+    puts it in the info of those that finished)."""
+    final_obs = np.array(obs, copy=True)
+    for i in np.flatnonzero(info.get("_final_obs", ())):
+        final_obs[i] = info["final_obs"][i]
+    return obs, reward, terminated, truncated, final_obs
 
 
 class EnvPoolPool(HostPool):
@@ -176,7 +200,14 @@ class EnvPoolPool(HostPool):
         return _by_env_id(obs, info)
 
     def step(self, actions: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, ...]:
-        obs, reward, terminated, truncated, info = self.envs.step(actions, np.arange(self.num_envs, dtype=np.int32))
+        self.send(actions, keys)
+        return self.recv()
+
+    def send(self, actions: np.ndarray, keys: np.ndarray) -> None:
+        self.envs.send(actions, np.arange(self.num_envs, dtype=np.int32))
+
+    def recv(self) -> tuple[np.ndarray, ...]:
+        obs, reward, terminated, truncated, info = self.envs.recv()
         order = np.argsort(info["env_id"])
         obs, reward, terminated, truncated = obs[order], reward[order], terminated[order], truncated[order]
         final_obs = np.array(obs, copy=True)
@@ -285,7 +316,7 @@ class HostVecEnv(VecEnv):
         state = runner.env_state
         obs, reward, terminated, truncated, final_obs, pool_step = host_call(
             f"{self.name} step", self._host_step, shapes, state.index, state.pool_step, action, _key_data(step_keys),
-            resources=self)
+            resources=self, begin=self._begin_step)
         return self._advance(runner, HostEnvState(state.index, pool_step), obs.astype(jnp.float32), carry_keys,
                              reward, terminated, truncated, final_obs.astype(jnp.float32))
 
@@ -343,8 +374,14 @@ class HostVecEnv(VecEnv):
 
     def _host_step(self, ids: np.ndarray, pool_step: np.ndarray, actions: np.ndarray,
                    keys: np.ndarray) -> tuple[np.ndarray, ...]:
-        def step(ids: tuple[int, ...], pool_step: np.ndarray, actions: np.ndarray,
-                 keys: np.ndarray) -> tuple[np.ndarray, ...]:
+        return self._begin_step(ids, pool_step, actions, keys)()
+
+    def _begin_step(self, ids: np.ndarray, pool_step: np.ndarray, actions: np.ndarray,
+                    keys: np.ndarray) -> Callable[[], tuple[np.ndarray, ...]]:
+        """`_host_step` started (the pool's `send`) -> a function that waits for it (`recv`) and returns its
+        results: a host loop starts one group's step before it dispatches another group's device program."""
+        def begin(ids: tuple[int, ...], pool_step: np.ndarray, actions: np.ndarray,
+                  keys: np.ndarray) -> Callable[[], tuple[np.ndarray, ...]]:
             slot = self._slot(ids)
             if slot is None and not np.any(pool_step) and all(i in self._reset_keys for i in ids):
                 # Freshly reset by a call that held other environments too (`init` runs unsplit, the rollout
@@ -352,13 +389,20 @@ class HostVecEnv(VecEnv):
                 # observations, since pools seed each environment from its own key.
                 slot = self._reset_pool(ids, np.stack([self._reset_keys[i] for i in ids]))[0]
             if slot is None or np.any(pool_step != slot.step):
-                return self._reset_on_resume(ids, keys)
-            obs, reward, terminated, truncated, final_obs = slot.pool.step(actions, keys)
+                results = self._reset_on_resume(ids, keys)
+                return lambda: results
+            slot.pool.send(actions, keys)
             slot.step += 1
-            return (self._flat_obs(obs), np.asarray(reward, np.float32), np.asarray(terminated, bool),
-                    np.asarray(truncated, bool), self._flat_obs(final_obs), np.full(len(ids), slot.step, np.int32))
+            count = np.full(len(ids), slot.step, np.int32)
 
-        return _per_env(ids, step, pool_step, actions, keys)
+            def finish() -> tuple[np.ndarray, ...]:
+                obs, reward, terminated, truncated, final_obs = slot.pool.recv()
+                return (self._flat_obs(obs), np.asarray(reward, np.float32), np.asarray(terminated, bool),
+                        np.asarray(truncated, bool), self._flat_obs(final_obs), count)
+
+            return finish
+
+        return _per_env_begin(ids, begin, pool_step, actions, keys)
 
     def _reset_on_resume(self, ids: tuple[int, ...], keys: np.ndarray) -> tuple[np.ndarray, ...]:
         warnings.warn(f"{self.name}: the training state does not continue the host environments' last step (a "
@@ -392,6 +436,13 @@ def _per_env(ids: np.ndarray, fn: Callable[..., tuple[np.ndarray, ...]], *arrays
     `vmap_method="expand_dims"`) adds leading axes; they are flattened here, so one call steps every
     environment it holds. Each environment must appear once.
     """
+    return _per_env_begin(ids, lambda *args: lambda results=fn(*args): results, *arrays)()
+
+
+def _per_env_begin(ids: np.ndarray, begin: Callable[..., Callable[[], tuple[np.ndarray, ...]]],
+                   *arrays: np.ndarray) -> Callable[[], tuple[np.ndarray, ...]]:
+    """`_per_env` for a call that starts now and is waited for later: `begin(pool_ids, *arrays)` returns a
+    function that returns the results in index order; the function returned here puts them in the caller's."""
     ids = np.asarray(ids)
     flat = ids.reshape(-1)
     n = flat.size
@@ -401,11 +452,15 @@ def _per_env(ids: np.ndarray, fn: Callable[..., tuple[np.ndarray, ...]], *arrays
     if repeated.size:
         raise FragcError(f"a host step received environment {int(repeated[0])} twice in one call")
     ordered = [np.asarray(a).reshape((n,) + np.shape(a)[ids.ndim:])[order] for a in arrays]
-    results = fn(tuple(int(i) for i in pool_ids), *ordered)
-    out = []
-    for r in results:
-        r = np.asarray(r)
-        caller_order = np.empty_like(r)
-        caller_order[order] = r
-        out.append(caller_order.reshape(ids.shape + r.shape[1:]))
-    return tuple(out)
+    finish = begin(tuple(int(i) for i in pool_ids), *ordered)
+
+    def in_caller_order() -> tuple[np.ndarray, ...]:
+        out = []
+        for r in finish():
+            r = np.asarray(r)
+            caller_order = np.empty_like(r)
+            caller_order[order] = r
+            out.append(caller_order.reshape(ids.shape + r.shape[1:]))
+        return tuple(out)
+
+    return in_caller_order

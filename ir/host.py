@@ -37,12 +37,18 @@ class HostCallback:
     `resources`, when given, is what stands behind the call on the host (a `HostVecEnv`): its
     `workers_error(n)` says why it cannot take `n` workers (None when it can), and `set_workers(n)` applies
     the worker count a placement chose (`Placement.env_workers`).
+
+    `begin`, when given, starts the same call without waiting for it (`begin(*args) -> finish`, and
+    `finish()` returns what `fn(*args)` returns): a host loop (runtime/host_loop.py) starts one group's host
+    step before it queues another group's device program, so the host works while Python dispatches.
     """
 
-    def __init__(self, name: str, fn: Callable[..., Any], resources: Any = None):
+    def __init__(self, name: str, fn: Callable[..., Any], resources: Any = None,
+                 begin: Callable[..., Callable[[], Any]] | None = None):
         self.name = name
         self.fn = fn
         self.resources = resources
+        self.begin = begin
 
     def __call__(self, *args: Any) -> Any:
         return self.fn(*args)
@@ -51,13 +57,26 @@ class HostCallback:
         return f"HostCallback({self.name})"
 
 
-def host_call(name: str, fn: Callable[..., Any], result_shapes: Any, *args: Any, resources: Any = None) -> Any:
+def host_call(name: str, fn: Callable[..., Any], result_shapes: Any, *args: Any, resources: Any = None,
+              begin: Callable[..., Callable[[], Any]] | None = None) -> Any:
     """Run `fn(*args)` on the host (numpy in, numpy out) from inside a fragment, visible in the IR as a host step.
 
     Under `vmap` the callback is called once with a leading axis added to every argument; it must
-    return results with the same leading axes. `resources`: see `HostCallback`.
+    return results with the same leading axes. `resources`, `begin`: see `HostCallback`.
     """
-    return jax.pure_callback(HostCallback(name, fn, resources), result_shapes, *args, vmap_method="expand_dims")
+    return jax.pure_callback(HostCallback(name, fn, resources, begin), result_shapes, *args,
+                             vmap_method="expand_dims")
+
+
+def start_host_call(flat_callback: Any, *flat_args: Any) -> Callable[[], list[Any]]:
+    """Start the host call behind a `pure_callback` equation's `callback` parameter (flat arguments) -> a
+    function that waits for it and returns its flat results. A call without `begin` runs when waited for."""
+    func = flat_callback.callback_func
+    args, kwargs = jax.tree_util.tree_unflatten(flat_callback.in_tree, flat_args)
+    if getattr(func, "begin", None) is None:
+        return lambda: jax.tree_util.tree_leaves(func(*args, **kwargs))
+    finish = func.begin(*args, **kwargs)
+    return lambda: jax.tree_util.tree_leaves(finish())
 
 
 @dataclasses.dataclass(frozen=True)

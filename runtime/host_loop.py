@@ -4,19 +4,25 @@
 infer, host step, absorb and suffix. Each device part is compiled once, as a
 `shard_map` over the fragment's group (so collectives in the prefix and
 suffix mean what they mean in the fragment), with every value carried per
-replica: a leading axis of length R, split over the group's devices.
+replica (a leading axis of length R, split over the group's devices) but the
+trajectory, which is written where the fragment's results live
+(`TrajectoryLayout`) and handed on by the suffix without a copy.
 
-Per time step and environment group g (of G):
+Per time step, for each environment group g (of G), in turn:
 
-    results_g = host(ops_g)                              # waits for g's inference, steps g's pool
-    carry_g, ys_g, ops_g, res_g = step(res_g, results_g, ys_g, t, t + 1, ...)
-                                                         # absorb step t, infer t + 1: queued before
-                                                         # the host steps group g + 1
+    results_g = finish_g()                     # wait for g's host step t (started earlier)
+    finish_g+1 = begin(ops_g+1)                # start the next group's host step (its actions are
+                                               # ready: its program was queued one turn earlier)
+    carry_g, ys, ops_g, res_g = step(res_g, results_g, ys, t, t + 1, g)
+                                               # queue absorb step t and infer step t + 1 for g
 
-Dispatch is asynchronous, so while the host steps group g+1 the devices run
-g's absorb and next inference: with G >= 2 the device work hides behind the
-host's. Groups never exchange data, so every G computes the numbers of the
-synchronous loop (G = 1).
+Dispatch is asynchronous and a pool with background workers (EnvPool's
+threads, Gymnasium's AsyncVectorEnv) steps while Python goes on, so with
+G >= 2 group g's inference runs on the devices while group g+1 steps on the
+host, and Python's dispatch work happens while the host steps too; the
+groups' host steps run one after another, as the same pools stepped in a
+plain loop do. With G = 1 inference and stepping alternate. Groups never
+exchange data, so every G computes the numbers of the synchronous loop.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import numpy as np
 from jax.extend import core as jex
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from fragc.ir.host import start_host_call
 from fragc.ir.module import REPLICA, FragmentDef
 from fragc.ir.time_loop import split_time_loop
 
@@ -163,18 +170,28 @@ class HostLoop:
         steps = list(range(loop.length - 1, -1, -1) if loop.reverse else range(loop.length))
         index = self._index
         pending = [self._infer(consts[g], carry[g], xs[g], index[steps[0]]) for g in range(G)]
+        started = [None] * G  # each group's host step in flight: a function that waits for its results
+        started[0] = self._begin(pending[0][0])
         for n, t in enumerate(steps):
             for g in range(G):
-                ops, residuals = pending[g]
-                results = loop.callback(*[self._to_host(x) for x in ops])  # waits for this group's inference
-                results = [self._to_device(r, a) for r, a in zip(results, loop.result_avals)]
-                if n + 1 < len(steps):  # absorb and the next inference, queued before the next group's step
+                residuals = pending[g][1]
+                results = [self._to_device(r, a) for r, a in zip(started[g](), loop.result_avals)]
+                nxt, n_nxt = (g + 1, n) if g + 1 < G else (0, n + 1)
+                if G > 1 and n_nxt < len(steps):  # the next group's step, started before this group's dispatch
+                    started[nxt] = self._begin(pending[nxt][0])
+                if n + 1 < len(steps):  # absorb step t and infer step t + 1
                     carry[g], ys, *pending[g] = self._step(consts[g], xs[g], residuals, results, ys, index[t],
                                                            index[steps[n + 1]], index[g])
+                    if G == 1:
+                        started[0] = self._begin(pending[0][0])
                 else:
                     carry[g], ys = self._absorb(residuals, results, ys, index[t], index[g])
         final = self._merge(carry, loop.group_axes[nc:nc + nk])
         return list(self._suffix(*kept, *final, *ys))
+
+    def _begin(self, operands: Sequence[jax.Array]) -> Any:
+        """Start a group's host step (waiting for its inference: the operands) -> wait for its results."""
+        return start_host_call(self.loop.callback, *[self._to_host(x) for x in operands])
 
     def _to_host(self, x: jax.Array) -> np.ndarray:
         """This process's replicas of a per-replica value: all of them in one process; across processes
