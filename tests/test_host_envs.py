@@ -4,7 +4,9 @@ IR shows the host step and its bytes; policies that cannot run host environments
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import functools
 import sys
 import warnings
 
@@ -26,7 +28,9 @@ from conftest import assert_trees_close
 class GymnaxHostPool(HostPool):
     """The test adapter: a gymnax environment stepped on the host, numpy in and out, with the keys the
     device path would use, so the host path must reproduce the device path exactly. It takes a worker count
-    as EnvPool does (and ignores it), so the tests can see where a placement's count arrives."""
+    as EnvPool does (and ignores it), so the tests can see where a placement's count arrives, and steps in
+    a worker thread of its own between `send` and `recv`, as EnvPool's pool does, so a host loop that reads
+    results before they are there, or starts a step twice, shows."""
 
     worker_kind = "threads"
 
@@ -54,6 +58,22 @@ class GymnaxHostPool(HostPool):
         obs, self.state, reward, terminated, truncated, info = self._step(
             jax.random.wrap_key_data(keys), self.state, actions)
         return tuple(np.asarray(x) for x in (obs, reward, terminated, truncated, info["final_observation"]))
+
+    def send(self, actions, keys):
+        assert getattr(self, "_pending", None) is None, "a step was sent before the last one was received"
+        self._pending = self._worker.submit(self.step, np.copy(actions), np.copy(keys))
+
+    def recv(self):
+        pending, self._pending = self._pending, None
+        return pending.result()
+
+    @functools.cached_property
+    def _worker(self):
+        return concurrent.futures.ThreadPoolExecutor(1)
+
+    def close(self):
+        if "_worker" in self.__dict__:
+            self._worker.shutdown()
 
 
 register_host_pool("gymnax_host", GymnaxHostPool, "gymnax environments stepped on the host (tests only)")
