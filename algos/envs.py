@@ -16,6 +16,7 @@ algorithms' rollout code is the same for every backend.
 from __future__ import annotations
 
 import difflib
+import types
 from typing import Any
 
 import jax
@@ -57,10 +58,45 @@ def split_env_name(name: str) -> tuple[str, str]:
     return backend, env_id
 
 
-def env_names() -> list[str]:
-    import gymnax
+_RENDERING_ONLY = ("seaborn", "matplotlib.pyplot")
+"""What gymnax's environment modules import at the top for their renderers only: about 1 s of every `fragc`
+process's start (seaborn brings scipy.stats and pandas), for code that training never runs."""
 
-    return list(gymnax.registered_envs)
+
+class _OnFirstUse(types.ModuleType):
+    """Stands in for a module while gymnax imports; the real module is imported the first time one of its
+    attributes is read (a renderer), and the stand-in takes on its contents. (The standard library's
+    `importlib.util.LazyLoader` cannot do this on Python 3.11: the import statement itself reads the
+    module's `__spec__`, which loads it.)"""
+
+    def __getattr__(self, attr: str) -> Any:
+        import importlib
+
+        real = importlib.import_module(self.__name__)
+        self.__dict__.update(real.__dict__)
+        return getattr(real, attr)
+
+
+def _import_gymnax() -> Any:
+    """gymnax, without importing `_RENDERING_ONLY` until a renderer uses them. The stand-ins live in
+    `sys.modules` only while gymnax imports, so everything else imports the real modules."""
+    import sys
+
+    if "gymnax" in sys.modules:
+        return sys.modules["gymnax"]
+    stand_ins = {name: _OnFirstUse(name) for name in _RENDERING_ONLY if name not in sys.modules}
+    sys.modules.update(stand_ins)
+    try:
+        import gymnax
+    finally:
+        for name, module in stand_ins.items():
+            if sys.modules.get(name) is module:
+                del sys.modules[name]
+    return gymnax
+
+
+def env_names() -> list[str]:
+    return list(_import_gymnax().registered_envs)
 
 
 def make(name: str) -> tuple[Any, Any]:
@@ -69,7 +105,7 @@ def make(name: str) -> tuple[Any, Any]:
     gymnax is imported here, not at module level: importing it starts JAX's
     backend, after which CPU devices can no longer be simulated.
     """
-    import gymnax
+    gymnax = _import_gymnax()
 
     if name not in gymnax.registered_envs:
         close = difflib.get_close_matches(name, gymnax.registered_envs, n=1)

@@ -33,3 +33,20 @@ def test_environment_traces_with_a_matching_algorithm(name):
 def test_unsupported_spaces_get_a_clear_error(algo, env, message):
     with pytest.raises(fragc.FragcError, match=message):
         fragc.trace(algo())
+
+
+def test_a_module_gymnax_imports_for_rendering_loads_on_first_use(monkeypatch):
+    """gymnax imports seaborn and matplotlib.pyplot for its renderers (~1 s of each process's start); fragc
+    imports gymnax with stand-ins that import the real module when a renderer first reads it."""
+    import importlib
+    import sys
+
+    from fragc.algos.envs import _RENDERING_ONLY, _OnFirstUse, make
+
+    monkeypatch.delitem(sys.modules, "tabnanny", raising=False)  # a module nothing here imports
+    stand_in = _OnFirstUse("tabnanny")
+    assert "tabnanny" not in sys.modules
+    assert stand_in.check is importlib.import_module("tabnanny").check  # first use: the real module
+    assert stand_in.NannyNag is sys.modules["tabnanny"].NannyNag
+    make("CartPole-v1")
+    assert not any(isinstance(sys.modules.get(name), _OnFirstUse) for name in _RENDERING_ONLY)  # none left behind
