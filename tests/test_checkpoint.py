@@ -26,12 +26,6 @@ def fragc_subprocess(*argv):
                             stderr=subprocess.PIPE, text=True, env=env)
 
 
-def fingerprint(proc):
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
-    return json.loads(out.strip().splitlines()[-1])
-
-
 @pytest.fixture(scope="module")
 def uninterrupted():
     """The --json summary of RUN without interruption, run once in this process for the tests that kill RUN
@@ -59,12 +53,21 @@ def saved_steps(ckpt):
     return sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit())
 
 
+def resumed(ckpt):
+    """The --json summary of RUN resumed from `ckpt` (written by a process that was stopped), run in this
+    process, where RUN's program is already compiled."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main([*RUN, "--checkpoint-dir", str(ckpt), "--resume"]) == 0
+    return json.loads(out.getvalue().strip().splitlines()[-1])
+
+
 def test_sigkill_mid_run_then_resume_reaches_the_uninterrupted_fingerprint(tmp_path, uninterrupted):
     ckpt = tmp_path / "ckpt"
     victim = started_run(ckpt)
     victim.send_signal(signal.SIGKILL)
     victim.wait()
-    got = fingerprint(fragc_subprocess(*RUN, "--checkpoint-dir", str(ckpt), "--resume"))
+    got = resumed(ckpt)
     assert 0 < got["resumed_from"] < uninterrupted()["iterations"]
     assert got["params_fingerprint"] == uninterrupted()["params_fingerprint"]
 
@@ -78,7 +81,7 @@ def test_sigterm_saves_where_the_run_stops_and_resume_reaches_the_uninterrupted_
     assert victim.returncode == 128 + signal.SIGTERM, err
     stopped_at = int(err.split("stopped by SIGTERM at iteration ")[1].split(";")[0])
     assert saved_steps(ckpt)[-1] == stopped_at and stopped_at % 4 == 0
-    got = fingerprint(fragc_subprocess(*RUN, "--checkpoint-dir", str(ckpt), "--resume"))
+    got = resumed(ckpt)
     assert got["resumed_from"] == stopped_at
     assert got["params_fingerprint"] == uninterrupted()["params_fingerprint"]
 
@@ -86,7 +89,7 @@ def test_sigterm_saves_where_the_run_stops_and_resume_reaches_the_uninterrupted_
 def test_a_stop_signal_without_a_checkpoint_folder_exits_with_its_conventional_code(tmp_path):
     """Nothing to save: SIGHUP stops at once, one line, exit code 128 + 1 (not Ctrl-C's 130)."""
     metrics = tmp_path / "m.jsonl"
-    proc = fragc_subprocess("run", "ppo", *SMALL, "--total-steps", "50000000", "--quiet", "--metrics", str(metrics))
+    proc = fragc_subprocess(*RUN, "--metrics", str(metrics))  # RUN's program: compiled (and cached) already
     deadline = time.monotonic() + 120
     while not (metrics.exists() and metrics.read_text().count("\n") >= 1):  # training
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
@@ -208,12 +211,12 @@ def test_resuming_with_another_configuration_is_refused_naming_what_differs(caps
     import fragc
 
     ckpt = str(tmp_path / "ckpt")
-    assert main(["run", "ppo", "--total-steps", "4096", "--checkpoint-dir", ckpt, "--quiet"]) == 0
+    assert main([*RUN, "--checkpoint-dir", ckpt, "--stop-after", "8"]) == 0  # RUN's program, compiled already
     capsys.readouterr()
     monkeypatch.setattr(fragc, "compile", lambda *a, **k: pytest.fail("compiled before refusing"))
     for option, named in ((["--env", "Acrobot-v1"], "--env is 'CartPole-v1' in the checkpoint and 'Acrobot-v1' here"),
                           (["--seed", "7"], "--seed is 0 in the checkpoint and 7 here.")):
-        assert main(["run", "ppo", "--total-steps", "4096", *option, "--checkpoint-dir", ckpt, "--resume"]) == 2
+        assert main([*RUN, *option, "--checkpoint-dir", ckpt, "--resume"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "fragc: error: --resume: the checkpoint at iteration 8" in err, err
         assert named in err and "damaged" not in err, err

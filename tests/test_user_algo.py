@@ -2,7 +2,6 @@
 config's options, and the Python training driver with checkpoints and exact resume."""
 
 import json
-import os
 import pathlib
 import signal
 import subprocess
@@ -39,20 +38,13 @@ def small_ppo():
     return scope["prog"]
 
 
-def fragc_cli(*argv):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "fragc.cli", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=ROOT)
-
-
-def test_fragc_run_trains_a_users_file_with_its_config_options(small_ppo, tmp_path):
-    """`fragc run file.py:Class` with the config's fields as options computes what the Python API
-    computes with that config."""
-    proc = fragc_cli("run", USER_PPO, *SMALL_FLAGS, "--checkpoint-dir", str(tmp_path), "--stop-after", "16", "--json",
-                     "--quiet")
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
-    got = json.loads(out.strip().splitlines()[-1])
+def test_fragc_run_trains_a_users_file_with_its_config_options(small_ppo, tmp_path, capsys, monkeypatch):
+    """`fragc run file.py:Class` (a path relative to where it is typed) with the config's fields as options
+    computes what the Python API computes with that config."""
+    monkeypatch.chdir(ROOT)
+    assert main(["run", USER_PPO, *SMALL_FLAGS, "--checkpoint-dir", str(tmp_path), "--stop-after", "16", "--json",
+                 "--quiet"]) == 0
+    got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert got["algo"] == USER_PPO and got["env"] == "CartPole-v1"
     assert got["iterations"] == 16 and got["env_steps"] == 1024
     result = fragc.train(small_ppo, small_ppo.init(0), 16)
