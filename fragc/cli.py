@@ -344,45 +344,45 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.no_cache:
         enable_compilation_cache()
     lead = jax.process_index() == 0  # progress and output come from process 0
-    checkpoints = _open_checkpoints(args.checkpoint_dir)  # an unwritable folder fails before compiling
-    run_info = {"algo": args.algo, "seed": args.seed}
+    with _open_checkpoints(args.checkpoint_dir) as checkpoints:  # an unwritable folder fails before compiling
+        run_info = {"algo": args.algo, "seed": args.seed}
 
-    def resumable(algo: Any) -> None:  # another configuration's checkpoint is refused before compiling
-        if args.resume:
-            checkpoints.check_run(algo_meta(algo, run_info))
+        def resumable(algo: Any) -> None:  # another configuration's checkpoint is refused before compiling
+            if args.resume:
+                checkpoints.check_run(algo_meta(algo, run_info))
 
-    algo, prog = _compile(args, check=resumable, iterations_per_dispatch=args.iterations_per_dispatch)
-    iterations, steps, env = _run_length(algo, args.algo), steps_per_iteration(algo), _env_name(algo)
-    out = sys.stderr if args.json else sys.stdout
-    progress = None if args.quiet or not lead else out
-    if progress is not None:
-        print(f"fragc run {args.algo}: env {env}, policy {prog.policy.name}, {iterations} "
-              f"iterations x {steps} env steps, compiled in {prog.compile_seconds:.1f} s", file=out)
-    try:
-        result = train(prog, prog.init(args.seed), iterations, checkpoint_dir=checkpoints,
-                       checkpoint_every=args.checkpoint_every, resume=args.resume, metrics=args.metrics,
-                       progress=progress, stop_after=args.stop_after, run_info=run_info)
-    except Stopped as stop:
-        if lead:
-            print(f"fragc: {stop}; its checkpoint continues with --resume", file=sys.stderr)
-        return stop.exit_code
-    fingerprint = params_fingerprint(result.state)  # on every process: it may gather across processes
-    if not lead:
+        algo, prog = _compile(args, check=resumable, iterations_per_dispatch=args.iterations_per_dispatch)
+        iterations, steps, env = _run_length(algo, args.algo), steps_per_iteration(algo), _env_name(algo)
+        out = sys.stderr if args.json else sys.stdout
+        progress = None if args.quiet or not lead else out
+        if progress is not None:
+            print(f"fragc run {args.algo}: env {env}, policy {prog.policy.name}, {iterations} "
+                  f"iterations x {steps} env steps, compiled in {prog.compile_seconds:.1f} s", file=out)
+        try:
+            result = train(prog, prog.init(args.seed), iterations, checkpoint_dir=checkpoints,
+                           checkpoint_every=args.checkpoint_every, resume=args.resume, metrics=args.metrics,
+                           progress=progress, stop_after=args.stop_after, run_info=run_info)
+        except Stopped as stop:
+            if lead:
+                print(f"fragc: {stop}; its checkpoint continues with --resume", file=sys.stderr)
+            return stop.exit_code
+        fingerprint = params_fingerprint(result.state)  # on every process: it may gather across processes
+        if not lead:
+            return 0
+        env_steps = result.iterations * steps
+        if args.json:
+            import json
+
+            print(json.dumps({"final_return": _finite_or_none(result.final_return), "env_steps": env_steps,
+                              "iterations": result.iterations, "wall_s": round(result.wall_s, 3),
+                              "compile_s": round(prog.compile_seconds, 3), "policy": prog.policy.name,
+                              "devices": len(prog.devices), "algo": args.algo, "env": env, "seed": args.seed,
+                              "resumed_from": result.resumed_from, "processes": jax.process_count(),
+                              "params_fingerprint": fingerprint}))
+        else:
+            print(f"final mean episode return {result.final_return:.1f} after {env_steps} env steps "
+                  f"({result.wall_s:.1f} s)")
         return 0
-    env_steps = result.iterations * steps
-    if args.json:
-        import json
-
-        print(json.dumps({"final_return": _finite_or_none(result.final_return), "env_steps": env_steps,
-                          "iterations": result.iterations, "wall_s": round(result.wall_s, 3),
-                          "compile_s": round(prog.compile_seconds, 3), "policy": prog.policy.name,
-                          "devices": len(prog.devices), "algo": args.algo, "env": env, "seed": args.seed,
-                          "resumed_from": result.resumed_from, "processes": jax.process_count(),
-                          "params_fingerprint": fingerprint}))
-    else:
-        print(f"final mean episode return {result.final_return:.1f} after {env_steps} env steps "
-              f"({result.wall_s:.1f} s)")
-    return 0
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -393,8 +393,9 @@ def _finite_or_none(x: float) -> float | None:
 
 
 def _open_checkpoints(directory: str | None) -> Any:
+    """The run's checkpoints (closed when the run ends), or nothing to open without a folder."""
     if not directory:
-        return None
+        return contextlib.nullcontext()
     from fragc.runtime.checkpoint import Checkpointer
 
     return Checkpointer(directory)

@@ -85,8 +85,13 @@ def train(prog: Any, state: Any, iterations: int, *, checkpoint_dir: Any = None,
         raise FragcError(f"train: iterations must be a positive int, got {iterations!r}")
     if resume and checkpoint_dir is None:
         raise FragcError("train: resume=True needs checkpoint_dir")
-    return _Training(prog, iterations, _open_checkpoints(checkpoint_dir), checkpoint_every, metrics,
-                     progress, run_info).run(state, resume, stop_after)
+    checkpoints = _open_checkpoints(checkpoint_dir)
+    try:
+        return _Training(prog, iterations, checkpoints, checkpoint_every, metrics, progress, run_info).run(
+            state, resume, stop_after)
+    finally:
+        if checkpoints is not None and checkpoints is not checkpoint_dir:  # opened here: closed here
+            checkpoints.close()
 
 
 def _open_checkpoints(checkpoint_dir: Any) -> Any:

@@ -135,6 +135,16 @@ class Checkpointer:
         self._manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
             max_to_keep=keep, enable_async_checkpointing=False, multiprocessing_options=solo, create=False))
 
+    def close(self) -> None:
+        """Stop orbax's manager (its threads and event loop); the checkpoints stay."""
+        self._manager.close()
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
     def steps(self) -> list[int]:
         self._manager.reload()  # another process may have written since
         return sorted(self._manager.all_steps())

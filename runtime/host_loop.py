@@ -85,7 +85,8 @@ class HostLoop:
         parts = (
             ("prefix", self._prefix_program(), prefix),
             ("infer", self._stacked(self._infer_fn, 3, 1), (consts, carry, xs, t)),
-            ("step", self._stacked(self._step_fn, 5, 3, ys_at=4, donate=(4,)), (consts, xs, residuals, results, ys, t, t, t)),
+            ("step", self._stacked(self._step_fn, 5, 3, ys_at=4, donate=(4,)),
+             (consts, xs, residuals, results, ys, t, t, t)),
             ("absorb", self._stacked(self._absorb_fn, 3, 2, ys_at=2, donate=(2,)), (residuals, results, ys, t, t)),
             ("suffix", self._suffix_program(len(kept)), (*kept, *ys)),
         )
