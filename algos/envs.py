@@ -71,7 +71,12 @@ class _OnFirstUse(types.ModuleType):
 
     def __getattr__(self, attr: str) -> Any:
         import importlib
+        import sys
 
+        if attr.startswith("__") and attr.endswith("__"):  # `hasattr(module, "__file__")` and the like
+            raise AttributeError(attr)
+        if sys.modules.get(self.__name__) is self:  # read while gymnax imports: not itself, but the module
+            del sys.modules[self.__name__]
         real = importlib.import_module(self.__name__)
         self.__dict__.update(real.__dict__)
         return getattr(real, attr)

@@ -436,7 +436,11 @@ def _per_env(ids: np.ndarray, fn: Callable[..., tuple[np.ndarray, ...]], *arrays
     `vmap_method="expand_dims"`) adds leading axes; they are flattened here, so one call steps every
     environment it holds. Each environment must appear once.
     """
-    return _per_env_begin(ids, lambda *args: lambda results=fn(*args): results, *arrays)()
+    def run_now(*args: np.ndarray) -> Callable[[], tuple[np.ndarray, ...]]:
+        results = fn(*args)
+        return lambda: results
+
+    return _per_env_begin(ids, run_now, *arrays)()
 
 
 def _per_env_begin(ids: np.ndarray, begin: Callable[..., Callable[[], tuple[np.ndarray, ...]]],

@@ -97,10 +97,8 @@ class RolloutOnly:
 
 
 def measure(name: str, mode: str, groups: int, args: argparse.Namespace) -> dict:
-    import jax
     import numpy as np
 
-    import fragc
     from fragc.algos import ppo
     from fragc.algos.envs import split_env_name
     from fragc.algos.host_envs import HOST_POOLS

@@ -59,8 +59,9 @@ class TimeLoop:
     num_carry: int
     num_xs: int
     num_operands: int  # of the host step
+    # with one group, both hold the axes two groups would split (where the environments are), None if unknown
     group_axes: tuple[int | None, ...]  # consts + carry + xs
-    ys_group_axes: tuple[int | None, ...]  # with one group: the axes two groups would split, None if unknown
+    ys_group_axes: tuple[int | None, ...]
 
 
 def split_time_loop(fdef: FragmentDef, replicas: int, groups: int) -> TimeLoop:
@@ -69,14 +70,16 @@ def split_time_loop(fdef: FragmentDef, replicas: int, groups: int) -> TimeLoop:
     s, scan = _host_scan(fdef, body)
     p = scan.params
     nc, nk = p["num_consts"], p["num_carry"]
-    step = fdef.body_for(replicas * groups).jaxpr.eqns[s].params["jaxpr"]
+    gscan = _host_scan(fdef, fdef.body_for(replicas * groups))[1] if groups > 1 else scan
+    step = gscan.params["jaxpr"]
     c, call = _host_call(fdef, step.jaxpr)
     if groups > 1:
         _refuse_collectives(fdef, step.jaxpr, groups)
-        axes, ys_axes = _group_axes(fdef, scan, replicas, groups)
+        axes, ys_axes = _group_axes(fdef, scan, gscan, groups)
     else:  # where two groups would split: the environments' axes, for the trajectory's layout (runtime/host_loop.py)
         try:
-            axes, ys_axes = _group_axes(fdef, scan, replicas, 2, probe=True)
+            two = _host_scan(fdef, fdef.body_for(replicas * 2))[1]
+            axes, ys_axes = _group_axes(fdef, scan, two, 2, probe=True)
         except FragcError:  # too few environments to tell: every leaf as if equal in every group
             axes, ys_axes = (None,) * len(scan.invars), (None,) * (len(scan.outvars) - nk)
     prefix, kept = _prefix(body, s)
@@ -89,12 +92,11 @@ def split_time_loop(fdef: FragmentDef, replicas: int, groups: int) -> TimeLoop:
         group_axes=axes, ys_group_axes=ys_axes)
 
 
-def _group_axes(fdef: FragmentDef, scan: Any, replicas: int, groups: int, probe: bool = False) -> tuple[tuple, tuple]:
+def _group_axes(fdef: FragmentDef, scan: Any, gscan: Any, groups: int, probe: bool = False) -> tuple[tuple, tuple]:
     """The axis `groups` groups split of each operand (consts + carry + xs) and each per-step output of the time
-    loop `scan` (traced for `replicas` replicas), found by tracing the body for `replicas * groups`. A `probe`
+    loop `scan` (traced for R replicas), found against the same loop `gscan` traced for R * `groups`. A `probe`
     (one group: where two would split) takes any output that has no such axis, computed from the environments
     or not."""
-    _, gscan = _host_scan(fdef, fdef.body_for(replicas * groups))
     nc, nk = scan.params["num_consts"], scan.params["num_carry"]
     axes = tuple(_group_axis(fdef, a.aval, b.aval, groups) for a, b in zip(scan.invars, gscan.invars))
     ys_axes = tuple(_group_axis(fdef, a.aval, b.aval, groups) for a, b in zip(scan.outvars[nk:], gscan.outvars[nk:]))
@@ -111,7 +113,10 @@ def _refuse_reductions(fdef: FragmentDef, step: Any, in_axes: tuple, out_axes: t
                        groups: int) -> None:
     """A step output that no group splits must be the same in every group (groups take group 0's): refuse
     one that reads the environments (a mean reward over them, say), which each group computes over its own.
-    Conservative: an output of an equation that reads anything computed from the environments reads them."""
+    Conservative: an output of an equation that reads anything computed from the environments reads them.
+    Not caught: a computation across environments whose result keeps their axis (normalising observations by
+    their mean over the environments, say), which each group also computes over its own; docs/host_envs.md
+    says so."""
     split = {v for v, axis in zip(step.invars, in_axes) if axis is not None}
     for eqn in step.eqns:
         if any(isinstance(v, jex.Var) and v in split for v in eqn.invars):

@@ -11,8 +11,8 @@ trajectory, which is written where the fragment's results live
 Per time step, for each environment group g (of G), in turn:
 
     results_g = finish_g()                     # wait for g's host step t (started earlier)
-    finish_g+1 = begin(ops_g+1)                # start the next group's host step (its actions are
-                                               # ready: its program was queued one turn earlier)
+    finish_g+1 = begin(ops_g+1)                # start the next group's host step (once its actions are
+                                               # there: its program was queued one turn earlier)
     carry_g, ys, ops_g, res_g = step(res_g, results_g, ys, t, t + 1, g)
                                                # queue absorb step t and infer step t + 1 for g
 
@@ -84,10 +84,10 @@ class HostLoop:
         kept = stacked(loop.suffix.in_avals[:len(loop.suffix.in_avals) - len(ys)])
         parts = (
             ("prefix", self._prefix_program(), prefix),
-            ("infer", self._stacked(self._infer_fn, 3, 1), (consts, carry, xs, t)),
-            ("step", self._stacked(self._step_fn, 5, 3, ys_at=4, donate=(4,)),
+            ("infer", self._stacked(self._infer_fn, 3, 1, 2), (consts, carry, xs, t)),
+            ("step", self._stacked(self._step_fn, 5, 3, 4, ys_at=4, donate=(4,)),
              (consts, xs, residuals, results, ys, t, t, t)),
-            ("absorb", self._stacked(self._absorb_fn, 3, 2, ys_at=2, donate=(2,)), (residuals, results, ys, t, t)),
+            ("absorb", self._stacked(self._absorb_fn, 3, 2, 2, ys_at=2, donate=(2,)), (residuals, results, ys, t, t)),
             ("suffix", self._suffix_program(len(kept)), (*kept, *ys)),
         )
         return [_compile(f"{stage}.{name}", stage, fdef, program, structs) for name, program, structs in parts]
@@ -115,11 +115,12 @@ class HostLoop:
         ops, residuals = self._infer_fn(consts, carry, xs, t_next)
         return carry, ys, ops, residuals
 
-    def _stacked(self, fn: Any, n_stacked: int, n_scalar: int, ys_at: int | None = None,
+    def _stacked(self, fn: Any, n_stacked: int, n_scalar: int, n_out: int, ys_at: int | None = None,
                  donate: tuple[int, ...] = ()) -> Any:
-        """jit(shard_map(fn)) with every value per replica (stacked: a leading axis R over the devices), but
-        the last `n_scalar` arguments (step and group indices, the same on every device) and the per-step
-        outputs, argument `ys_at` and result 1, in their own layout (`TrajectoryLayout`)."""
+        """jit(shard_map(fn)) of `n_stacked + n_scalar` arguments and `n_out` results, every value per replica
+        (stacked: a leading axis R over the devices) but the last `n_scalar` arguments (step and group indices,
+        the same on every device) and the per-step outputs, argument `ys_at` and result 1, in their own layout
+        (`TrajectoryLayout`)."""
         ys_specs = [y.spec for y in self._ys]
 
         def body(*args: Any) -> Any:
@@ -128,7 +129,6 @@ class HostLoop:
             return tuple(o if ys_at is not None and i == 1 else jax.tree.map(lambda x: x[None], o)
                          for i, o in enumerate(outs))
 
-        n_out = {self._infer_fn: 2, self._absorb_fn: 2, self._step_fn: 4}[fn]
         in_specs = [ys_specs if i == ys_at else P(REPLICA) for i in range(n_stacked)] + [P()] * n_scalar
         out_specs = [ys_specs if ys_at is not None and i == 1 else P(REPLICA) for i in range(n_out)]
         return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=tuple(in_specs), out_specs=tuple(out_specs),
@@ -169,14 +169,32 @@ class HostLoop:
         consts, carry, xs = [p[:nc] for p in parts], [p[nc:nc + nk] for p in parts], [p[nc + nk:] for p in parts]
         ys = self._zeros()  # every group writes its own environments' part of them
         steps = list(range(loop.length - 1, -1, -1) if loop.reverse else range(loop.length))
-        index = self._index
-        pending = [self._infer(consts[g], carry[g], xs[g], index[steps[0]]) for g in range(G)]
-        started = [None] * G  # each group's host step in flight: a function that waits for its results
+        pending = [self._infer(consts[g], carry[g], xs[g], self._index[steps[0]]) for g in range(G)]
+        started: list[Any] = [None] * G  # each group's host step in flight: a function that waits for its results
+        try:
+            ys = self._steps(steps, consts, carry, xs, ys, pending, started)
+        except BaseException:  # a failure or Ctrl-C: receive every step in flight, so the pools can be used again
+            for finish in started:
+                if finish is not None:
+                    try:
+                        finish()
+                    except Exception:  # noqa: BLE001 - the first error is the one to report
+                        pass
+            raise
+        final = self._merge(carry, loop.group_axes[nc:nc + nk])
+        return list(self._suffix(*kept, *final, *ys))
+
+    def _steps(self, steps: list[int], consts: list, carry: list, xs: list, ys: list, pending: list,
+               started: list) -> list:
+        """Every time step of every group (module docstring); `carry` and `started` are updated in place, the
+        trajectory is returned."""
+        loop, G, index = self.loop, self.groups, self._index
         started[0] = self._begin(pending[0][0])
         for n, t in enumerate(steps):
             for g in range(G):
                 residuals = pending[g][1]
-                results = [self._to_device(r, a) for r, a in zip(started[g](), loop.result_avals)]
+                finish, started[g] = started[g], None
+                results = [self._to_device(r, a) for r, a in zip(finish(), loop.result_avals)]
                 nxt, n_nxt = (g + 1, n) if g + 1 < G else (0, n + 1)
                 if G > 1 and n_nxt < len(steps):  # the next group's step, started before this group's dispatch
                     started[nxt] = self._begin(pending[nxt][0])
@@ -187,8 +205,7 @@ class HostLoop:
                         started[0] = self._begin(pending[0][0])
                 else:
                     carry[g], ys = self._absorb(residuals, results, ys, index[t], index[g])
-        final = self._merge(carry, loop.group_axes[nc:nc + nk])
-        return list(self._suffix(*kept, *final, *ys))
+        return ys
 
     def _begin(self, operands: Sequence[jax.Array]) -> Any:
         """Start a group's host step (waiting for its inference: the operands) -> wait for its results."""

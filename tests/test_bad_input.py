@@ -245,9 +245,9 @@ def test_a_run_that_diverges_stops_and_its_latest_checkpoint_is_finite_and_resum
     with pytest.raises(Diverged, match="^" + re.escape(line + kept) + "$") as err:
         train(prog, tmp_path)
     assert err.value.exit_code == 3
-    checkpoints = Checkpointer(str(tmp_path))
-    assert checkpoints.steps() == [4]
-    state, _, _ = checkpoints.restore_latest(prog.init(0), {})
+    with Checkpointer(str(tmp_path)) as checkpoints:
+        assert checkpoints.steps() == [4]
+        state, _, _ = checkpoints.restore_latest(prog.init(0), {})
     w0 = np.asarray(prog.init(0).w)
     np.testing.assert_allclose(state.w, w0 * 0.9**4, rtol=1e-6)  # finite: a plain loop's 4 iterations
     progress = io.StringIO()

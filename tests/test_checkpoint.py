@@ -149,9 +149,10 @@ def two_checkpoints(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("two")
     state = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "key": jax.random.key(1)}
-    checkpointer = Checkpointer(str(folder))
-    for it in (4, 8):
-        checkpointer.save(it, {**state, "w": state["w"] + it}, {}, {"algo": "toy", "config": {"lr": 0.1}, "seed": 0})
+    with Checkpointer(str(folder)) as checkpointer:
+        for it in (4, 8):
+            checkpointer.save(it, {**state, "w": state["w"] + it}, {}, {"algo": "toy", "config": {"lr": 0.1},
+                                                                      "seed": 0})
     return folder, state
 
 
@@ -174,7 +175,8 @@ def test_damaged_metadata_means_a_damaged_checkpoint(two_checkpoints, tmp_path, 
     else:
         meta_file.write_text(json.dumps(_metadata_edits()[damage](json.loads(meta_file.read_text()))))
     with pytest.warns(UserWarning, match=r"checkpoint 8 in .* is damaged \(its metadata .*moved to '8.damaged'"):
-        restored, delays, meta = Checkpointer(str(folder)).restore_latest(state, {})
+        with Checkpointer(str(folder)) as checkpointer:
+            restored, delays, meta = checkpointer.restore_latest(state, {})
     assert meta["iteration"] == 4 and delays == {}
     np.testing.assert_array_equal(restored["w"], state["w"] + 4)
     np.testing.assert_array_equal(jax.random.key_data(restored["key"]), jax.random.key_data(state["key"]))
@@ -237,5 +239,6 @@ def test_resuming_another_configuration_names_what_differs(two_checkpoints, run,
     folder, state = two_checkpoints
     with pytest.raises(FragcError, match=r"^--resume: the checkpoint at iteration 8 in .* was written by another "
                                          r"configuration: " + named.replace("$", r"\. Resume with the same options")):
-        Checkpointer(str(folder)).restore_latest(state, {}, run=run)
+        with Checkpointer(str(folder)) as checkpointer:
+            checkpointer.restore_latest(state, {}, run=run)
     assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == ["4", "8"]

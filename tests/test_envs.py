@@ -39,14 +39,20 @@ def test_a_module_gymnax_imports_for_rendering_loads_on_first_use(monkeypatch):
     """gymnax imports seaborn and matplotlib.pyplot for its renderers (~1 s of each process's start); fragc
     imports gymnax with stand-ins that import the real module when a renderer first reads it."""
     import importlib
+    import subprocess
     import sys
 
-    from fragc.algos.envs import _RENDERING_ONLY, _OnFirstUse, make
+    from fragc.algos.envs import _OnFirstUse
 
     monkeypatch.delitem(sys.modules, "tabnanny", raising=False)  # a module nothing here imports
     stand_in = _OnFirstUse("tabnanny")
-    assert "tabnanny" not in sys.modules
+    assert "tabnanny" not in sys.modules and not hasattr(stand_in, "__file__")  # dunders do not load it
     assert stand_in.check is importlib.import_module("tabnanny").check  # first use: the real module
     assert stand_in.NannyNag is sys.modules["tabnanny"].NannyNag
-    make("CartPole-v1")
-    assert not any(isinstance(sys.modules.get(name), _OnFirstUse) for name in _RENDERING_ONLY)  # none left behind
+    script = ("import sys; from fragc.algos.envs import make; make('CartPole-v1'); "
+              "print(sorted(m for m in ('seaborn', 'matplotlib.pyplot') if m in sys.modules)); "
+              "import gymnax.environments.misc.pong as pong; pong.sns.color_palette('cubehelix', 3); "
+              "print(type(sys.modules['seaborn']).__name__)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["[]", "module"]  # none imported by make; the real one once a renderer reads it

@@ -212,8 +212,9 @@ def test_a_rollout_the_host_loop_cannot_cut_runs_in_program_or_is_refused():
 
 
 class PerStepOutputs:
-    """A rollout whose time loop outputs, each step, the rewards (per environment) and either a step count (the
-    same in every environment group) or the mean reward over the environments (`reduce`: each group's own)."""
+    """A rollout whose time loop outputs, each step, each environment's cart position and either a step count
+    (the same in every environment group) or the mean reward over the environments (`reduce`: each group's
+    own)."""
 
     def __init__(self, reduce: bool = False):
         self.env, self.reduce = VecEnv(HOST_CARTPOLE), reduce
@@ -226,18 +227,19 @@ class PerStepOutputs:
         def step(carry, _):
             runner, count = carry
             runner, out = self.env.step(runner, (runner.obs[:, 2] > 0).astype(jnp.int32))  # push towards the lean
-            return (runner, count + 1), (out.reward, out.reward.mean() if self.reduce else count)
+            # per environment: its cart's position (a value of its own, each step), else the same in every group
+            return (runner, count + 1), (runner.obs[:, 0], out.reward.mean() if self.reduce else count)
 
-        (runner, _), (rewards, per_step) = jax.lax.scan(step, (runner, jnp.int32(0)), None, 5)
-        return runner, rewards, per_step
+        (runner, _), (positions, per_step) = jax.lax.scan(step, (runner, jnp.int32(0)), None, 5)
+        return runner, positions, per_step
 
     def iteration(self, runner):
-        runner, rewards, per_step = self.rollout(runner)
-        return runner, {"rewards": rewards, "per_step": per_step}
+        runner, positions, per_step = self.rollout(runner)
+        return runner, {"positions": positions, "per_step": per_step}
 
 
 def test_per_step_outputs_with_and_without_an_environment_axis():
-    """Two groups write their own environments' rows of the rewards and group 0 the step count, one group a
+    """Two groups write their own environments' rows of the positions and group 0 the step count, one group a
     step output with no environment axis stacked: the numbers of the in-program host step. A per-step mean
     over the environments is refused with two groups (each would compute its own) and runs with one."""
     runs = {}
@@ -245,6 +247,8 @@ def test_per_step_outputs_with_and_without_an_environment_axis():
         prog = fragc.compile(PerStepOutputs(), "single", env_groups=groups)
         runs[groups] = prog.run(prog.init(0), 2)
     assert "host_loop(groups=2)" in prog.ir()
+    positions = runs[0][1]["positions"]  # [iteration, step, environment]: every value its own
+    assert len(np.unique(positions)) == positions.size
     for groups in (1, 2):
         assert_trees_close(runs[groups], runs[0], rtol=0, atol=0)
     np.testing.assert_array_equal(runs[2][1]["per_step"], [[0, 1, 2, 3, 4]] * 2)

@@ -44,6 +44,7 @@ def resumed_and_straight(policy: str, folder: str, config: dict) -> dict:
     multihost_utils.sync_global_devices(f"saved {policy}")  # process 1 reads what process 0 wrote
     fresh = prog.init(0)
     state, delays, saved = checkpointer.restore_latest(fresh, prog.initial_delays(fresh), run=meta)
+    checkpointer.close()
     resumed, _ = prog.run(prog.place_state(state), 2, delays=prog.place_delays(delays) if delays else None)
     return {"policy": policy, "resumed_from": saved["iteration"], "straight": params_fingerprint(straight),
             "resumed": params_fingerprint(resumed), "processes": jax.process_count(), "devices": len(prog.devices),
