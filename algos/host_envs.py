@@ -210,7 +210,7 @@ class EnvPoolPool(HostPool):
         obs, reward, terminated, truncated, info = self.envs.recv()
         order = np.argsort(info["env_id"])
         obs, reward, terminated, truncated = obs[order], reward[order], terminated[order], truncated[order]
-        final_obs = np.array(obs, copy=True)
+        final_obs = obs  # the observations reached; those of finished environments are replaced in a copy
         done = np.flatnonzero(terminated | truncated)
         if len(done):
             reset_obs, reset_info = self.envs.reset(done.astype(np.int32))
@@ -455,6 +455,9 @@ def _per_env_begin(ids: np.ndarray, begin: Callable[..., Callable[[], tuple[np.n
     repeated = pool_ids[1:][pool_ids[1:] == pool_ids[:-1]]
     if repeated.size:
         raise FragcError(f"a host step received environment {int(repeated[0])} twice in one call")
+    if ids.ndim == 1 and np.array_equal(order, np.arange(n)):  # already in index order (a host loop's groups)
+        finish = begin(tuple(int(i) for i in pool_ids), *[np.asarray(a) for a in arrays])
+        return lambda: tuple(np.asarray(r) for r in finish())
     ordered = [np.asarray(a).reshape((n,) + np.shape(a)[ids.ndim:])[order] for a in arrays]
     finish = begin(tuple(int(i) for i in pool_ids), *ordered)
 
