@@ -51,6 +51,8 @@ class GymnaxHostPool(HostPool):
         self.state = None
 
     def reset(self, keys):
+        # as Gymnasium's AsyncVectorEnv, which refuses a reset while a step is in flight
+        assert getattr(self, "_pending", None) is None, "a reset while a step was in flight"
         obs, self.state = self._reset(jax.random.wrap_key_data(keys))
         return np.asarray(obs)
 

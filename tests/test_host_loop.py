@@ -28,7 +28,7 @@ from fragc.ir.time_loop import split_time_loop
 from fragc.runtime.reporting import params_fingerprint
 import shared_programs
 from conftest import assert_trees_close
-from test_host_envs import ppo_on, runner_numbers  # registers the gymnax_host adapter backend
+from test_host_envs import GymnaxHostPool, ppo_on, runner_numbers  # registers the gymnax_host backend
 
 HOST_CARTPOLE = "gymnax_host:CartPole-v1"
 
@@ -53,6 +53,30 @@ def test_two_groups_equal_the_device_program_and_the_reference_interpreter(singl
     ref_state, ref_history = run_iterations(prog.module, prog.init(0), shared_programs.ITERATIONS)
     assert_trees_close(state.learner, ref_state.learner, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(metrics["episode_return"], [h["episode_return"] for h in ref_history], rtol=1e-5)
+
+
+@pytest.mark.parametrize("where", ["the host step", "queueing a device program"])
+def test_a_failure_inside_the_loop_leaves_every_pool_usable(single_two_groups, monkeypatch, where):
+    """A simulator that raises, or a failure (Ctrl-C, say) while the loop queues a group's device program with
+    the next group's host step in flight: the error comes out as itself, the step in flight is received, and
+    the next run resets the pools (a pool refuses a reset while a step is in flight) and goes on."""
+    prog, state = single_two_groups, single_two_groups.init(0)
+    loop = prog._executor.fragment(prog.module.fragments["rollout"])
+    owner, name = (GymnaxHostPool, "step") if where == "the host step" else (loop, "_step")
+    original, calls = getattr(owner, name), []
+
+    def failing(*args):
+        calls.append(1)
+        if len(calls) == 3:  # queueing: group 1's host step was started just before group 0's program
+            raise RuntimeError(f"failed in {where}")
+        return original(*args)
+
+    monkeypatch.setattr(owner, name, failing)
+    with pytest.raises(RuntimeError, match=f"failed in {where}"):
+        prog.run(state, 1)
+    monkeypatch.setattr(owner, name, original)
+    with pytest.warns(UserWarning, match="does not continue the host environments' last step"):
+        prog.run(state, 1)
 
 
 def test_the_ir_and_the_executables_show_the_host_loop(single_two_groups):
