@@ -81,14 +81,14 @@ class HostLoop:
         ys = [self._struct(y.shape, y.dtype, y.spec) for y in self._ys]
         self._zeros = jax.jit(lambda: [jnp.zeros(y.shape, y.dtype) for y in ys], out_shardings=[y.sharding for y in ys])
         prefix = [self._struct(leaf.shape, leaf.dtype, spec(leaf.axis)) for leaf in fdef.in_leaf_types]
-        kept = stacked(loop.suffix.in_avals[:len(loop.suffix.in_avals) - len(ys)])
+        kept_and_carry = stacked(loop.suffix.in_avals[:len(loop.suffix.in_avals) - len(ys)])
         parts = (
             ("prefix", self._prefix_program(), prefix),
             ("infer", self._stacked(self._infer_fn, 3, 1, 2), (consts, carry, xs, t)),
             ("step", self._stacked(self._step_fn, 5, 3, 4, ys_at=4, donate=(4,)),
              (consts, xs, residuals, results, ys, t, t, t)),
             ("absorb", self._stacked(self._absorb_fn, 3, 2, 2, ys_at=2, donate=(2,)), (residuals, results, ys, t, t)),
-            ("suffix", self._suffix_program(len(kept)), (*kept, *ys)),
+            ("suffix", self._suffix_program(len(kept_and_carry)), (*kept_and_carry, *ys)),
         )
         return [_compile(f"{stage}.{name}", stage, fdef, program, structs) for name, program, structs in parts]
 
