@@ -153,6 +153,8 @@ def check_per_replica(module: Module) -> None:
     anyway (`FragmentDef.body_for`, with the same message)."""
     for fdef in module.fragments.values():
         n = fdef.batch_length()
+        if fdef.part_of:  # a host loop's part: one replica's step, cut from a fragment traced as above
+            continue
         if (fdef.placement is None or fdef.placement.replicas == 1) and n is not None and n % 2 == 0:
             fdef.body_for(2)
 

@@ -13,11 +13,14 @@ import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax.extend import core as jex
 
 from .errors import FragcError
-from .module import Delay, FragmentDef, Glue, Module, Run, Stage, Transfer, Use
-from .replicas import check_divides, run_replicated
+from .host import start_host_call
+from .module import HOST, REPLICA, Delay, FragmentDef, Glue, Loop, Module, Run, Stage, Transfer, Use
+from .replicas import check_divides, merge_axis, run_replicated, split_axis
 
 _COMPILED: "weakref.WeakKeyDictionary[FragmentDef, dict[int, Any]]" = weakref.WeakKeyDictionary()
 
@@ -124,6 +127,10 @@ class Interpreter:
         """The previous iteration's operands (`delayed`), or the initial ones in the first."""
         return list(self.delayed[i]) if i in self.delayed else leaves[len(node.inputs):]
 
+    def loop(self, i: int, node: Loop, leaves: list[Any]) -> list[Any]:
+        """A fragment's time loop run from the host (its region, step by step)."""
+        raise NotImplementedError(f"{type(self).__name__} does not run loop nodes")
+
 
 class ReferenceInterpreter(Interpreter):
     """DESIGN.md's semantics: each fragment as `vmap(axis_name=REPLICA)` over its replicas, on one device."""
@@ -134,6 +141,57 @@ class ReferenceInterpreter(Interpreter):
 
     def fragment(self, fdef: FragmentDef) -> Callable[..., Any]:
         return fragment_runner(fdef, self.counts[fdef.name])
+
+    def loop(self, i: int, node: Loop, leaves: list[Any]) -> list[Any]:
+        """The loop node as its region says, synchronously: the prefix, then every step, the region's nodes in
+        order (the parts as `vmap` over the replicas, every replica's environments in one group, the host
+        step called directly with the replicas' operands stacked), then the suffix. Groups never exchange data,
+        so this is what every group count computes."""
+        fdef, region = self.module.fragments[node.fragment], node.body
+        R = self.counts[node.fragment]
+        split = [x if a is None else split_axis(x, a, R) for x, a in zip(leaves, fdef.in_axes)]
+        prefix = _per_replica(node.prefix, R, in_axes=fdef.in_axes)
+        outs = prefix(*split)
+        nc, nk = node.num_consts, node.num_carry
+        nx = len(region.inputs[2].type.leaves)
+        consts, carry, xs, kept = outs[:nc], outs[nc:nc + nk], outs[nc + nk:nc + nk + nx], outs[nc + nk + nx:]
+        ys: list[list[Any]] = [[] for _ in range(node.steps)]
+        for t in (range(node.steps - 1, -1, -1) if node.reverse else range(node.steps)):
+            env = dict(zip((u for v in region.inputs for u in v.uses()), consts + carry + [x[:, t] for x in xs]))
+            for n in region.nodes:
+                ins = [env[u] for u in n.operands]
+                env.update(zip((u for v in n.outputs for u in v.uses()), self._region_node(n, ins, R)))
+            step = [env[u] for u in region.outputs]
+            carry, ys[t] = step[:nk], step[nk:]
+        stacked = [jnp.stack(y, axis=1) for y in zip(*ys)]  # per replica, time first
+        suffix = _per_replica(node.suffix, R, out_axes=fdef.out_axes, name=fdef.name)
+        return suffix(*kept, *carry, *stacked)
+
+    def _region_node(self, node: Any, leaves: list[Any], replicas: int) -> list[Any]:
+        if isinstance(node, Transfer):
+            return [np.asarray(x) for x in leaves] if node.dst == HOST else [jnp.asarray(x) for x in leaves]
+        fdef = self.module.fragments[node.fragment]
+        if fdef.placement is not None and fdef.placement.group == HOST:
+            return start_host_call(fdef.body.jaxpr.eqns[0].params["callback"], *leaves)()
+        return _per_replica(fdef.body, replicas)(*leaves)
+
+
+@functools.lru_cache(maxsize=64)
+def _per_replica_cached(body: Any, replicas: int, in_axes: tuple, out_axes: tuple | None, name: str) -> Any:
+    mapped = jax.vmap(jex.jaxpr_as_fun(body), in_axes=list(in_axes), out_axes=0 if out_axes is None else list(out_axes),
+                      axis_name=REPLICA, axis_size=replicas)
+    if out_axes is None:
+        return jax.jit(lambda *xs: list(mapped(*xs)))
+    return jax.jit(lambda *xs: [x if a is None else merge_axis(x, a) for x, a in zip(mapped(*xs), out_axes)])
+
+
+def _per_replica(body: Any, replicas: int, in_axes: Sequence[int | None] | None = None,
+                 out_axes: Sequence[int | None] | None = None, name: str = "fragment") -> Callable[..., list[Any]]:
+    """`body` (one replica's jaxpr) as `vmap` over `replicas` replicas: inputs stacked (a leading replica axis)
+    unless `in_axes` says where each global input was split (`split_axis`); outputs stacked unless
+    `out_axes` says how to merge them into global values (a `None` one must be equal on every replica)."""
+    in_axes = tuple(in_axes) if in_axes is not None else (0,) * len(body.in_avals)
+    return _per_replica_cached(body, replicas, in_axes, None if out_axes is None else tuple(out_axes), name)
 
 
 def _check_state(module: Module, state: Any) -> list[Any]:

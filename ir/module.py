@@ -6,7 +6,10 @@ rebuilt by passes, never edited in place. Node kinds form a closed set:
 - `Run`: one call of a fragment;
 - `Glue`: small JAX equations between fragments (a `ClosedJaxpr`);
 - `Transfer`: a value moves between device groups;
-- `Delay`: the value of an input from the previous iteration (pipelining).
+- `Delay`: the value of an input from the previous iteration (pipelining);
+- `Loop`: a run whose time loop runs from the host (a host loop, set by
+  `lower_host_loops`): a region holds one time step, with the host step as a
+  run on `@host` between transfers.
 
 Edges are leaf-level (`Use(value, index)`), values are pytrees, so printed IR
 can name `%state.train.params` while passes reason about single arrays.
@@ -25,6 +28,9 @@ from .types import LeafType, TreeType
 
 REPLICA = "replica"
 """The axis name of fragment replicas; `fragc.pmean`/`psum` reduce over it."""
+
+HOST = "host"
+"""The group of host fragments (a host environment's step in a loop region): the host CPU, not a mesh."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -97,6 +103,10 @@ class FragmentDef:
     source: str
     placement: Placement | None = None
     host_steps: tuple = ()  # `ir.host.HostStep`s: host calls in the body (a host environment's step)
+    part_of: str = ""
+    """For a part of a host loop's time step (`lower_host_loops`: `rollout.infer`, `rollout.env_step`,
+    `rollout.absorb`): the fragment it was cut from. A part's types are one replica's (the region's), its
+    `body` is one replica's and `body_for(G)` one of G environment groups'; it runs only in its loop's region."""
     _bodies: dict = dataclasses.field(default_factory=dict, repr=False)
 
     def replace(self, **changes: Any) -> "FragmentDef":
@@ -260,10 +270,6 @@ class Delay:
         return dataclasses.replace(self, **changes)
 
 
-Node = Run | Glue | Transfer | Delay
-NODE_KINDS = (Run, Glue, Transfer, Delay)
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class Graph:
     """`iteration(state) -> (state, metrics)` as a list of nodes in order."""
@@ -279,6 +285,41 @@ class Graph:
     def producers(self) -> dict[Value, int]:
         """The index of the node that defines each value (graph inputs are absent)."""
         return {v: i for i, node in enumerate(self.nodes) for v in node.outputs}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Loop(Run):
+    """A run of `fragment` whose time loop runs from the host (set by `lower_host_loops`).
+
+    `prefix` (the fragment's inputs -> the time loop's operands and what `suffix` reads) and `suffix` (what
+    the prefix kept, the final carry and the stacked per-step outputs -> the fragment's results) run once a
+    call, per replica. `body` is one time step, `steps` times, for each of `groups` environment groups in
+    turn: its inputs are three values (the loop's constants, the carry, the step's slice of the scanned
+    inputs), its outputs the next carry and the step's outputs, and its nodes the parts' runs with the host
+    step on `HOST` between two transfers. Types in the region are one replica's: a leaf with an `@env` axis
+    is split between the groups along it, the others are the same in every group.
+    """
+
+    body: Graph | None = None
+    steps: int = 0
+    groups: int = 1
+    reverse: bool = False
+    prefix: jex.ClosedJaxpr | None = None
+    suffix: jex.ClosedJaxpr | None = None
+
+    kind = "loop"
+
+    @property
+    def num_consts(self) -> int:
+        return len(self.body.inputs[0].type.leaves)
+
+    @property
+    def num_carry(self) -> int:
+        return len(self.body.inputs[1].type.leaves)
+
+
+Node = Run | Glue | Transfer | Delay | Loop
+NODE_KINDS = (Run, Glue, Transfer, Delay, Loop)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -22,7 +22,7 @@ import numpy as np
 from .errors import FragcError
 from .host import HostStep
 from .module import (
-    Delay, FragmentDef, Glue, Graph, Mesh, Module, Placement, Run, Schedule, Stage, Transfer, Use, Value,
+    Delay, FragmentDef, Glue, Graph, Loop, Mesh, Module, Placement, Run, Schedule, Stage, Transfer, Use, Value,
 )
 from .types import _SHORT_DTYPES, LeafType, TreeType
 
@@ -120,6 +120,8 @@ class _Types:
 
     def tree(self, text: str) -> Any:
         text = text.strip()
+        if text == "()":
+            return ()
         if not text.startswith("!"):
             return parse_leaf(text)
         name = text[1:]
@@ -272,7 +274,7 @@ class _Parser:
         return next(self.lines)
 
     def fragment(self, line: str) -> str:
-        m = re.match(r"^fragment @(\w+) role=(\w+)(?: on @(\w+) (\w+) replicas=(\d+)"
+        m = re.match(r"^fragment @([\w.]+) role=(\w+)(?: on @(\w+) (\w+) replicas=(\d+)"
                      r"(?: host_loop\(groups=(\d+)\))?(?: env_workers=(\d+))?)? eqns=\S+   // (.*)$", line)
         if not m:
             raise ParseError(f"not a fragment line: {line!r}")
@@ -300,7 +302,7 @@ class _Parser:
             if (step := HostStep.parse_line(line.strip())) is not None:
                 host_steps.append(step)
             line = next(self.lines)
-        self.fragments[name] = fdef.replace(host_steps=tuple(host_steps))
+        self.fragments[name] = fdef.replace(host_steps=tuple(host_steps), part_of=name.rpartition(".")[0])
         return line
 
     def func(self, line: str) -> tuple[Graph, list[Stage]]:
@@ -333,7 +335,12 @@ class _Parser:
 
     def node(self, text: str) -> Any:
         text = text.split("   // ", 1)[0]
-        if m := re.match(r"^(.*) = run @(\w+)\((.*)\)$", text):
+        if m := re.match(r"^(.*) = loop @(\w+)\((.*)\) steps=(\d+)( reverse)? groups=(\d+) \{$", text):
+            run = self.node(f"{m[1]} = run @{m[2]}({m[3]})")
+            like = self._loop(m[2])
+            return Loop(run.fragment, run.inputs, run.outputs, self.region(), int(m[4]), int(m[6]), bool(m[5]),
+                        like and like.prefix, like and like.suffix)
+        if m := re.match(r"^(.*) = run @([\w.]+)\((.*)\)$", text):
             fdef = self.fragments[m[2]]
             group = fdef.placement.group if fdef.placement else None
             outs = tuple(self.values.define(Value(n.strip().lstrip("%"), _on(t, group)))
@@ -353,6 +360,34 @@ class _Parser:
             value = self.values.define(Value(m[1], _tree_type(tuple(u.type.replace(group=m[4]) for u in inputs))))
             return Delay(inputs, initial, (value,))
         raise ParseError(f"not a node: {text!r}")
+
+    def region(self) -> Graph:
+        """A loop's region: `^step(params):`, its nodes, `yield operands`, then `}`."""
+        m = re.match(r"^\^step\((.*)\):$", next(self.lines).strip())
+        if not m:
+            raise ParseError("a loop's region does not start with ^step(...):")
+        inputs = []
+        for p in split_top(m[1]):
+            name, _, t = p.partition(": ")
+            inputs.append(self.values.define(Value(name.lstrip("%"), self.types.type(t))))
+        nodes = []
+        for line in self.lines:
+            text = line.strip()
+            if text.startswith("yield "):
+                outputs = self.values.operands(text[len("yield "):])
+                if next(self.lines).strip() != "}":
+                    raise ParseError("a loop's region does not end with } after its yield")
+                n_carry = len(inputs[1].type.leaves)
+                out_tree = jax.tree.structure((tuple(range(n_carry)), tuple(range(len(outputs) - n_carry))))
+                return Graph(tuple(inputs), tuple(nodes), tuple(outputs), out_tree)
+            nodes.append(self.node(text))
+        raise ParseError("a loop's region has no yield")
+
+    def _loop(self, fragment: str) -> Loop | None:
+        """The loop node of `fragment` in the module bodies are taken from (its prefix and suffix)."""
+        if self.bodies is None:
+            return None
+        return next((n for n in self.bodies.graph.nodes if isinstance(n, Loop) and n.fragment == fragment), None)
 
     def _glue_body(self, name: str) -> Any:
         if self.bodies is None:

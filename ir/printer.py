@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .module import Delay, FragmentDef, Glue, Module, Run, Transfer, Use, Value
+from .module import Delay, FragmentDef, Glue, Graph, Loop, Module, Run, Transfer, Use, Value
 from .types import TreeType
 
 
@@ -30,11 +30,13 @@ class _Aliases:
         self.types: dict[tuple, TreeType] = {}
 
     def ref(self, t: TreeType, hint: str) -> str:
+        if not t.leaves and t.treedef.num_nodes == 1:
+            return "()"  # an empty tuple (a time loop that scans no inputs)
         if len(t.leaves) == 1 and t.treedef.num_nodes == 1:
             return str(t.leaves[0])
         key = _key(t)
         if key not in self.names:
-            base = t.class_name or hint[:1].upper() + hint[1:]
+            base = t.class_name or (hint[:1].upper() + hint[1:]).replace(".", "_")
             name, i = base, 1
             while name in self.names.values():
                 name, i = f"{base}{i}", i + 1
@@ -85,9 +87,16 @@ def _ranges(ids: Sequence[int]) -> str:
     return ",".join(map(str, ids))
 
 
+_PART_RESULTS = {"infer": ("hostOperands", "residuals"), "env_step": ("hostResults",),
+                 "absorb": ("carry", "stepOutputs")}
+"""Names of the results of a host loop's parts (ir/time_loop.py `PARTS`), for their type aliases."""
+
+
 def _fragment_lines(fdef: FragmentDef, aliases: _Aliases, bodies: bool) -> list[str]:
     args = ", ".join(f"%{n}: {aliases.ref(t, n)}" for n, t in zip(fdef.arg_names, fdef.in_types))
-    results = ", ".join(aliases.ref(t, f"{fdef.name}Out{i}") for i, t in enumerate(fdef.out_types))
+    hints = _PART_RESULTS.get(fdef.name.rsplit(".", 1)[-1], ()) if fdef.part_of else ()
+    results = ", ".join(aliases.ref(t, hints[i] if i < len(hints) else f"{fdef.name}Out{i}")
+                        for i, t in enumerate(fdef.out_types))
     where = ""
     if fdef.placement is not None:
         where = " " + fdef.placement.where()
@@ -97,10 +106,10 @@ def _fragment_lines(fdef: FragmentDef, aliases: _Aliases, bodies: bool) -> list[
         f"    ({args}) -> ({results})",
     ]
     lines += [f"    {step.line()}" for step in fdef.host_steps]
-    if fdef.placement is not None and fdef.placement.env_groups:
+    if fdef.placement is not None and fdef.placement.env_groups and not fdef.part_of:
         lines.append(f"    {_host_loop_line(fdef)}")
     if bodies and fdef.body is not None:  # the body that is compiled: per-replica shapes once placed
-        body = fdef.body_for(fdef.placement.replicas) if fdef.placement else fdef.body
+        body = fdef.body_for(fdef.placement.replicas) if fdef.placement and not fdef.part_of else fdef.body
         lines += ["    " + line for line in str(body).splitlines()]
     return lines
 
@@ -127,7 +136,10 @@ def _graph_lines(module: Module, aliases: _Aliases) -> list[str]:
         if stage is not None and i == stage.nodes[0]:
             lines.append(f"  stage @{stage.name} on @{stage.group}({operands(stage.inputs)}) {{")
         indent = "    " if stage is not None else "  "
-        lines.append(indent + _node_line(node, module, aliases))
+        if isinstance(node, Loop):
+            lines += _loop_lines(node, module, aliases, indent)
+        else:
+            lines.append(indent + _node_line(node, module, aliases))
         if stage is not None and i == stage.nodes[-1]:
             lines.append(f"  }} -> ({operands(stage.outputs)})")
     state_tree, metrics_tree = graph.out_tree.children()
@@ -137,6 +149,33 @@ def _graph_lines(module: Module, aliases: _Aliases) -> list[str]:
     lines.append(f"  return state={state_out}, metrics={metrics_out}")
     lines.append("}")
     return lines
+
+
+def _loop_lines(node: Loop, module: Module, aliases: _Aliases, indent: str) -> list[str]:
+    """A loop node and its region: the step's parameters, its nodes, what it yields (the next carry and the
+    step's outputs). Transfers print their bytes a step on one replica, and an iteration on all of them."""
+    fdef, region = module.fragments[node.fragment], node.body
+    order = " reverse" if node.reverse else ""
+    head = (f"{_outs(node)} = loop @{node.fragment}({', '.join(_arg_operands(node.inputs, fdef))}) "
+            f"steps={node.steps}{order} groups={node.groups} {{")
+    params = ", ".join(f"%{v.name}: {aliases.ref(v.type, v.name)}" for v in region.inputs)
+    inner = indent + "  "
+    lines = [indent + head, f"{inner}^step({params}):"]
+    replicas = fdef.placement.replicas if fdef.placement else 1
+    for n in region.nodes:
+        line = _node_line(n, module, aliases)
+        if isinstance(n, Transfer):
+            total = n.nbytes * replicas * node.steps
+            per_step = f"{human_bytes(n.nbytes)} a step per replica"
+            line = f"{line.split('   // ')[0]}   // {per_step}, {human_bytes(total)} a call"
+        lines.append(inner + line)
+    lines.append(f"{inner}yield {operands(region.outputs)}")
+    lines.append(indent + "}")
+    return lines
+
+
+def _outs(node: object) -> str:
+    return ", ".join(f"%{v.name}" for v in node.outputs)
 
 
 def _tree_operand(uses: Sequence[Use], tree: object) -> str:

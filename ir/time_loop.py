@@ -31,7 +31,7 @@ from jax.extend import core as jex
 
 from .errors import FragcError
 from .host import is_host_call
-from .module import FragmentDef
+from .module import FragmentDef, Loop, Module
 
 COLLECTIVES = {"psum", "pmax", "pmin", "ppermute", "all_gather", "all_to_all", "axis_index", "psum_scatter",
                "reduce_scatter", "pbroadcast", "psum_invariant"}
@@ -51,6 +51,7 @@ class TimeLoop:
     infer: jex.ClosedJaxpr  # consts + carry + x_t -> host operands + residuals
     callback: Callable[..., Any]  # host operands -> host results (numpy), with leading axes
     result_avals: tuple[Any, ...]
+    call: jex.ClosedJaxpr  # host operands -> host results: the host step's one equation
     absorb: jex.ClosedJaxpr  # residuals + host results -> carry + y_t
     suffix: jex.ClosedJaxpr  # kept + carry + ys -> fragment outputs
     length: int
@@ -86,7 +87,8 @@ def split_time_loop(fdef: FragmentDef, replicas: int, groups: int) -> TimeLoop:
     infer, absorb = _split_step(step, c)
     return TimeLoop(
         name=call.params["callback"].callback_func.name, prefix=prefix, infer=infer,
-        callback=call.params["callback"], result_avals=tuple(v.aval for v in call.outvars), absorb=absorb,
+        callback=call.params["callback"], result_avals=tuple(v.aval for v in call.outvars),
+        call=_closed("host", [], [], list(call.invars), [call], list(call.outvars)), absorb=absorb,
         suffix=_suffix(body, s, kept), length=int(p["length"]), reverse=bool(p["reverse"]), num_consts=nc,
         num_carry=nk, num_xs=len(scan.invars) - nc - nk, num_operands=len(call.invars),
         group_axes=axes, ys_group_axes=ys_axes)
@@ -128,6 +130,28 @@ def _refuse_reductions(fdef: FragmentDef, step: Any, in_axes: tuple, out_axes: t
                              f"but has no environment axis (a sum or mean over them?), so {groups} environment "
                              "groups would each compute their own: use env_groups=1, or keep per-environment "
                              "values in the loop and reduce them after it")
+
+
+PARTS = ("infer", "env_step", "absorb")
+"""The fragments a host loop's region runs, named `{fragment}.{part}` (`lower_host_loops`)."""
+
+
+def time_loop_of(module: Module, loop: Loop) -> TimeLoop:
+    """The time loop a `Loop` node runs, read from the module: its prefix and suffix, its parts' bodies for
+    its environment groups (`body_for(groups)`) and the groups' axes from the region's types (`@env`)."""
+    G = loop.groups
+    infer, env_step, absorb = (module.fragments[f"{loop.fragment}.{part}"] for part in PARTS)
+    call = env_step.body_for(G).jaxpr.eqns[0]
+    nc, nk = loop.num_consts, loop.num_carry
+    in_axes = [leaf.axis for leaf in infer.in_leaf_types]
+    over_time = lambda axes: tuple(None if a is None else a + 1 for a in axes)  # noqa: E731 - a leading time axis
+    return TimeLoop(
+        name=call.params["callback"].callback_func.name, prefix=loop.prefix, infer=infer.body_for(G),
+        callback=call.params["callback"], result_avals=tuple(v.aval for v in call.outvars),
+        call=env_step.body_for(G), absorb=absorb.body_for(G), suffix=loop.suffix, length=loop.steps,
+        reverse=loop.reverse, num_consts=nc, num_carry=nk, num_xs=len(in_axes) - nc - nk,
+        num_operands=len(call.invars), group_axes=tuple(in_axes[:nc + nk]) + over_time(in_axes[nc + nk:]),
+        ys_group_axes=over_time(leaf.axis for leaf in absorb.out_leaf_types[nk:]))
 
 
 def time_loop_error(fdef: FragmentDef, replicas: int, groups: int) -> str | None:

@@ -13,7 +13,9 @@ import dataclasses
 from typing import Callable, Iterable
 
 from .errors import VerifyError
-from .module import CARRIERS, SHAPES, Delay, Glue, Module, Run, Transfer, Use, Value, is_host_loop, subgraph
+from .module import (
+    CARRIERS, HOST, SHAPES, Delay, Glue, Loop, Module, Run, Transfer, Use, Value, is_host_loop, subgraph,
+)
 from .types import LeafType
 
 
@@ -256,6 +258,72 @@ def transfer_destination_is_the_results_group(site: Site) -> str | None:
     return None
 
 
+# ---------------------------------------------------------------- loop (a host loop's region)
+
+REGION_CARRIERS = {"device_get": (None, HOST), "device_put": (HOST, None)}
+"""How a region's transfers move leaves: `device_get` to the host, `device_put` back to the loop's group."""
+
+
+def loop_runs_a_host_loop(site: Site) -> str | None:
+    """A loop node runs a fragment placed as a host loop, with as many environment groups."""
+    p = site.module.fragments[site.node.fragment].placement
+    if p is None or p.env_groups != site.node.groups:
+        return (f"a loop of {site.node.groups} groups runs @{site.node.fragment}, which is not placed as a host "
+                f"loop of as many (env_groups={p.env_groups if p else 0})")
+    if site.node.steps < 1:
+        return f"a loop of {site.node.steps} steps"
+    return None
+
+
+def region_nodes_are_its_fragments_parts(site: Site) -> str | None:
+    """The region is SSA over its three inputs (constants, carry, the step's inputs); its runs call parts of
+    the loop's fragment with operands and results of their types, its transfers move leaves between the
+    loop's group and the host, and only transfers cross to and from the host."""
+    node, module = site.node, site.module
+    region, group = node.body, module.fragments[node.fragment].placement.group
+    if len(region.inputs) != 3:
+        return f"the region has {len(region.inputs)} inputs, not 3 (constants, carry, the step's inputs)"
+    defined = set(region.inputs)
+    for k, n in enumerate(region.nodes):
+        inner = Site(module, k, n, frozenset(defined))
+        where = f"region node {k} ({describe(n)})"
+        if isinstance(n, Run):
+            part = module.fragments.get(n.fragment)
+            if part is None or part.part_of != node.fragment:
+                return f"{where}: @{n.fragment} is not a part of @{node.fragment}"
+            rules = COMMON + (operands_match_the_arguments, results_match_the_fragment)
+            on = part.placement.group if part.placement else None
+            message = _first(r(inner) for r in rules) or _first(
+                f"operand {j} lives on @{u.type.group}, but @{n.fragment} runs on @{on}"
+                for j, u in enumerate(n.inputs) if u.type.group != on)
+        elif isinstance(n, Transfer):
+            ends = REGION_CARRIERS.get(n.carrier)
+            expected = ends and tuple(group if e is None else e for e in ends)
+            message = _first(r(inner) for r in COMMON + (transfer_source_is_the_operands_group,
+                                                         transfer_destination_is_the_results_group))
+            if message is None and (n.src, n.dst) != expected:
+                message = (f"moves @{n.src} -> @{n.dst} via {n.carrier}; a region moves @{group} -> @{HOST} via "
+                           f"device_get and @{HOST} -> @{group} via device_put")
+        else:
+            message = f"a region holds runs and transfers, not {n.kind}"
+        if message is not None:
+            return f"{where}: {message}"
+        defined.update(n.outputs)
+    return _first(_undefined(u, frozenset(defined)) for u in region.outputs)
+
+
+def region_yields_the_carry(site: Site) -> str | None:
+    """A step yields the next carry, of the carry's types (then its outputs), on the loop's group."""
+    region = site.node.body
+    carry = region.inputs[1].type.leaves
+    yielded = [u.type for u in region.outputs[:len(carry)]]
+    if len(region.outputs) < len(carry) or not all(map(same_type, carry, yielded)):
+        return "the region does not yield its carry's types"
+    group = site.module.fragments[site.node.fragment].placement.group
+    return _first(f"the region yields leaf {k} on @{u.type.group}, not on @{group}"
+                  for k, u in enumerate(region.outputs) if u.type.group != group)
+
+
 # ---------------------------------------------------------------- delay
 
 
@@ -285,6 +353,8 @@ NODE_RULES: dict[str, tuple[Rule, ...]] = {
                           transfer_destination_is_the_results_group),
     "delay": COMMON + (delay_types_agree,),
 }
+NODE_RULES["loop"] = NODE_RULES["run"] + (loop_runs_a_host_loop, region_nodes_are_its_fragments_parts,
+                                          region_yields_the_carry)
 """The rules of each node kind, checked in order (a rule may assume the ones before it hold)."""
 
 

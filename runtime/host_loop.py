@@ -38,7 +38,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fragc.ir.host import start_host_call
 from fragc.ir.module import REPLICA, FragmentDef
-from fragc.ir.time_loop import split_time_loop
+from fragc.ir.time_loop import TimeLoop
 
 from .executable import Executable
 from .lower import spec
@@ -46,16 +46,16 @@ from .multihost import place
 
 
 class HostLoop:
-    """`leaves -> leaves` of a fragment whose placement runs its time loop from the host.
+    """`leaves -> leaves` of a fragment whose placement runs its time loop from the host: its loop node's
+    time loop (`time_loop_of`), the jaxprs the IR holds.
 
     `executables` are its compiled programs: `{stage}.prefix` and `.suffix` once a call, `.infer` for a
     group's first step, `.step` (absorb a step, infer the next) for the others, `.absorb` for its last.
     """
 
-    def __init__(self, fdef: FragmentDef, mesh: Mesh, stage: str):
-        p = fdef.placement
-        self.fdef, self.mesh, self.groups = fdef, mesh, p.env_groups
-        self.loop = split_time_loop(fdef, p.replicas, self.groups)
+    def __init__(self, loop: TimeLoop, fdef: FragmentDef, mesh: Mesh, stage: str):
+        self.fdef, self.mesh, self.groups = fdef, mesh, fdef.placement.env_groups
+        self.loop = loop
         self.per_replica = NamedSharding(mesh, P(REPLICA))
         replicated = NamedSharding(mesh, P())
         self._local = replicated.is_fully_addressable  # else every process steps the environments of its devices

@@ -19,7 +19,9 @@ import jax
 import jax.numpy as jnp
 
 from fragc.ir.interpreter import Interpreter
-from fragc.ir.module import Module, Run, Stage, Transfer, is_host_loop
+from fragc.ir.errors import FragcError
+from fragc.ir.module import Loop, Module, Run, Stage, Transfer, is_host_loop
+from fragc.ir.time_loop import time_loop_of
 
 from .executable import Executable
 from .host_loop import HostLoop
@@ -44,7 +46,11 @@ class StagedProgram(Interpreter):
         for s in module.stages:
             first = module.graph.nodes[s.nodes[0]]
             if is_host_loop(module, first):  # a stage of its own, driven step by step from the host
-                loop = HostLoop(module.fragments[first.fragment], group_mesh(module, s.group, devices), s.name)
+                if not isinstance(first, Loop):
+                    raise FragcError(f"stage @{s.name} runs @{first.fragment} as a host loop, but its run is not "
+                                     "a loop node: run the lower_host_loops pass last")
+                loop = HostLoop(time_loop_of(module, first), module.fragments[first.fragment],
+                                group_mesh(module, s.group, devices), s.name)
                 self._host_loops[first.fragment] = loop
                 self.executables += loop.executables
             else:
@@ -65,12 +71,16 @@ class StagedProgram(Interpreter):
         return state, delays, [jnp.stack(rows) for rows in zip(*metrics)]
 
     def stage(self, stage: Stage, leaves: list[Any]) -> list[Any]:
-        if stage.name not in self._programs:  # a host loop: its node, run by `fragment`'s loop
+        if stage.name not in self._programs:  # a host loop: its node, run by `loop`
             return super().stage(stage, leaves)
         return self._programs[stage.name](*leaves)
 
-    def fragment(self, fdef: Any) -> Any:
-        return self._host_loops[fdef.name]
+    def loop(self, i: int, node: Loop, leaves: list[Any]) -> list[Any]:
+        return self._host_loops[node.fragment](*leaves)
+
+    def host_loop(self, fragment: str) -> HostLoop:
+        """The `HostLoop` that runs `fragment`'s loop node."""
+        return self._host_loops[fragment]
 
     def transfer(self, i: int, node: Transfer, leaves: list[Any]) -> list[Any]:
         return [jax.device_put(x, self.leaf_sharding(t)) for x, t in zip(leaves, node.outputs[0].type.leaves)]

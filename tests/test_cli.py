@@ -78,7 +78,7 @@ def test_ir_print_after_all_and_dump_dir(capsys, tmp_path):
     assert main(["ir", "ppo", "--policy", "anakin", "--devices", "4", "--print-after-all",
                  "--dump-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert out.count("// fragc.ir · ppo · after") == 7
+    assert out.count("// fragc.ir · ppo · after") == 8
     assert (tmp_path / "003_place.fir").read_text().startswith("// fragc.ir · ppo · after 003_place{policy=anakin}")
 
 

@@ -187,7 +187,10 @@ def test_env_workers_are_placed_printed_parsed_and_reach_every_pool(host_single)
     prog = host_single
     text = prog.ir()
     assert "fragment @rollout role=actor on @main shard_map replicas=1 host_loop(groups=1) env_workers=3 " in text
-    assert "env_workers" not in text.split("fragment @learn", 1)[1]  # only fragments that step host environments
+    # only fragments that step host environments: the rollout, and its loop node's host step on @host
+    assert [line.split(" eqns=")[0] for line in text.splitlines() if "env_workers" in line] == [
+        "fragment @rollout role=actor on @main shard_map replicas=1 host_loop(groups=1) env_workers=3",
+        "fragment @rollout.env_step role=host on @host host replicas=1 env_workers=3"]
     assert parse(text).fragments["rollout"].placement.env_workers == 3
     state, _ = prog.run(prog.init(0), 1)
     assert prog.algo.env.pools and {s.pool.num_workers for s in prog.algo.env.pools.values()} == {3}

@@ -23,7 +23,7 @@ from fragc.api import run_passes
 from fragc.ir import parse, verify
 from fragc.ir.errors import VerifyError
 from fragc.ir.interpreter import run_iterations
-from fragc.ir.module import Placement
+from fragc.ir.module import Loop, Placement
 from fragc.ir.time_loop import split_time_loop
 from fragc.runtime.reporting import params_fingerprint
 import shared_programs
@@ -49,7 +49,9 @@ def test_two_groups_equal_the_device_program_and_the_reference_interpreter(singl
     assert_trees_close(state.learner, dev_state.learner, rtol=1e-5, atol=1e-5)
     assert_trees_close(runner_numbers(state.runner), runner_numbers(dev_state.runner), rtol=1e-5, atol=1e-5)
     assert sorted(prog.algo.env.pools) == [tuple(range(8)), tuple(range(8, 16))]  # a pool per group of 8
-    # the reference interpreter on the final module, which calls the host step inside the fragment
+    # the reference interpreter on the final module: its loop node's region, step by step, the host step
+    # called directly, every group at once
+    assert any(isinstance(n, Loop) for n in prog.module.graph.nodes)
     ref_state, ref_history = run_iterations(prog.module, prog.init(0), shared_programs.ITERATIONS)
     assert_trees_close(state.learner, ref_state.learner, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(metrics["episode_return"], [h["episode_return"] for h in ref_history], rtol=1e-5)
@@ -61,7 +63,7 @@ def test_a_failure_inside_the_loop_leaves_every_pool_usable(single_two_groups, m
     the next group's host step in flight: the error comes out as itself, the step in flight is received, and
     the next run resets the pools (a pool refuses a reset while a step is in flight) and goes on."""
     prog, state = single_two_groups, single_two_groups.init(0)
-    loop = prog._executor.fragment(prog.module.fragments["rollout"])
+    loop = prog._executor.host_loop("rollout")
     owner, name = (GymnaxHostPool, "step") if where == "the host step" else (loop, "_step")
     original, calls = getattr(owner, name), []
 
@@ -86,7 +88,7 @@ def test_the_ir_and_the_executables_show_the_host_loop(single_two_groups):
     assert "host loop groups=2 envs_per_group=8 steps=16" in text
     assert prog.module.schedule.shape == "staged"
     rollout_stage = [s for s in prog.module.stages if any(
-        prog.module.graph.nodes[i].kind == "run" and prog.module.graph.nodes[i].fragment == "rollout"
+        prog.module.graph.nodes[i].kind == "loop" and prog.module.graph.nodes[i].fragment == "rollout"
         for i in s.nodes)]
     assert len(rollout_stage) == 1 and len(rollout_stage[0].nodes) == 1  # a stage of its own
     name = rollout_stage[0].name
@@ -97,6 +99,35 @@ def test_the_ir_and_the_executables_show_the_host_loop(single_two_groups):
     # the suffix's results alias its donated inputs
     header = prog.hlo(f"{name}.suffix", optimized=True).splitlines()[0]
     assert len(re.findall(r"\{\d+\}: \(\d+, \{\}, may-alias\)", header)) == 8, header
+
+
+def test_the_loop_node_holds_what_runs(single_two_groups):
+    """The last pass makes the rollout's run a loop node whose region is one step: infer, the host step on @host
+    between two transfers (their bytes a call are the host step's), absorb. The host loop runs the parts'
+    bodies for 2 groups and the node's prefix and suffix: the jaxprs the IR holds."""
+    prog = single_two_groups
+    module, text = prog.module, prog.ir()
+    node = next(n for n in module.graph.nodes if isinstance(n, Loop))
+    assert node.fragment == "rollout" and (node.steps, node.groups) == (16, 2)
+    assert "= loop @rollout(%state.learner.params.params, %state.runner) steps=16 groups=2 {" in text
+    for line in ("run @rollout.infer(%rollout_consts, %rollout_carry, ())",
+                 "%rollout_ops_to_host = transfer %rollout_ops @main -> @host via device_get   // ",
+                 "%rollout_env = run @rollout.env_step(%rollout_ops_to_host)",
+                 "%rollout_env_to_main = transfer %rollout_env @host -> @main via device_put   // ",
+                 "= run @rollout.absorb(%rollout_res, %rollout_env_to_main)", "yield %rollout_next, %rollout_y"):
+        assert line in text, line
+    assert "fragment @rollout.env_step role=host on @host host replicas=1 " in text
+    step = module.fragments["rollout"].host_steps[0]
+    to_host, back = (n for n in node.body.nodes if n.kind == "transfer")
+    assert (to_host.nbytes * node.steps, back.nbytes * node.steps) == (step.to_host, step.from_host)
+    # the 16 environments: @env in the region's types, 8 a group
+    assert {leaf.shape[leaf.axis] for leaf in node.body.inputs[1].type.leaves} == {16}
+    loop = prog._executor.host_loop("rollout").loop
+    parts = {p: module.fragments[f"rollout.{p}"] for p in ("infer", "env_step", "absorb")}
+    assert loop.infer is parts["infer"].body_for(2) and loop.absorb is parts["absorb"].body_for(2)
+    assert loop.call is parts["env_step"].body_for(2) and (loop.prefix, loop.suffix) == (node.prefix, node.suffix)
+    assert loop.infer.in_avals[node.num_consts].shape == (8,)  # a group's half of the carry
+    assert parts["infer"].body.in_avals[node.num_consts].shape == (16,)  # one replica's whole
 
 
 @pytest.mark.parametrize("policy,devices", [("single", 1), ("anakin", 2), ("actor_learner_async", 4)])

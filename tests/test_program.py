@@ -79,10 +79,11 @@ def test_print_after_all_and_dump_dir(tmp_path):
     fragc.compile(Regression(), "single", print_after_all=True, dump_dir=str(tmp_path), printer=printed.append)
     assert [p.splitlines()[0].split("after ")[1] for p in printed] == [
         "001_trace", "002_canonicalize", "003_place{policy=single}", "004_insert_delays{staleness=0,role=actor}",
-        "005_insert_transfers{carrier=device_put}", "006_fuse", "007_loop{k=16}"]
+        "005_insert_transfers{carrier=device_put}", "006_fuse", "007_loop{k=16}",
+        "008_lower_host_loops"]
     assert sorted(f.name for f in tmp_path.iterdir()) == [
         "001_trace.fir", "002_canonicalize.fir", "003_place.fir", "004_insert_delays.fir", "005_insert_transfers.fir",
-        "006_fuse.fir", "007_loop.fir"]
+        "006_fuse.fir", "007_loop.fir", "008_lower_host_loops.fir"]
 
 
 def test_unknown_policy_lists_the_known_ones():

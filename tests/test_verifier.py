@@ -191,6 +191,42 @@ def host_loop_in_an_spmd_schedule(m):
     return m.replace(schedule=Schedule("spmd", 4))
 
 
+def with_region(m, **changes):
+    """`m` with its loop node's region changed."""
+    i = index_of(m, "loop")
+    return replace_node(m, i, body=m.graph.nodes[i].body.replace(**changes))
+
+
+def region_nodes(m):
+    return m.graph.nodes[index_of(m, "loop")].body.nodes
+
+
+def loop_of_three_groups(m):
+    return replace_node(m, index_of(m, "loop"), groups=3)
+
+
+def absorb_reads_the_host(m):
+    infer, to_host, env_step, back, absorb = region_nodes(m)
+    skipped = absorb.replace(inputs=absorb.inputs[:-len(back.inputs)] + env_step.outputs[0].uses())
+    return with_region(m, nodes=(infer, to_host, env_step, skipped))
+
+
+def host_step_reads_the_device(m):
+    infer, to_host, env_step, back, absorb = region_nodes(m)
+    return with_region(m, nodes=(infer, to_host, env_step.replace(inputs=infer.outputs[0].uses()), back, absorb))
+
+
+def learn_in_the_region(m):
+    infer, *rest = region_nodes(m)
+    return with_region(m, nodes=(infer.replace(fragment="learn"), *rest))
+
+
+def yield_the_carry_out_of_order(m):
+    region = m.graph.nodes[index_of(m, "loop")].body
+    carry = len(region.inputs[1].type.leaves)
+    return with_region(m, outputs=region.outputs[1:carry] + region.outputs[:1] + region.outputs[carry:])
+
+
 CASES = [
     # rule, module, breaker, what the message says
     ("operands_defined_before_use", "traced", swap_first_nodes,
@@ -213,7 +249,16 @@ CASES = [
     ("host_loop_splits_the_environments", "hosted", learn_as_a_host_loop,
      r"\(run @learn .*\): @learn runs as a host loop \(env_groups=2\) but steps no host environments"),
     ("host_loop_splits_the_environments", "hosted", three_groups_of_eight_envs,
-     r"\(run @rollout .*\): batch axis of length 8 does not divide into 3 environment groups on each of 1 replicas"),
+     r"\(loop @rollout .*\): batch axis of length 8 does not divide into 3 environment groups on each of 1 replicas"),
+    ("loop_runs_a_host_loop", "hosted", loop_of_three_groups,
+     r"\(loop @rollout .*\): a loop of 3 groups runs @rollout, which is not placed as a host loop of as many"),
+    ("region_nodes_are_its_fragments_parts", "hosted", absorb_reads_the_host,
+     r"region node 3 \(run @rollout.absorb .*\): operand \d+ lives on @host, but @rollout.absorb runs on @main"),
+    ("region_nodes_are_its_fragments_parts", "hosted", host_step_reads_the_device,
+     r"region node 2 \(run @rollout.env_step .*\): operand 0 lives on @main, but @rollout.env_step runs on @host"),
+    ("region_nodes_are_its_fragments_parts", "hosted", learn_in_the_region,
+     r"region node 0 \(run @learn .*\): @learn is not a part of @rollout"),
+    ("region_yields_the_carry", "hosted", yield_the_carry_out_of_order, r"the region does not yield its carry's types"),
     ("env_workers_only_for_host_environments", "hosted", workers_for_learn,
      r"\(run @learn .*\): @learn has env_workers=2 but steps no host environments"),
     ("operands_live_on_the_fragments_group", "staged", read_a_leaf_of_another_group,
