@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .module import Glue, Module, Run, Transfer
+from .module import Glue, Loop, Module, Run, Transfer
 
-_SHAPES = {"run": "box", "glue": "ellipse", "transfer": "cds", "delay": "diamond"}
+_SHAPES = {"run": "box", "glue": "ellipse", "transfer": "cds", "delay": "diamond", "loop": "box3d"}
 
 
 def to_dot(module: Module) -> str:
@@ -34,6 +34,10 @@ def to_dot(module: Module) -> str:
 
 
 def _label(module: Module, node: object) -> tuple[str, str | None]:
+    if isinstance(node, Loop):  # its region's step on one line
+        group = module.fragments[node.fragment].placement.group
+        return (f"loop @{node.fragment}\\nsteps={node.steps} groups={node.groups}\\n"
+                f"infer -> @host env_step -> absorb", group)
     if isinstance(node, Run):
         fdef = module.fragments[node.fragment]
         group = fdef.placement.group if fdef.placement else None

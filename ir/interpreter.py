@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex
 
-from .errors import FragcError
+from .errors import FragcError, FragmentError
 from .host import start_host_call
 from .module import HOST, REPLICA, Delay, FragmentDef, Glue, Loop, Module, Run, Stage, Transfer, Use
 from .replicas import check_divides, merge_axis, run_replicated, split_axis
@@ -149,8 +149,10 @@ class ReferenceInterpreter(Interpreter):
         so this is what every group count computes."""
         fdef, region = self.module.fragments[node.fragment], node.body
         R = self.counts[node.fragment]
+        if fdef.placement is None or R != fdef.placement.replicas:  # the region was cut for its placement's count
+            return self.run(i, node, leaves)  # the whole fragment, the host step inside it
         split = [x if a is None else split_axis(x, a, R) for x, a in zip(leaves, fdef.in_axes)]
-        prefix = _per_replica(node.prefix, R, in_axes=fdef.in_axes)
+        prefix = _per_replica(node, node.prefix, R, in_axes=fdef.in_axes)
         outs = prefix(*split)
         nc, nk = node.num_consts, node.num_carry
         nx = len(region.inputs[2].type.leaves)
@@ -164,7 +166,7 @@ class ReferenceInterpreter(Interpreter):
             step = [env[u] for u in region.outputs]
             carry, ys[t] = step[:nk], step[nk:]
         stacked = [jnp.stack(y, axis=1) for y in zip(*ys)]  # per replica, time first
-        suffix = _per_replica(node.suffix, R, out_axes=fdef.out_axes, name=fdef.name)
+        suffix = _per_replica(node, node.suffix, R, out_axes=fdef.out_axes, name=fdef.name)
         return suffix(*kept, *carry, *stacked)
 
     def _region_node(self, node: Any, leaves: list[Any], replicas: int) -> list[Any]:
@@ -173,25 +175,39 @@ class ReferenceInterpreter(Interpreter):
         fdef = self.module.fragments[node.fragment]
         if fdef.placement is not None and fdef.placement.group == HOST:
             return start_host_call(fdef.body.jaxpr.eqns[0].params["callback"], *leaves)()
-        return _per_replica(fdef.body, replicas)(*leaves)
+        return _per_replica(fdef, fdef.body, replicas)(*leaves)
 
 
-@functools.lru_cache(maxsize=64)
-def _per_replica_cached(body: Any, replicas: int, in_axes: tuple, out_axes: tuple | None, name: str) -> Any:
-    mapped = jax.vmap(jex.jaxpr_as_fun(body), in_axes=list(in_axes), out_axes=0 if out_axes is None else list(out_axes),
-                      axis_name=REPLICA, axis_size=replicas)
-    if out_axes is None:
-        return jax.jit(lambda *xs: list(mapped(*xs)))
-    return jax.jit(lambda *xs: [x if a is None else merge_axis(x, a) for x, a in zip(mapped(*xs), out_axes)])
+_PER_REPLICA: "weakref.WeakKeyDictionary[Any, dict[tuple, Any]]" = weakref.WeakKeyDictionary()
 
 
-def _per_replica(body: Any, replicas: int, in_axes: Sequence[int | None] | None = None,
+def _per_replica(owner: Any, body: Any, replicas: int, in_axes: Sequence[int | None] | None = None,
                  out_axes: Sequence[int | None] | None = None, name: str = "fragment") -> Callable[..., list[Any]]:
-    """`body` (one replica's jaxpr) as `vmap` over `replicas` replicas: inputs stacked (a leading replica axis)
-    unless `in_axes` says where each global input was split (`split_axis`); outputs stacked unless
-    `out_axes` says how to merge them into global values (a `None` one must be equal on every replica)."""
+    """`body` (one replica's jaxpr, held by `owner`: a loop node or a part) as a jitted `vmap` over `replicas`
+    replicas, cached while `owner` lives: inputs stacked (a leading replica axis) unless `in_axes` says where
+    each global input was split (`split_axis`); outputs stacked unless `out_axes` says how to merge them into
+    global values (as `run_replicated`: a `None` one must be equal on every replica)."""
     in_axes = tuple(in_axes) if in_axes is not None else (0,) * len(body.in_avals)
-    return _per_replica_cached(body, replicas, in_axes, None if out_axes is None else tuple(out_axes), name)
+    key = (id(body), replicas, in_axes)
+    per_owner = _PER_REPLICA.setdefault(owner, {})
+    if key not in per_owner:
+        mapped = jax.vmap(jex.jaxpr_as_fun(body), in_axes=list(in_axes), axis_name=REPLICA, axis_size=replicas)
+        per_owner[key] = jax.jit(lambda *xs: list(mapped(*xs)))
+    stacked = per_owner[key]
+    if out_axes is None:
+        return stacked
+    return lambda *xs: [_merge_replicas(x, a, name) for x, a in zip(stacked(*xs), out_axes)]
+
+
+def _merge_replicas(x: jax.Array, axis: int | None, name: str) -> jax.Array:
+    """A per-replica stacked result as a global value: concatenated along its declared axis, or (undeclared)
+    the one value every replica holds."""
+    if axis is not None:
+        return merge_axis(jnp.moveaxis(x, 0, axis), axis)
+    if not bool(jnp.all(x == x[:1])):
+        raise FragmentError(f"fragment '{name}': an output declared replicated (out_axes None) differs between "
+                            "replicas; reduce it with fragc.pmean/psum or declare its batch axis")
+    return x[0]
 
 
 def _check_state(module: Module, state: Any) -> list[Any]:

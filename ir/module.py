@@ -106,7 +106,8 @@ class FragmentDef:
     part_of: str = ""
     """For a part of a host loop's time step (`lower_host_loops`: `rollout.infer`, `rollout.env_step`,
     `rollout.absorb`): the fragment it was cut from. A part's types are one replica's (the region's), its
-    `body` is one replica's and `body_for(G)` one of G environment groups'; it runs only in its loop's region."""
+    `body` is one replica's and `body_for(G)` one of its G environment groups' (the part cut from the
+    fragment traced for R*G replicas); it runs only in its loop's region."""
     _bodies: dict = dataclasses.field(default_factory=dict, repr=False)
 
     def replace(self, **changes: Any) -> "FragmentDef":
@@ -128,9 +129,13 @@ class FragmentDef:
         return None
 
     def body_for(self, replicas: int) -> jex.ClosedJaxpr:
-        """The body at per-replica shapes, with `REPLICA` of size `replicas`."""
+        """The body at per-replica shapes, with `REPLICA` of size `replicas` (for a host loop's part: the body
+        one of `replicas` environment groups runs, which `lower_host_loops` cut for its own group count)."""
         if replicas == 1:
             return self.body
+        if self.part_of and replicas not in self._bodies:
+            raise FragcError(f"fragment '{self.name}' is a part of @{self.part_of}'s host loop, cut for "
+                             f"{sorted(self._bodies) or [1]} environment groups, not {replicas}")
         if replicas not in self._bodies:
             self._bodies[replicas] = _trace_per_replica(self, replicas)
         return self._bodies[replicas]

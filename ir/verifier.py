@@ -312,6 +312,35 @@ def region_nodes_are_its_fragments_parts(site: Site) -> str | None:
     return _first(_undefined(u, frozenset(defined)) for u in region.outputs)
 
 
+def region_is_the_step_a_host_loop_runs(site: Site) -> str | None:
+    """The region is what the runtime's `HostLoop` runs (`time_loop_of` reads the parts by name): infer on every
+    input, its host operands to the host, the host step, its results back, absorb on infer's residuals and the
+    results, yielding absorb's results."""
+    region, name = site.node.body, site.node.fragment
+    expected = [("run", f"{name}.infer"), ("transfer", "device_get"), ("run", f"{name}.env_step"),
+                ("transfer", "device_put"), ("run", f"{name}.absorb")]
+    got = [(n.kind, n.fragment if isinstance(n, Run) else getattr(n, "carrier", "")) for n in region.nodes]
+    if got != expected:
+        return "the region is not " + ", ".join(f"{k} {what}" for k, what in expected)
+    infer, to_host, env_step, back, absorb = region.nodes
+    wiring = [(infer.inputs, [u for v in region.inputs for u in v.uses()], "infer reads the region's inputs"),
+              (to_host.inputs, infer.outputs[0].uses(), "the host operands go to the host"),
+              (env_step.inputs, to_host.outputs[0].uses(), "the host step reads them"),
+              (back.inputs, env_step.outputs[0].uses(), "its results come back"),
+              (absorb.inputs, infer.outputs[1].uses() + back.outputs[0].uses(), "absorb reads residuals and results"),
+              (region.outputs, [u for v in absorb.outputs for u in v.uses()], "the step yields absorb's results")]
+    return _first(f"the region is not wired as a host loop runs it: {what}"
+                  for got_uses, want, what in wiring if list(got_uses) != list(want))
+
+
+def part_runs_only_in_its_loop(site: Site) -> str | None:
+    """A host loop's part (`rollout.infer`, ...) runs only inside its loop node's region."""
+    fdef = site.module.fragments[site.node.fragment]
+    if fdef.part_of:
+        return f"@{fdef.name} is a part of @{fdef.part_of}'s host loop; it runs only in that loop's region"
+    return None
+
+
 def region_yields_the_carry(site: Site) -> str | None:
     """A step yields the next carry, of the carry's types (then its outputs), on the loop's group."""
     region = site.node.body
@@ -343,8 +372,8 @@ def delay_types_agree(site: Site) -> str | None:
 
 
 NODE_RULES: dict[str, tuple[Rule, ...]] = {
-    "run": COMMON + (fragment_is_defined, operands_match_the_arguments, results_match_the_fragment,
-                     placed_on_a_mesh, replicas_fill_the_group, batch_axes_divide_by_replicas,
+    "run": COMMON + (fragment_is_defined, part_runs_only_in_its_loop, operands_match_the_arguments,
+                     results_match_the_fragment, placed_on_a_mesh, replicas_fill_the_group, batch_axes_divide_by_replicas,
                      host_loop_splits_the_environments, env_workers_only_for_host_environments,
                      operands_live_on_the_fragments_group),
     "glue": COMMON + (operands_match_the_glue_body, glue_defines_one_value_of_its_body_outputs,
@@ -354,7 +383,7 @@ NODE_RULES: dict[str, tuple[Rule, ...]] = {
     "delay": COMMON + (delay_types_agree,),
 }
 NODE_RULES["loop"] = NODE_RULES["run"] + (loop_runs_a_host_loop, region_nodes_are_its_fragments_parts,
-                                          region_yields_the_carry)
+                                          region_yields_the_carry, region_is_the_step_a_host_loop_runs)
 """The rules of each node kind, checked in order (a rule may assume the ones before it hold)."""
 
 

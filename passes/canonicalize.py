@@ -11,7 +11,7 @@ from jax.extend import core as jex
 from jax.interpreters import partial_eval as pe
 
 from fragc.ir.graph_builder import glue_debug_info
-from fragc.ir.module import Glue, Module, Run, Use, Value
+from fragc.ir.module import Glue, Loop, Module, Run, Use, Value
 from fragc.ir.types import TreeType
 
 from .pipeline import Pass
@@ -74,4 +74,5 @@ def _rewire(graph, renames: dict[Value, tuple[Value, list[int]]]):
 
 def _used_fragments(module: Module, nodes: list) -> dict:
     used = {n.fragment for n in nodes if isinstance(n, Run)}
+    used |= {r.fragment for n in nodes if isinstance(n, Loop) for r in n.body.nodes if isinstance(r, Run)}
     return {name: f for name, f in module.fragments.items() if name in used}

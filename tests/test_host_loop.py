@@ -21,10 +21,11 @@ from fragc.algos import ppo
 from fragc.algos.envs import VecEnv
 from fragc.api import run_passes
 from fragc.ir import parse, verify
+from fragc.ir.dot import to_dot
 from fragc.ir.errors import VerifyError
 from fragc.ir.interpreter import run_iterations
 from fragc.ir.module import Loop, Placement
-from fragc.ir.time_loop import split_time_loop
+from fragc.ir.time_loop import split_time_loop, time_loop_of
 from fragc.runtime.reporting import params_fingerprint
 import shared_programs
 from conftest import assert_trees_close
@@ -117,6 +118,7 @@ def test_the_loop_node_holds_what_runs(single_two_groups):
                  "= run @rollout.absorb(%rollout_res, %rollout_env_to_main)", "yield %rollout_next, %rollout_y"):
         assert line in text, line
     assert "fragment @rollout.env_step role=host on @host host replicas=1 " in text
+    assert 'shape=box3d, label="loop @rollout' in to_dot(module)  # fragc ir --dot
     step = module.fragments["rollout"].host_steps[0]
     to_host, back = (n for n in node.body.nodes if n.kind == "transfer")
     assert (to_host.nbytes * node.steps, back.nbytes * node.steps) == (step.to_host, step.from_host)
@@ -125,7 +127,7 @@ def test_the_loop_node_holds_what_runs(single_two_groups):
     loop = prog._executor.host_loop("rollout").loop
     parts = {p: module.fragments[f"rollout.{p}"] for p in ("infer", "env_step", "absorb")}
     assert loop.infer is parts["infer"].body_for(2) and loop.absorb is parts["absorb"].body_for(2)
-    assert loop.call is parts["env_step"].body_for(2) and (loop.prefix, loop.suffix) == (node.prefix, node.suffix)
+    assert loop.call is parts["env_step"].body_for(2) and loop.prefix is node.prefix and loop.suffix is node.suffix
     assert loop.infer.in_avals[node.num_consts].shape == (8,)  # a group's half of the carry
     assert parts["infer"].body.in_avals[node.num_consts].shape == (16,)  # one replica's whole
 
@@ -271,8 +273,8 @@ class PerStepOutputs:
     (the same in every environment group) or the mean reward over the environments (`reduce`: each group's
     own)."""
 
-    def __init__(self, reduce: bool = False):
-        self.env, self.reduce = VecEnv(HOST_CARTPOLE), reduce
+    def __init__(self, reduce: bool = False, reverse: bool = False):
+        self.env, self.reduce, self.reverse = VecEnv(HOST_CARTPOLE), reduce, reverse
 
     def init(self, key):
         return self.env.reset(key, 8)
@@ -285,7 +287,7 @@ class PerStepOutputs:
             # per environment: its cart's position (a value of its own, each step), else the same in every group
             return (runner, count + 1), (runner.obs[:, 0], out.reward.mean() if self.reduce else count)
 
-        (runner, _), (positions, per_step) = jax.lax.scan(step, (runner, jnp.int32(0)), None, 5)
+        (runner, _), (positions, per_step) = jax.lax.scan(step, (runner, jnp.int32(0)), None, 5, reverse=self.reverse)
         return runner, positions, per_step
 
     def iteration(self, runner):
@@ -312,3 +314,41 @@ def test_per_step_outputs_with_and_without_an_environment_axis():
     with pytest.raises(fragc.FragcError, match=r"per-step output 1 of its time loop is computed from the "
                                                r"environments but has no environment axis"):
         split_time_loop(fdef, 1, 2)
+
+
+def test_a_reversed_time_loop_on_two_replicas_runs_as_its_loop_node_says():
+    """A time loop scanned in reverse, 2 replicas of 4 environments in 2 groups: the staged host loop, the
+    reference interpreter running the loop node's region, and the in-program host step give the same bits."""
+    ref_prog = fragc.compile(PerStepOutputs(reverse=True), "anakin", devices=2, env_groups=0)
+    want_state, want = ref_prog.run(ref_prog.init(0), 2)
+    prog = fragc.compile(PerStepOutputs(reverse=True), "anakin", devices=2, env_groups=2)
+    node = next(n for n in prog.module.graph.nodes if isinstance(n, Loop))
+    assert node.reverse and (node.steps, node.groups) == (5, 2) and "steps=5 reverse groups=2 {" in prog.ir()
+    got_state, got = prog.run(prog.init(0), 2)
+    ref_state, ref_history = run_iterations(prog.module, prog.init(0), 2)
+    ref = jax.tree.map(lambda *rows: np.stack(rows), *ref_history)
+    for state, metrics in ((got_state, got), (ref_state, ref)):
+        assert_trees_close(runner_numbers(state), runner_numbers(want_state), rtol=0, atol=0)
+        assert_trees_close(metrics, want, rtol=0, atol=0)
+    np.testing.assert_array_equal(got["per_step"], [[4, 3, 2, 1, 0]] * 2)  # step t holds the count at t
+    # with another replica count than the region was cut for, the reference runs the whole fragment
+    one_state, one_history = run_iterations(prog.module, prog.init(0), 2, replicas=1)
+    assert_trees_close(runner_numbers(one_state), runner_numbers(want_state), rtol=1e-6, atol=1e-6)
+    assert_trees_close(jax.tree.map(lambda *rows: np.stack(rows), *one_history), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("policy,devices,groups", [("single", 1, 1), ("single", 1, 2), ("anakin", 2, 1),
+                                                   ("anakin", 2, 2), ("anakin", 4, 4)])
+def test_the_loop_node_reads_back_as_the_split_it_was_made_from(policy, devices, groups):
+    """`time_loop_of` (what HostLoop runs, read from the IR) is `split_time_loop`'s cut of the fragment: the
+    same jaxprs, counts and group axes (passes only)."""
+    final = run_passes(ppo_on("gymnasium:CartPole-v1"), policy, devices, env_groups=groups)[0].final
+    node = next(n for n in final.graph.nodes if isinstance(n, Loop))
+    got = time_loop_of(final, node)
+    want = split_time_loop(final.fragments["rollout"], devices, groups)
+    for field in ("name", "length", "reverse", "num_consts", "num_carry", "num_xs", "num_operands", "group_axes",
+                  "ys_group_axes"):
+        assert getattr(got, field) == getattr(want, field), field
+    for part in ("prefix", "infer", "call", "absorb", "suffix"):
+        assert str(getattr(got, part)) == str(getattr(want, part)), part
+    assert [a.shape for a in got.result_avals] == [a.shape for a in want.result_avals]

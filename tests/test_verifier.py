@@ -12,7 +12,7 @@ import pytest
 
 import fragc
 from fragc.algos import ppo
-from fragc.ir import Mesh, Schedule, Use, Value, verify
+from fragc.ir import Mesh, Run, Schedule, Use, Value, verify
 from fragc.ir.verifier import MODULE_RULES, NODE_RULES
 from fragc.passes import default_passes, resolve, run_pipeline
 from toy_algos import Regression
@@ -221,6 +221,27 @@ def learn_in_the_region(m):
     return with_region(m, nodes=(infer.replace(fragment="learn"), *rest))
 
 
+def run_a_part_outside_its_loop(m):
+    i = index_of(m, "loop")
+    node = m.graph.nodes[i]
+    return with_nodes(m, [*m.graph.nodes[:i], Run("rollout.env_step", node.inputs, node.outputs),
+                          *m.graph.nodes[i + 1:]])
+
+
+def absorb_twice(m):
+    region = m.graph.nodes[index_of(m, "loop")].body
+    absorb = region.nodes[-1]
+    again = absorb.replace(outputs=tuple(Value(v.name + "_again", v.type) for v in absorb.outputs))
+    return with_region(m, nodes=(*region.nodes, again),
+                       outputs=tuple(u for v in again.outputs for u in v.uses()))
+
+
+def yield_the_carry_read(m):
+    region = m.graph.nodes[index_of(m, "loop")].body
+    carry = len(region.inputs[1].type.leaves)
+    return with_region(m, outputs=region.inputs[1].uses() + region.outputs[carry:])
+
+
 def yield_the_carry_out_of_order(m):
     region = m.graph.nodes[index_of(m, "loop")].body
     carry = len(region.inputs[1].type.leaves)
@@ -259,6 +280,14 @@ CASES = [
     ("region_nodes_are_its_fragments_parts", "hosted", learn_in_the_region,
      r"region node 0 \(run @learn .*\): @learn is not a part of @rollout"),
     ("region_yields_the_carry", "hosted", yield_the_carry_out_of_order, r"the region does not yield its carry's types"),
+    ("region_is_the_step_a_host_loop_runs", "hosted", absorb_twice,
+     r"the region is not run rollout.infer, transfer device_get, run rollout.env_step, transfer device_put, run "
+     r"rollout.absorb"),
+    ("region_is_the_step_a_host_loop_runs", "hosted", yield_the_carry_read,
+     r"the region is not wired as a host loop runs it: the step yields absorb's results"),
+    ("part_runs_only_in_its_loop", "hosted", run_a_part_outside_its_loop,
+     r"\(run @rollout.env_step .*\): @rollout.env_step is a part of @rollout's host loop; it runs only in that "
+     r"loop's region"),
     ("env_workers_only_for_host_environments", "hosted", workers_for_learn,
      r"\(run @learn .*\): @learn has env_workers=2 but steps no host environments"),
     ("operands_live_on_the_fragments_group", "staged", read_a_leaf_of_another_group,
