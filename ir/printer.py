@@ -153,7 +153,8 @@ def _graph_lines(module: Module, aliases: _Aliases) -> list[str]:
 
 def _loop_lines(node: Loop, module: Module, aliases: _Aliases, indent: str) -> list[str]:
     """A loop node and its region: the step's parameters, its nodes, what it yields (the next carry and the
-    step's outputs). Transfers print their bytes a step on one replica, and a call of the loop (every step, every replica)."""
+    step's outputs). Transfers print their bytes a step on one replica, and a call of the loop (every step,
+    every replica)."""
     fdef, region = module.fragments[node.fragment], node.body
     order = " reverse" if node.reverse else ""
     head = (f"{_outs(node)} = loop @{node.fragment}({', '.join(_arg_operands(node.inputs, fdef))}) "

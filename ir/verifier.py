@@ -373,9 +373,9 @@ def delay_types_agree(site: Site) -> str | None:
 
 NODE_RULES: dict[str, tuple[Rule, ...]] = {
     "run": COMMON + (fragment_is_defined, part_runs_only_in_its_loop, operands_match_the_arguments,
-                     results_match_the_fragment, placed_on_a_mesh, replicas_fill_the_group, batch_axes_divide_by_replicas,
-                     host_loop_splits_the_environments, env_workers_only_for_host_environments,
-                     operands_live_on_the_fragments_group),
+                     results_match_the_fragment, placed_on_a_mesh, replicas_fill_the_group,
+                     batch_axes_divide_by_replicas, host_loop_splits_the_environments,
+                     env_workers_only_for_host_environments, operands_live_on_the_fragments_group),
     "glue": COMMON + (operands_match_the_glue_body, glue_defines_one_value_of_its_body_outputs,
                       glue_reads_and_writes_one_group),
     "transfer": COMMON + (transfer_moves_between_two_groups, transfer_source_is_the_operands_group,
