@@ -12,7 +12,7 @@ from fragc.devices import devices as choose_devices
 from fragc.ir.errors import FragcError
 from fragc.ir.frontend import check_per_replica, trace
 from fragc.passes import Policy, Population, PipelineResult, default_passes, resolve, run_pipeline
-from fragc.runtime.multihost import spans_processes
+from fragc.runtime.multihost import halves_by_process, spans_processes
 from fragc.runtime.program import Program
 
 
@@ -95,24 +95,30 @@ def run_passes(
             f"pass devices={resolved.num_devices}"
         )
     devs = _local_copy_if_it_fits(devs, resolved)
-    passes = default_passes(resolved, iterations_per_dispatch, carrier(transfers, devs))
-    pipeline = run_pipeline(trace(algo), passes, print_after_all=print_after_all, dump_dir=dump_dir, printer=printer)
+    traced = trace(algo)
+    hosted = any(f.host_steps for f in traced.fragments.values())
+    if hosted and spans_processes(devs[: resolved.num_devices]) and mesh is None:
+        devs = halves_by_process(devs)  # Sebulba: every process's actors feed its own learner devices
+    passes = default_passes(resolved, iterations_per_dispatch, carrier(transfers, devs, hosted))
+    pipeline = run_pipeline(traced, passes, print_after_all=print_after_all, dump_dir=dump_dir, printer=printer)
     return pipeline, devs, resolved
 
 
 TRANSFERS = ("auto", "device_put", "collective")
 
 
-def carrier(transfers: str, devices: Sequence[Any]) -> str:
+def carrier(transfers: str, devices: Sequence[Any], hosted: bool = False) -> str:
     """The carrier of the transfers `insert_transfers` inserts: `auto` is `device_put` within one
-    process and `collective` across processes (JAX cannot `device_put` to another process)."""
+    process and `collective` across processes (JAX cannot `device_put` to another process). With host
+    environments (`hosted`) `auto` is `device_put` across processes too: a host loop runs from each process
+    in a staged schedule, and each transfer moves each process's own shards (`move_within_processes`)."""
     if transfers not in TRANSFERS:
         raise FragcError(f"transfers must be one of {', '.join(TRANSFERS)}, got {transfers!r}")
     across = spans_processes(devices)
-    if transfers == "device_put" and across:
+    if transfers == "device_put" and across and not hosted:
         raise FragcError("transfers='device_put' cannot cross processes; use 'collective' or 'auto'")
     if transfers == "auto":
-        return "collective" if across else "device_put"
+        return "collective" if across and not hosted else "device_put"
     return transfers
 
 

@@ -168,9 +168,10 @@ def host_placement_error(module: Any, shape: str) -> str | None:
 
     What runs: the host step inside a fragment with one replica per device (`shard_map`), in a fused or
     staged program; with a host loop (`env_groups` >= 1) across processes too, each process stepping the
-    environments of its own devices (anakin over `jax.distributed`). GSPMD over several devices (XLA
-    decides where the call runs), a population (every member would step the same environments) and one
-    SPMD program over groups (several processes with transfers between groups) are refused.
+    environments of its own devices (anakin, and actor_learner(_async) with each process's actors feeding its
+    own learner devices: Sebulba over `jax.distributed`). GSPMD over several devices (XLA decides where the
+    call runs), a population (every member would step the same environments) and one SPMD program over
+    groups (`transfers='collective'`) are refused.
     """
     hosted = [f for f in module.fragments.values() if f.host_steps]
     if not hosted:
@@ -187,7 +188,8 @@ def host_placement_error(module: Any, shape: str) -> str | None:
     if module.population:
         return "a population with host environments is not supported yet (every member would step the same environments)"
     if shape == "spmd":
-        return "host environments in one SPMD program over device groups are not supported yet: use transfers='auto' in one process"
+        return ("host environments in one SPMD program over device groups are not supported: use transfers='auto' "
+                "(across processes each process then moves its own shards between groups)")
     return None
 
 

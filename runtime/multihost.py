@@ -15,6 +15,8 @@ import jax
 import numpy as np
 from jax.sharding import Sharding
 
+from fragc.ir.errors import FragcError
+
 
 def spans_processes(devices: Sequence[jax.Device]) -> bool:
     """Whether some of `devices` belong to another process."""
@@ -58,3 +60,55 @@ def place(x: Any, sharding: Sharding) -> jax.Array:
         return jax.random.wrap_key_data(data, impl=impl)
     host = np.asarray(x)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index], dtype=host.dtype)
+
+
+def halves_by_process(devices: Sequence[jax.Device]) -> list[jax.Device]:
+    """`devices` reordered for Sebulba across processes: the first half of each process's devices (in process
+    order), then the second halves. A policy that puts its actors on the first half of the program's devices
+    and its learner on the second (`actor_learner`) then has actors and learner devices on every process,
+    shard i of the actors on the process of shard i of the learner: each process steps its own host
+    environments and feeds its own learner devices. Unchanged where the processes' counts are odd or differ."""
+    by_process: dict[int, list[jax.Device]] = {}
+    for d in devices:
+        by_process.setdefault(d.process_index, []).append(d)
+    counts = {len(ds) for ds in by_process.values()}
+    if len(by_process) < 2 or len(counts) != 1 or counts.pop() % 2:
+        return list(devices)
+    half = len(devices) // len(by_process) // 2
+    return [d for ds in by_process.values() for d in ds[:half]] + [d for ds in by_process.values() for d in ds[half:]]
+
+
+def move_within_processes(x: jax.Array, sharding: Sharding, what: str = "a value") -> jax.Array:
+    """`x` laid out as `sharding`, every shard copied to a device of the process that holds it: `device_put`
+    within one process; across processes each process copies its own shards, so every destination shard
+    must be one this process already holds (else a clear error: the value would have to cross processes)."""
+    if x.is_fully_addressable and sharding.is_fully_addressable:
+        return jax.device_put(x, sharding)
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        data = move_within_processes(jax.random.key_data(x), _with_key_dims(sharding, x), what)
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+    held = {_index_key(s.index, x.shape): s.data for s in x.addressable_shards}
+    shards = []
+    for device, index in sharding.addressable_devices_indices_map(x.shape).items():
+        source = held.get(_index_key(index, x.shape))
+        if source is None:
+            part = "[" + ", ".join(f"{a}:{b}" for a, b in _index_key(index, x.shape)) + "]"
+            raise FragcError(f"{what} would cross processes (process {jax.process_index()} does not hold the part "
+                             f"{part} that its device {device.id} receives): across processes a transfer moves "
+                             "each process's own shards only; lay the groups out so that shard i of both lives on "
+                             "one process (actor_learner does, with an even device count on every process)")
+        shards.append(jax.device_put(source, device))
+    return jax.make_array_from_single_device_arrays(x.shape, sharding, shards)
+
+
+def _index_key(index: tuple, shape: tuple[int, ...]) -> tuple:
+    return tuple(s.indices(n)[:2] for s, n in zip(index, shape))
+
+
+def _with_key_dims(sharding: Sharding, key: jax.Array) -> Sharding:
+    """`sharding` for a key array's data (one more trailing dimension, not split)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    extra = jax.random.key_data(key).ndim - key.ndim
+    spec = tuple(sharding.spec) + (None,) * (key.ndim - len(sharding.spec) + extra)
+    return NamedSharding(sharding.mesh, PartitionSpec(*spec))

@@ -26,6 +26,7 @@ from fragc.ir.time_loop import time_loop_of
 from .executable import Executable
 from .host_loop import HostLoop
 from .lower import Lowered, group_mesh, leaf_sharding, lower_fragments
+from .multihost import move_within_processes
 
 
 def stage_fragments(module: Module, nodes: Sequence[int]) -> tuple[str, ...]:
@@ -83,7 +84,11 @@ class StagedProgram(Interpreter):
         return self._host_loops[fragment]
 
     def transfer(self, i: int, node: Transfer, leaves: list[Any]) -> list[Any]:
-        return [jax.device_put(x, self.leaf_sharding(t)) for x, t in zip(leaves, node.outputs[0].type.leaves)]
+        """`device_put` onto the destination group; across processes each process moves its own shards (the
+        host environments' Sebulba layout, `halves_by_process`)."""
+        what = f"transfer %{node.outputs[0].name} (@{node.src} -> @{node.dst})"
+        return [move_within_processes(x, self.leaf_sharding(t), what)
+                for x, t in zip(leaves, node.outputs[0].type.leaves)]
 
 
 def whole_iteration(module: Module, lowered: Any, iterations: int) -> Executable:
