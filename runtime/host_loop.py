@@ -28,6 +28,7 @@ exchange data, so every G computes the numbers of the synchronous loop.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Sequence
 
 import jax
@@ -80,6 +81,10 @@ class HostLoop:
         residuals, results = stacked(loop.infer.out_avals[n_ops:]), stacked(loop.result_avals)
         ys = [self._struct(y.shape, y.dtype, y.spec) for y in self._ys]
         self._zeros = jax.jit(lambda: [jnp.zeros(y.shape, y.dtype) for y in ys], out_shardings=[y.sharding for y in ys])
+        split = all(layout.axis is not None for layout in self._ys)  # else the suffix takes a replica's part
+        self._passed_through = _passed_through(loop.suffix, len(loop.suffix.in_avals) - len(ys), len(ys)) if split \
+            else None
+        self._spare: list[Any] | None = None  # the last call's trajectory buffers, for `_trajectory_buffers`
         prefix = [self._struct(leaf.shape, leaf.dtype, spec(leaf.axis)) for leaf in fdef.in_leaf_types]
         kept_and_carry = stacked(loop.suffix.in_avals[:len(loop.suffix.in_avals) - len(ys)])
         parts = (
@@ -167,7 +172,7 @@ class HostLoop:
         operands, kept = out[:nc + nk + nx], out[nc + nk + nx:]
         parts = [self._group(operands, g) for g in range(G)]  # per group: consts + carry + xs
         consts, carry, xs = [p[:nc] for p in parts], [p[nc:nc + nk] for p in parts], [p[nc + nk:] for p in parts]
-        ys = self._zeros()  # every group writes its own environments' part of them
+        ys = self._trajectory_buffers()  # every group writes its own environments' part of them
         steps = list(range(loop.length - 1, -1, -1) if loop.reverse else range(loop.length))
         pending = [self._infer(consts[g], carry[g], xs[g], self._index[steps[0]]) for g in range(G)]
         started: list[Any] = [None] * G  # each group's host step in flight: a function that waits for its results
@@ -182,7 +187,23 @@ class HostLoop:
                         pass
             raise
         final = self._merge(carry, loop.group_axes[nc:nc + nk])
-        return list(self._suffix(*kept, *final, *ys))
+        outs = list(self._suffix(*kept, *final, *ys))
+        if self._passed_through is not None:  # the trajectory, handed on in the buffers the loop wrote
+            self._spare = [outs[o] for o in self._passed_through]
+        return outs
+
+    def _trajectory_buffers(self) -> list[Any]:
+        """Buffers for the per-step outputs: the last call's, when nothing but this loop holds them any more
+        (every element is written again: each group writes its rows of every step), else new ones.
+
+        New buffers cost more than their zeros: the kernel maps and clears fresh pages for them (Pong's two
+        231 MB frame buffers took 110-150 ms a call on 2 CPU cores, while the environments waited). The
+        results of the last call are the buffers it wrote (the suffix hands them on without a copy); once the
+        learner has dropped them, donating them to the next call's first step reuses their pages."""
+        spare, self._spare = self._spare, None
+        if spare is not None and all(sys.getrefcount(x) <= _ONLY_HERE for x in spare):
+            return spare
+        return self._zeros()
 
     def _steps(self, steps: list[int], consts: list, carry: list, xs: list, ys: list, pending: list,
                started: list) -> list:
@@ -242,6 +263,19 @@ class HostLoop:
             return list(per_group[0])
         return [per_group[0][i] if axis is None else self._concat(tuple(p[i] for p in per_group), axis + 1)
                 for i, axis in enumerate(axes)]
+
+
+_ONLY_HERE = 3
+"""`sys.getrefcount` of a buffer that only `_trajectory_buffers` holds: its list, the loop variable, the call."""
+
+
+def _passed_through(suffix: jex.ClosedJaxpr, n_kept: int, n_ys: int) -> list[int] | None:
+    """For each per-step output (the suffix's last `n_ys` inputs), the suffix result that hands it on
+    unchanged; None unless every one is handed on (then the results are the buffers the loop wrote)."""
+    invars = suffix.jaxpr.invars[n_kept:n_kept + n_ys]
+    outvars = list(suffix.jaxpr.outvars)
+    found = [next((o for o, v in enumerate(outvars) if v is y), None) for y in invars]
+    return None if None in found or len(set(found)) != len(found) else found
 
 
 def _compile(name: str, stage: str, fdef: FragmentDef, program: Any, structs: Any) -> Executable:

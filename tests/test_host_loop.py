@@ -132,6 +132,26 @@ def test_the_loop_node_holds_what_runs(single_two_groups):
     assert parts["infer"].body.in_avals[node.num_consts].shape == (16,)  # one replica's whole
 
 
+
+def test_the_trajectory_buffers_are_reused_only_when_nothing_else_holds_them(single_two_groups):
+    """A call writes the trajectory into the last call's buffers once nothing but the loop holds them (new
+    buffers cost page faults while the environments wait); a trajectory someone still holds is left as it is."""
+    prog = single_two_groups
+    loop = prog._executor.host_loop("rollout")
+    state, _ = prog.run(prog.init(0), 1)
+    made, zeros = [], loop._zeros
+    loop._zeros = lambda: (made.append(1), zeros())[1]
+    try:
+        state, _ = prog.run(state, 2)
+        assert made == []  # both calls wrote into the buffers of the call before
+        held = loop._spare[0]  # the last trajectory's observations, kept by someone
+        before = np.asarray(held).copy()
+        state, _ = prog.run(state, 1)
+        assert made == [1]  # new buffers
+        np.testing.assert_array_equal(np.asarray(held), before)
+    finally:
+        loop._zeros = zeros
+
 @pytest.mark.parametrize("policy,devices", [("single", 1), ("anakin", 2), ("actor_learner_async", 4)])
 def test_every_pass_parses_back_with_its_host_loop(policy, devices):
     """Passes only (no XLA): the module after every pass prints, parses back with its placement (environment
