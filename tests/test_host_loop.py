@@ -229,11 +229,14 @@ def test_actor_learner_async_with_two_groups_equals_the_device_program():
     assert_trees_close(runner_numbers(state.runner), runner_numbers(dev_state.runner), rtol=1e-5, atol=1e-5)
 
 
-def test_each_process_steps_the_environments_of_its_own_devices():
-    """Sebulba on two hosts: anakin over 2 processes of 2 devices on jax.distributed, each process stepping
-    the Gymnasium environments of its own devices in its host loop, 2 groups of 1 environment per device;
-    the same bits as one process of 4 devices."""
-    argv = ["run", "ppo", "--env", "gymnasium:CartPole-v1", "--policy", "anakin", "--num-envs", "8",
+@pytest.mark.parametrize("policy", ["anakin", "actor_learner_async"])
+def test_each_process_steps_the_environments_of_its_own_devices(policy):
+    """Sebulba on two hosts: 2 processes of 2 devices on jax.distributed, each process stepping the Gymnasium
+    environments of its own devices in its host loop, 2 groups; the same bits as one process of 4 devices.
+    anakin: every device acts and learns, 2 groups of 1 environment per device. actor_learner_async: each
+    process's first device acts (2 groups of 2) and its second learns; trajectories and parameters move within
+    each process, only the learners' mean gradient crosses processes."""
+    argv = ["run", "ppo", "--env", "gymnasium:CartPole-v1", "--policy", policy, "--num-envs", "8",
             "--num-steps", "16", "--total-steps", "512", "--env-groups", "2", "--json", "--quiet"]
     env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
     cli = [sys.executable, "-m", "fragc.cli"]
@@ -241,7 +244,7 @@ def test_each_process_steps_the_environments_of_its_own_devices():
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:  # the one-process reference while the two processes run
         config = ppo.Config(env="gymnasium:CartPole-v1", num_envs=8, num_steps=16, total_steps=512)  # as the CLI's
-        prog = fragc.compile(ppo.PPO(config), "anakin", devices=4, env_groups=2)
+        prog = fragc.compile(ppo.PPO(config), policy, devices=4, env_groups=2)
         state, history = prog.run(prog.init(0), 4)
         stdout, stderr = proc.communicate(timeout=300)
     finally:
@@ -250,33 +253,7 @@ def test_each_process_steps_the_environments_of_its_own_devices():
             proc.communicate()
     assert proc.returncode == 0, stderr[-2000:]
     (two,) = [json.loads(line) for line in stdout.splitlines() if line.strip()]
-    assert (two["processes"], two["devices"], two["iterations"]) == (2, 4, 4)
-    assert two["params_fingerprint"] == params_fingerprint(state)
-    assert two["final_return"] == pytest.approx(float(history["episode_return"][-1]))
-
-
-def test_sebulba_across_processes_steps_each_process_environments_and_feeds_its_own_learner():
-    """actor_learner_async over 2 processes of 2 devices: each process's first device acts (stepping its own
-    Gymnasium environments in a host loop of 2 groups) and its second learns; trajectories and parameters
-    move within each process, the learners' mean gradient crosses processes. The same bits as one process."""
-    argv = ["run", "ppo", "--env", "gymnasium:CartPole-v1", "--policy", "actor_learner_async", "--num-envs", "8",
-            "--num-steps", "16", "--total-steps", "512", "--env-groups", "2", "--json", "--quiet"]
-    env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
-    cli = [sys.executable, "-m", "fragc.cli"]
-    proc = subprocess.Popen([*cli, "launch", "-n", "2", "--", *cli, *argv, "--devices", "2"], text=True, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:  # the one-process reference while the two processes run
-        config = ppo.Config(env="gymnasium:CartPole-v1", num_envs=8, num_steps=16, total_steps=512)
-        prog = fragc.compile(ppo.PPO(config), "actor_learner_async", devices=4, env_groups=2)
-        state, history = prog.run(prog.init(0), 4)
-        stdout, stderr = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, stderr[-2000:]
-    (two,) = [json.loads(line) for line in stdout.splitlines() if line.strip()]
-    assert (two["processes"], two["devices"], two["iterations"], two["policy"]) == (2, 4, 4, "actor_learner_async")
+    assert (two["processes"], two["devices"], two["iterations"], two["policy"]) == (2, 4, 4, policy)
     assert two["params_fingerprint"] == params_fingerprint(state)
     assert two["final_return"] == pytest.approx(float(history["episode_return"][-1]))
 
