@@ -151,10 +151,8 @@ def check_per_replica(module: Module) -> None:
     so that a body or axis declaration that only works with one replica fails under every policy,
     not only on several devices. Fragments placed with R > 1 replicas are traced at R by lowering
     anyway (`FragmentDef.body_for`, with the same message)."""
-    for fdef in module.fragments.values():
+    for fdef in module.callable_fragments().values():  # a host loop's parts are cut from one traced so
         n = fdef.batch_length()
-        if fdef.part_of:  # a host loop's part: one replica's step, cut from a fragment traced as above
-            continue
         if (fdef.placement is None or fdef.placement.replicas == 1) and n is not None and n % 2 == 0:
             fdef.body_for(2)
 

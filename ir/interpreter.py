@@ -17,10 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex
 
-from .errors import FragcError, FragmentError
+from .errors import FragcError
 from .host import start_host_call
 from .module import HOST, REPLICA, Delay, FragmentDef, Glue, Loop, Module, Run, Stage, Transfer, Use
-from .replicas import check_divides, merge_axis, run_replicated, split_axis
+from .replicas import check_divides, merge_axis, replicated_output_differs, run_replicated, split_axis
 
 _COMPILED: "weakref.WeakKeyDictionary[FragmentDef, dict[int, Any]]" = weakref.WeakKeyDictionary()
 
@@ -205,8 +205,7 @@ def _merge_replicas(x: jax.Array, axis: int | None, name: str) -> jax.Array:
     if axis is not None:
         return merge_axis(jnp.moveaxis(x, 0, axis), axis)
     if not bool(jnp.all(x == x[:1])):
-        raise FragmentError(f"fragment '{name}': an output declared replicated (out_axes None) differs between "
-                            "replicas; reduce it with fragc.pmean/psum or declare its batch axis")
+        raise replicated_output_differs(name)
     return x[0]
 
 

@@ -432,6 +432,11 @@ class Module:
     def replace(self, **changes: Any) -> "Module":
         return dataclasses.replace(self, **changes)
 
+    def callable_fragments(self) -> dict[str, FragmentDef]:
+        """The fragments a top-level run may call: all but the parts of host loops (`FragmentDef.part_of`),
+        which run only inside their loop node's region."""
+        return {name: f for name, f in self.fragments.items() if not f.part_of}
+
     def group_of(self, node: Node) -> str | None:
         """The device group a run or glue executes on (`None` before `place`)."""
         if isinstance(node, Run):

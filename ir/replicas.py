@@ -48,12 +48,15 @@ def run_replicated(
         outs = mapped(*split)
     except ValueError as err:
         if "out_axes" in str(err) and "None" in str(err):
-            raise FragmentError(
-                f"fragment '{name}': an output declared replicated (out_axes None) differs "
-                "between replicas; reduce it with fragc.pmean/psum or declare its batch axis"
-            ) from err
+            raise replicated_output_differs(name) from err
         raise
     return [x if a is None else merge_axis(x, a) for x, a in zip(outs, out_axes)]
+
+
+def replicated_output_differs(name: str) -> FragmentError:
+    """The error for an output declared replicated (out_axes None) that differs between replicas."""
+    return FragmentError(f"fragment '{name}': an output declared replicated (out_axes None) differs between "
+                         "replicas; reduce it with fragc.pmean/psum or declare its batch axis")
 
 
 def check_divides(name: str, arg_names: Sequence[str], types: Sequence[Any], replicas: int) -> None:

@@ -63,6 +63,7 @@ class TimeLoop:
     # with one group, both hold the axes two groups would split (where the environments are), None if unknown
     group_axes: tuple[int | None, ...]  # consts + carry + xs
     ys_group_axes: tuple[int | None, ...]
+    step_group_axes: tuple[int | None, ...]  # infer's results (host operands + residuals), then the host results
 
 
 def split_time_loop(fdef: FragmentDef, replicas: int, groups: int) -> TimeLoop:
@@ -77,12 +78,15 @@ def split_time_loop(fdef: FragmentDef, replicas: int, groups: int) -> TimeLoop:
     if groups > 1:
         _refuse_collectives(fdef, step.jaxpr, groups)
         axes, ys_axes = _group_axes(fdef, scan, gscan, groups)
+        step_axes = _step_group_axes(fdef, scan, gscan, groups)
     else:  # where two groups would split: the environments' axes, for the trajectory's layout (runtime/host_loop.py)
         try:
             two = _host_scan(fdef, fdef.body_for(replicas * 2))[1]
             axes, ys_axes = _group_axes(fdef, scan, two, 2, probe=True)
+            step_axes = _step_group_axes(fdef, scan, two, 2)
         except FragcError:  # too few environments to tell: every leaf as if equal in every group
             axes, ys_axes = (None,) * len(scan.invars), (None,) * (len(scan.outvars) - nk)
+            step_axes = (None,) * len(_step_avals(fdef, scan))
     prefix, kept = _prefix(body, s)
     infer, absorb = _split_step(step, c)
     return TimeLoop(
@@ -91,7 +95,30 @@ def split_time_loop(fdef: FragmentDef, replicas: int, groups: int) -> TimeLoop:
         call=_closed("host", [], [], list(call.invars), [call], list(call.outvars)), absorb=absorb,
         suffix=_suffix(body, s, kept), length=int(p["length"]), reverse=bool(p["reverse"]), num_consts=nc,
         num_carry=nk, num_xs=len(scan.invars) - nc - nk, num_operands=len(call.invars),
-        group_axes=axes, ys_group_axes=ys_axes)
+        group_axes=axes, ys_group_axes=ys_axes, step_group_axes=step_axes)
+
+
+def _step_avals(fdef: FragmentDef, scan: Any) -> list[Any]:
+    """The avals of what crosses the host step in the time loop `scan`: infer's results, then the host results."""
+    step = scan.params["jaxpr"]
+    c, call = _host_call(fdef, step.jaxpr)
+    infer, _ = _split_step(step, c)
+    return list(infer.out_avals) + [v.aval for v in call.outvars]
+
+
+def _step_group_axes(fdef: FragmentDef, scan: Any, gscan: Any, groups: int) -> tuple[int | None, ...]:
+    """The axis `groups` groups split of each value crossing the host step (`_step_avals`), as `_group_axes`;
+    None where the two traces do not line up leaf for leaf or a leaf does not split along one axis."""
+    whole, part = _step_avals(fdef, scan), _step_avals(fdef, gscan)
+    if len(whole) != len(part):
+        return (None,) * len(whole)
+    axes = []
+    for a, b in zip(whole, part):
+        try:
+            axes.append(_group_axis(fdef, a, b, groups))
+        except FragcError:
+            axes.append(None)
+    return tuple(axes)
 
 
 def _group_axes(fdef: FragmentDef, scan: Any, gscan: Any, groups: int, probe: bool = False) -> tuple[tuple, tuple]:
@@ -151,7 +178,8 @@ def time_loop_of(module: Module, loop: Loop) -> TimeLoop:
         call=env_step.body_for(G), absorb=absorb.body_for(G), suffix=loop.suffix, length=loop.steps,
         reverse=loop.reverse, num_consts=nc, num_carry=nk, num_xs=len(in_axes) - nc - nk,
         num_operands=len(call.invars), group_axes=tuple(in_axes[:nc + nk]) + over_time(in_axes[nc + nk:]),
-        ys_group_axes=over_time(leaf.axis for leaf in absorb.out_leaf_types[nk:]))
+        ys_group_axes=over_time(leaf.axis for leaf in absorb.out_leaf_types[nk:]),
+        step_group_axes=tuple(leaf.axis for leaf in infer.out_leaf_types + env_step.out_leaf_types))
 
 
 def time_loop_error(fdef: FragmentDef, replicas: int, groups: int) -> str | None:

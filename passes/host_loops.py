@@ -30,9 +30,8 @@ from typing import Any, Sequence
 import jax
 from jax.extend import core as jex
 
-from fragc.ir.errors import FragcError
 from fragc.ir.module import HOST, FragmentDef, Graph, Loop, Module, Placement, Run, Transfer, Value, is_host_loop
-from fragc.ir.time_loop import PARTS, TimeLoop, split_time_loop
+from fragc.ir.time_loop import PARTS, split_time_loop
 from fragc.ir.types import LeafType, TreeType
 
 from .pipeline import Pass
@@ -56,26 +55,19 @@ def lower_host_loop(fdef: FragmentDef, node: Run) -> tuple[Loop, dict[str, Fragm
     p = fdef.placement
     R, G = p.replicas, p.env_groups
     whole = split_time_loop(fdef, R, 1)  # one replica's step: the region's types and the reference's bodies
-    per_group = split_time_loop(fdef, R, G) if G > 1 else whole  # what each group's programs run
-    probe = per_group if G > 1 else _probe(fdef, R)  # to find the axis the groups split (`@env`)
-    name, nc, nk = fdef.name, whole.num_consts, whole.num_carry
-
-    def leaves(jaxpr_avals: Any, probe_avals: Any, group: str) -> TreeType:
-        """A flat tuple of one replica's leaves, `@env` where `probe` (several groups) splits them."""
-        probe_avals = probe_avals if probe is not None else jaxpr_avals
-        out = tuple(LeafType(tuple(a.shape), a.dtype, _split_axis(a, b), group)
-                    for a, b in zip(jaxpr_avals, probe_avals))
-        return TreeType(jax.tree.structure(tuple(range(len(out)))), out)
-
-    pg = lambda part: getattr(probe, part) if probe is not None else None  # noqa: E731
-    infer_in = leaves(whole.infer.in_avals, pg("infer") and pg("infer").in_avals, p.group)
-    consts, carry, x = (_slice(infer_in, a, b) for a, b in ((0, nc), (nc, nc + nk), (nc + nk, None)))
-    n_ops = whole.num_operands
-    infer_out = leaves(whole.infer.out_avals, pg("infer") and pg("infer").out_avals, p.group)
-    ops, residuals = _slice(infer_out, 0, n_ops), _slice(infer_out, n_ops, None)
-    results = leaves(whole.call.out_avals, pg("call") and pg("call").out_avals, p.group)
-    absorb_out = leaves(whole.absorb.out_avals, pg("absorb") and pg("absorb").out_avals, p.group)
-    next_carry, y = _slice(absorb_out, 0, nk), _slice(absorb_out, nk, None)
+    per_group = split_time_loop(fdef, R, G) if G > 1 else whole  # what each group's programs run, and its axes
+    name, nc, nk, n_ops = fdef.name, whole.num_consts, whole.num_carry, whole.num_operands
+    per_step = lambda axes: tuple(None if a is None else a - 1 for a in axes)  # noqa: E731 - without time
+    in_axes = per_group.group_axes[:nc + nk] + per_step(per_group.group_axes[nc + nk:])
+    consts, carry, x = (_leaves(whole.infer.in_avals[a:b], in_axes[a:b], p.group)
+                        for a, b in ((0, nc), (nc, nc + nk), (nc + nk, None)))
+    n_infer = len(whole.infer.out_avals)
+    infer_axes, result_axes = per_group.step_group_axes[:n_infer], per_group.step_group_axes[n_infer:]
+    ops = _leaves(whole.infer.out_avals[:n_ops], infer_axes[:n_ops], p.group)
+    residuals = _leaves(whole.infer.out_avals[n_ops:], infer_axes[n_ops:], p.group)
+    results = _leaves(whole.call.out_avals, result_axes, p.group)
+    next_carry = _leaves(whole.absorb.out_avals[:nk], in_axes[nc:nc + nk], p.group)
+    y = _leaves(whole.absorb.out_avals[nk:], per_step(per_group.ys_group_axes), p.group)
 
     def part(suffix: str, role: str, arg_names: Sequence[str], ins: Sequence[TreeType], outs: Sequence[TreeType],
              whole_body: Any, group_body: Any, placement: Placement) -> FragmentDef:
@@ -126,21 +118,9 @@ def _region(name: str, group: str, consts: TreeType, carry: TreeType, x: TreeTyp
     return Graph(inputs, nodes, v_next.uses() + v_y.uses(), out_tree)
 
 
-def _probe(fdef: FragmentDef, replicas: int) -> TimeLoop | None:
-    """The step split for 2 groups (to mark where the environments are), None where it cannot be."""
-    try:
-        return split_time_loop(fdef, replicas, 2)
-    except FragcError:
-        return None
-
-
-def _split_axis(whole: Any, part: Any) -> int | None:
-    diff = [i for i, (a, b) in enumerate(zip(whole.shape, part.shape)) if a != b]
-    return diff[0] if len(diff) == 1 and len(whole.shape) == len(part.shape) else None
-
-
-def _slice(t: TreeType, start: int, stop: int | None) -> TreeType:
-    out = t.leaves[start:stop]
+def _leaves(avals: Sequence[Any], axes: Sequence[int | None], group: str) -> TreeType:
+    """A flat tuple of one replica's leaves on `group`, `@env` on the axis the environment groups split."""
+    out = tuple(LeafType(tuple(a.shape), a.dtype, axis, group) for a, axis in zip(avals, axes, strict=True))
     return TreeType(jax.tree.structure(tuple(range(len(out)))), out)
 
 

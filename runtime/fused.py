@@ -31,8 +31,8 @@ class FusedProgram:
         self.module, self.devices = module, devices
         self.k = module.schedule.iterations_per_dispatch
         population = module.population
-        frags = ({name: lower_fragment(f, None) for name, f in module.fragments.items() if not f.part_of}
-                 if population else lower_fragments(module, devices))
+        frags = ({name: lower_fragment(f, None) for name, f in module.callable_fragments().items()} if population
+                 else lower_fragments(module, devices))
         self.body = Lowered(module, frags)
         self.state_shardings = self._state_shardings()
         lowered = self._lower()

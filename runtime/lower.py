@@ -97,4 +97,4 @@ class Lowered(Interpreter):
 def lower_fragments(module: Module, devices: Sequence[jax.Device]) -> dict[str, Callable[..., Any]]:
     """Every fragment lowered over its group's mesh (the parts of a loop node run only in its `HostLoop`)."""
     return {name: lower_fragment(f, group_mesh(module, f.placement.group, devices))
-            for name, f in module.fragments.items() if not f.part_of}
+            for name, f in module.callable_fragments().items()}
