@@ -15,8 +15,13 @@ import functools
 import inspect
 from typing import Any, Callable
 
+import os
+
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax.extend import core as jex
+from jax.interpreters import batching
 
 from . import traps
 from .collectives import pmean, psum  # noqa: F401  (re-exported: `fragc.pmean`)
@@ -84,9 +89,13 @@ class Fragment:
         return f"<fragment {self.name} role={self.role}>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if kwargs:
-            raise FragmentError(f"fragment '{self.name}': pass arguments positionally (got {sorted(kwargs)})")
+        args = _as_arrays(self._bind(args, kwargs))
         ctx = _TRACING.get()
+        if ctx is not None and ctx.defining:
+            raise FragmentError(f"fragment '{self.name}' is called inside fragment '{ctx.defining[-1]}' (at "
+                                f"{_caller()}); a fragment's body is one program on its own devices: call "
+                                f"'{self.name}' from the iteration, or call a plain function inside '"
+                                f"{ctx.defining[-1]}'")
         fdef = define(self, args) if ctx is None else ctx.define(self, args)
         leaves = jax.tree.leaves(args)
         if ctx is not None:
@@ -100,6 +109,22 @@ class Fragment:
             )
         return jax.tree.unflatten(fdef.out_tree, outs)
 
+    def _bind(self, args: tuple, kwargs: dict) -> tuple:
+        """The arguments as Python binds them, positionally: keyword arguments in their parameters' places,
+        defaults filled in for the parameters left out before them."""
+        if not kwargs:
+            return args
+        try:
+            bound = inspect.signature(self.fn).bind(*args, **kwargs)
+        except TypeError as err:
+            raise FragmentError(f"fragment '{self.name}' called at {_caller()}: {err}") from None
+        bound.apply_defaults()
+        if bound.kwargs:
+            raise FragmentError(f"fragment '{self.name}' called at {_caller()}: keyword-only parameters "
+                                f"({', '.join(sorted(bound.kwargs))}) cannot carry values between fragments; "
+                                "make them positional-or-keyword")
+        return tuple(bound.args)
+
     def arg_names(self, count: int) -> tuple[str, ...]:
         try:
             params = list(inspect.signature(self.fn).parameters.values())
@@ -107,6 +132,35 @@ class Fragment:
             params = []
         names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         return tuple(names[i] if i < len(names) else f"arg{i}" for i in range(count))
+
+
+def _as_arrays(args: tuple) -> tuple:
+    """Python numbers and NumPy scalars or arrays among the arguments as JAX arrays (constants of the graph)."""
+    def convert(x: Any) -> Any:
+        if isinstance(x, (bool, int, float, complex, np.generic, np.ndarray)):
+            return jnp.asarray(x)
+        return x
+
+    return jax.tree.map(convert, args)
+
+
+def _caller() -> str:
+    """file:line of the innermost frame outside fragc and JAX: where the user called a fragment."""
+    import traceback
+
+    library = (os.path.dirname(jax.__file__), os.path.dirname(os.path.abspath(__file__)))
+    frames = [f for f in traceback.extract_stack()
+              if not f.filename.startswith(library) and "/jax/" not in f.filename]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+
+
+def _refuse_batching(args: Any, dims: Any, *, fragment: str, trace_id: int) -> Any:
+    raise FragmentError(f"fragment '{fragment}' is called under a jax.vmap of your own (at {_caller()}); fragc "
+                        "vectorises fragments itself: declare the batch axis in in_axes/out_axes, or vmap inside "
+                        "the fragment's body")
+
+
+batching.primitive_batchers[fragment_call_p] = _refuse_batching
 
 
 # ---------------------------------------------------------------- defining a fragment
@@ -277,6 +331,7 @@ class _TraceContext:
         self.trace_id = next(self._count)
         self.defs: dict[Any, FragmentDef] = {}
         self.defs_by_name: dict[str, FragmentDef] = {}
+        self.defining: list[str] = []  # the fragments whose bodies are being traced (to refuse nested calls)
 
     def define(self, frag: Fragment, args: tuple) -> FragmentDef:
         leaves, in_tree = jax.tree.flatten(args)
@@ -285,7 +340,11 @@ class _TraceContext:
             name, i = frag.name, 1
             while name in self.defs_by_name:
                 name, i = f"{frag.name}_{i}", i + 1
-            fdef = define(frag, args, name)
+            self.defining.append(frag.name)
+            try:
+                fdef = define(frag, args, name)
+            finally:
+                self.defining.pop()
             self.defs[key] = self.defs_by_name[name] = fdef
         return self.defs[key]
 

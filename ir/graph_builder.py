@@ -1,19 +1,49 @@
 """Build the iteration graph from the traced top-level jaxpr.
 
 `fragment_call` equations become `Run` nodes; maximal runs of other equations
-between them become `Glue` nodes (closed-over constants and literal outputs
-become glue with no inputs). Values are named after their pytree class
-(`%transition`) or their fragment and position (`%learn_1`).
+between them become `Glue` nodes. Control flow around fragment calls becomes
+region nodes: a `scan` (and `fori_loop` with a static trip count, which JAX
+traces as one) whose body calls a fragment is a `For`, a `cond` (`lax.cond`,
+`lax.switch`) one an `If`, each holding graphs built the same way; a `jit` of
+the user's own around fragment calls is inlined. Constants a node reads (a
+Python number passed to a fragment, a `jnp` literal, a constant metric, a
+closed-over array) are `const` glue: glue with no inputs. Values are named
+after their pytree class (`%transition`) or their fragment and position
+(`%learn_1`).
+
+What cannot be a region is refused here, in one line naming the fragment and
+the user's line: a fragment called in a `while_loop` (its trip count is data),
+under `custom_jvp`/`custom_vjp`/`remat` of the user's own, and so on.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import jax
+import numpy as np
 from jax.extend import core as jex
+from jax.extend import source_info_util
 
-from .module import FragmentDef, Glue, Graph, Run, Use, Value
+from .errors import FragcError
+from .module import FragmentDef, For, Glue, Graph, If, Run, Use, Value
 from .types import LeafType, TreeType
+
+INLINED = ("pjit", "jit", "closed_call", "core_call")
+"""Calls of a jaxpr (the user's own `jax.jit`): their equations are the enclosing graph's."""
+
+REFUSED = {
+    "while": "a lax.while_loop (or fori_loop with traced bounds), whose trip count is known only at run time; "
+             "use lax.scan or lax.fori_loop with Python int bounds (a `for` region), and lax.cond inside it to "
+             "skip trips",
+    "custom_jvp_call": "a jax.custom_jvp function; call the fragment outside it",
+    "custom_vjp_call": "a jax.custom_vjp function; call the fragment outside it",
+    "custom_vjp_call_jaxpr": "a jax.custom_vjp function; call the fragment outside it",
+    "checkpoint": "jax.checkpoint (remat); call the fragment outside it, or checkpoint inside the fragment",
+    "remat": "jax.checkpoint (remat); call the fragment outside it, or checkpoint inside the fragment",
+    "shard_map": "a shard_map of your own; fragc places fragments itself (choose a policy)",
+}
+"""Primitives around a fragment call that do not become regions, and what to write instead."""
 
 
 class _Names:
@@ -30,42 +60,22 @@ class _Names:
 
 def build_graph(closed: jex.ClosedJaxpr, call_p: Any, state_type: TreeType, out_tree: Any,
                 defs: dict[str, FragmentDef]) -> Graph:
+    builder = _Builder(call_p, defs)
     jaxpr = closed.jaxpr
-    state_type = _inherit_axes(state_type, jaxpr, call_p, defs)
-    state = Value("state", state_type)
-    env: dict[Any, Use] = {v: Use(state, i) for i, v in enumerate(jaxpr.invars)}
-    consts = dict(zip(jaxpr.constvars, closed.consts))
-    names = _Names(("state",))
-    nodes: list[Any] = []
-    pending: list[Any] = []
-    used_after = _last_uses(jaxpr)
-
-    def flush(upto: int) -> None:
-        if pending:
-            nodes.append(_glue(pending, env, consts, used_after, upto, names))
-            pending.clear()
-
-    for i, eqn in enumerate(jaxpr.eqns):
-        if eqn.primitive is call_p:
-            flush(i)
-            nodes.append(_run(eqn, defs[eqn.params["fragment"]], env, names))
-        else:
-            pending.append(eqn)
-    flush(len(jaxpr.eqns))
-    loose = [v for v in jaxpr.outvars if not isinstance(v, jex.Var) or v in consts]
-    if loose:
-        nodes.append(_constants(loose, consts, env, names))
-    outputs = tuple(env[v] for v in jaxpr.outvars)
-    return Graph(inputs=(state,), nodes=tuple(nodes), outputs=outputs, out_tree=out_tree)
+    state = Value("state", _inherit_axes(state_type, jaxpr, builder))
+    return builder.graph(jaxpr, dict(zip(jaxpr.constvars, closed.consts)), (state,), state.uses(), out_tree)
 
 
-def _inherit_axes(state_type: TreeType, jaxpr: jex.Jaxpr, call_p: Any, defs: dict[str, FragmentDef]) -> TreeType:
+def calls_fragments(eqn: Any, call_p: Any) -> bool:
+    """Whether `eqn` is a fragment call or holds one in a sub-jaxpr (a scan's body, a cond's branch, ...)."""
+    if eqn.primitive is call_p:
+        return True
+    return any(calls_fragments(e, call_p) for sub in jex.jaxprs_in_params(eqn.params) for e in sub.eqns)
+
+
+def _inherit_axes(state_type: TreeType, jaxpr: jex.Jaxpr, builder: "_Builder") -> TreeType:
     """A state leaf's batch axis is the one its first consuming fragment declares."""
-    axes: dict[Any, int | None] = {}
-    for eqn in jaxpr.eqns:
-        if eqn.primitive is call_p:
-            for v, leaf in zip(eqn.invars, defs[eqn.params["fragment"]].in_leaf_types):
-                axes.setdefault(v, leaf.axis)
+    axes = builder.declared_axes(jaxpr)
     leaves = [t.replace(axis=axes.get(v)) for v, t in zip(jaxpr.invars, state_type.leaves)]
     return state_type.with_leaves(tuple(leaves))
 
@@ -83,58 +93,239 @@ def _last_uses(jaxpr: jex.Jaxpr) -> dict[Any, int]:
     return last
 
 
-def _run(eqn: Any, fdef: FragmentDef, env: dict[Any, Use], names: _Names) -> Run:
-    inputs = tuple(_use(v, env) for v in eqn.invars)
-    outputs, offset = [], 0
-    for i, out_type in enumerate(fdef.out_types):
-        base = (out_type.class_name or "").lower() or f"{fdef.name}_{i}"
-        value = Value(names.fresh(base), out_type)
-        for j, var in enumerate(eqn.outvars[offset : offset + len(out_type.leaves)]):
-            env[var] = Use(value, j)
-        offset += len(out_type.leaves)
-        outputs.append(value)
-    return Run(fragment=fdef.name, inputs=inputs, outputs=tuple(outputs))
+def call_site(eqn: Any) -> str:
+    """The user's `folder/file.py:line` of an equation (from JAX's summary of its traceback's user frame)."""
+    text = source_info_util.summarize(eqn.source_info) or "?"
+    where = text.split(" (", 1)[0]
+    path, _, rest = where.partition(":")
+    line = rest.split(":", 1)[0]
+    return f"{'/'.join(path.replace(chr(92), '/').split('/')[-2:])}:{line}" if line else where
 
 
-def _use(v: Any, env: dict[Any, Use]) -> Use:
-    if not isinstance(v, jex.Var):
-        raise NotImplementedError("literal arguments to fragments are folded by JAX; report this")
-    return env[v]
+def first_fragment(eqn: Any, call_p: Any) -> str:
+    if eqn.primitive is call_p:
+        return eqn.params["fragment"]
+    for sub in jex.jaxprs_in_params(eqn.params):
+        for e in sub.eqns:
+            if calls_fragments(e, call_p):
+                return first_fragment(e, call_p)
+    return "?"
 
 
-def _glue(eqns: list[Any], env: dict[Any, Use], consts: dict[Any, Any], used_after: dict[Any, int], end: int,
-          names: _Names) -> Glue:
-    defined = {v for e in eqns for v in e.outvars}
-    inputs, constvars = [], []
-    for e in eqns:
-        for v in e.invars:
-            if isinstance(v, jex.Var) and v not in defined:
-                target = constvars if v in consts else inputs
-                if v not in target:
-                    target.append(v)
-    outputs = [v for e in eqns for v in e.outvars
-               if not isinstance(v, jex.DropVar) and used_after.get(v, -1) >= end]
-    effects = set().union(*(e.effects for e in eqns)) if any(e.effects for e in eqns) else jex.no_effects
-    jaxpr = jex.Jaxpr(constvars=constvars, invars=inputs, outvars=outputs, eqns=eqns, effects=effects,
-                      debug_info=glue_debug_info(len(inputs), len(outputs)))
-    body = jex.ClosedJaxpr(jaxpr, [consts[v] for v in constvars])
-    value = Value(names.fresh("g"), TreeType.of(tuple(_struct(v) for v in outputs)))
-    for j, v in enumerate(outputs):
-        env[v] = Use(value, j)
-    return Glue(body=body, inputs=tuple(env[v] for v in inputs), outputs=(value,))
+class _Builder:
+    """Builds a graph per jaxpr (the iteration, a region's body), all naming values from one pool."""
+
+    def __init__(self, call_p: Any, defs: dict[str, FragmentDef]):
+        self.call_p, self.defs = call_p, defs
+        self.names = _Names(("state",))
+
+    # ---------------------------------------------------------------- graphs
+
+    def graph(self, jaxpr: jex.Jaxpr, consts: dict[Any, Any], inputs: tuple[Value, ...], in_uses: list[Use],
+              out_tree: Any) -> Graph:
+        env: dict[Any, Use] = dict(zip(jaxpr.invars, in_uses))
+        nodes: list[Any] = []
+        self.equations(jaxpr, env, consts, nodes)
+        outputs = tuple(self.use(v, env, consts, nodes) for v in jaxpr.outvars)
+        return Graph(inputs=inputs, nodes=tuple(nodes), outputs=outputs, out_tree=out_tree)
+
+    def equations(self, jaxpr: jex.Jaxpr, env: dict[Any, Use], consts: dict[Any, Any], nodes: list[Any]) -> None:
+        """Nodes for `jaxpr`'s equations, appended to `nodes`; `env` maps its vars to the leaves they are."""
+        pending: list[Any] = []
+        used_after = _last_uses(jaxpr)
+
+        def flush(upto: int) -> None:
+            if pending:
+                nodes.append(self.glue(pending, env, consts, used_after, upto, nodes))
+                pending.clear()
+
+        for i, eqn in enumerate(jaxpr.eqns):
+            if not calls_fragments(eqn, self.call_p):
+                pending.append(eqn)
+                continue
+            flush(i)
+            name = eqn.primitive.name
+            if eqn.primitive is self.call_p:
+                nodes.append(self.run(eqn, env, consts, nodes))
+            elif name == "scan":
+                nodes.append(self.for_region(eqn, env, consts, nodes))
+            elif name == "cond":
+                nodes.append(self.if_region(eqn, env, consts, nodes))
+            elif name in INLINED:
+                self.inline(eqn, env, consts, nodes)
+            else:
+                what = REFUSED.get(name, f"a '{name}' of your own (fragc holds fragment calls under lax.scan, "
+                                         "fori_loop, lax.cond, lax.switch and jax.jit)")
+                raise FragcError(f"fragment '{first_fragment(eqn, self.call_p)}' is called inside {what} "
+                                 f"(at {call_site(eqn)})")
+        flush(len(jaxpr.eqns))
+
+    def declared_axes(self, jaxpr: jex.Jaxpr) -> dict[Any, int | None]:
+        """For each var of `jaxpr` read by a fragment (in a region or inlined call too), the batch axis the
+        first such fragment declares for it."""
+        axes: dict[Any, int | None] = {}
+        for eqn in jaxpr.eqns:
+            if eqn.primitive is self.call_p:
+                for v, leaf in zip(eqn.invars, self.defs[eqn.params["fragment"]].in_leaf_types):
+                    if isinstance(v, jex.Var):
+                        axes.setdefault(v, leaf.axis)
+            elif calls_fragments(eqn, self.call_p):
+                for sub in jex.jaxprs_in_params(eqn.params):
+                    inner = self.declared_axes(sub)
+                    for v, w in zip(_operands_of(eqn, sub), sub.invars):
+                        if w in inner and isinstance(v, jex.Var):
+                            axes.setdefault(v, _outer_axis(eqn, sub, w, inner[w]))
+        return axes
+
+    # ---------------------------------------------------------------- operands
+
+    def use(self, v: Any, env: dict[Any, Use], consts: dict[Any, Any], nodes: list[Any]) -> Use:
+        """The leaf a var or literal is; a literal or closed-over constant becomes a `const` glue node."""
+        if isinstance(v, jex.Var) and v in env:
+            return env[v]
+        value = v.val if isinstance(v, jex.Literal) else consts[v]
+        node = self.constant(v.aval, value)
+        nodes.append(node)
+        use = Use(node.outputs[0], 0)
+        if isinstance(v, jex.Var):
+            env[v] = use
+        return use
+
+    def constant(self, aval: Any, value: Any) -> Glue:
+        var = jex.Var(aval)
+        if not jax.dtypes.issubdtype(aval.dtype, jax.dtypes.prng_key):
+            value = np.asarray(value, dtype=aval.dtype)  # Python scalars as arrays: one type in every branch
+        jaxpr = jex.Jaxpr(constvars=[var], invars=[], outvars=[var], eqns=[], debug_info=glue_debug_info(0, 1))
+        out = Value(self.names.fresh("c"), TreeType.of((LeafType.of(aval).struct(),)))
+        return Glue(body=jex.ClosedJaxpr(jaxpr, [value]), inputs=(), outputs=(out,))
+
+    # ---------------------------------------------------------------- nodes
+
+    def run(self, eqn: Any, env: dict[Any, Use], consts: dict[Any, Any], nodes: list[Any]) -> Run:
+        fdef = self.defs[eqn.params["fragment"]]
+        inputs = tuple(self.use(v, env, consts, nodes) for v in eqn.invars)
+        outputs, offset = [], 0
+        for i, out_type in enumerate(fdef.out_types):
+            base = (out_type.class_name or "").lower() or f"{fdef.name}_{i}"
+            value = Value(self.names.fresh(base), out_type)
+            for j, var in enumerate(eqn.outvars[offset : offset + len(out_type.leaves)]):
+                env[var] = Use(value, j)
+            offset += len(out_type.leaves)
+            outputs.append(value)
+        return Run(fragment=fdef.name, inputs=inputs, outputs=tuple(outputs))
+
+    def glue(self, eqns: list[Any], env: dict[Any, Use], consts: dict[Any, Any], used_after: dict[Any, int],
+             end: int, nodes: list[Any]) -> Glue:
+        defined = {v for e in eqns for v in e.outvars}
+        inputs, constvars = [], []
+        for e in eqns:
+            for v in e.invars:
+                if isinstance(v, jex.Var) and v not in defined:
+                    target = constvars if v in consts and v not in env else inputs
+                    if v not in target:
+                        target.append(v)
+        outputs = [v for e in eqns for v in e.outvars
+                   if not isinstance(v, jex.DropVar) and used_after.get(v, -1) >= end]
+        effects = set().union(*(e.effects for e in eqns)) if any(e.effects for e in eqns) else jex.no_effects
+        jaxpr = jex.Jaxpr(constvars=constvars, invars=inputs, outvars=outputs, eqns=eqns, effects=effects,
+                          debug_info=glue_debug_info(len(inputs), len(outputs)))
+        body = jex.ClosedJaxpr(jaxpr, [consts[v] for v in constvars])
+        value = Value(self.names.fresh("g"), TreeType.of(tuple(_struct(v) for v in outputs)))
+        node = Glue(body=body, inputs=tuple(env[v] for v in inputs), outputs=(value,))
+        for j, v in enumerate(outputs):
+            env[v] = Use(value, j)
+        return node
+
+    def inline(self, eqn: Any, env: dict[Any, Use], consts: dict[Any, Any], nodes: list[Any]) -> None:
+        """A jit of the user's own around fragment calls: its equations join the enclosing graph."""
+        closed = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+        inner = closed.jaxpr if hasattr(closed, "jaxpr") else closed
+        inner_consts = dict(zip(inner.constvars, getattr(closed, "consts", ())))
+        inner_env = {w: self.use(v, env, consts, nodes) for v, w in zip(eqn.invars, inner.invars)}
+        self.equations(inner, inner_env, inner_consts, nodes)
+        for v, w in zip(eqn.outvars, inner.outvars):
+            if not isinstance(v, jex.DropVar):
+                env[v] = self.use(w, inner_env, inner_consts, nodes)
+
+    def for_region(self, eqn: Any, env: dict[Any, Use], consts: dict[Any, Any], nodes: list[Any]) -> For:
+        p = eqn.params
+        closed, nc, nk = p["jaxpr"], p["num_consts"], p["num_carry"]
+        inputs = tuple(self.use(v, env, consts, nodes) for v in eqn.invars)
+        body_jaxpr = closed.jaxpr
+        inner_axes = self.declared_axes(body_jaxpr)
+        groups = (inputs[:nc], inputs[nc:nc + nk], inputs[nc + nk:])
+        bases = ("consts", "carry", "xs")
+        invars = (body_jaxpr.invars[:nc], body_jaxpr.invars[nc:nc + nk], body_jaxpr.invars[nc + nk:])
+        params = []
+        for base, uses, vars_, sliced in zip(bases, groups, invars, (False, False, True)):
+            leaves = tuple(_leaf(w, inner_axes, u, sliced) for u, w in zip(uses, vars_))
+            params.append(Value(self.names.fresh(base), _flat_type(leaves)))
+        body_in = [u for v in params for u in v.uses()]
+        n_out = len(body_jaxpr.outvars)
+        out_tree = _flat_type(tuple(LeafType.of(w.aval) for w in body_jaxpr.outvars)).treedef
+        body = self.graph(body_jaxpr, dict(zip(body_jaxpr.constvars, closed.consts)), tuple(params), body_in,
+                          out_tree)
+        carry_leaves = params[1].type.leaves
+        ys = tuple(u.type.replace(shape=(p["length"],) + u.type.shape,
+                                  axis=None if u.type.axis is None else u.type.axis + 1)
+                   for u in body.outputs[nk:n_out])
+        carry = Value(self.names.fresh("carry"), _flat_type(carry_leaves))
+        stacked = Value(self.names.fresh("ys"), _flat_type(ys))
+        for var, use in zip(eqn.outvars, carry.uses() + stacked.uses()):
+            env[var] = use
+        return For(inputs=inputs, outputs=(carry, stacked), body=body, trips=int(p["length"]),
+                   reverse=bool(p["reverse"]), source=call_site(eqn))
+
+    def if_region(self, eqn: Any, env: dict[Any, Use], consts: dict[Any, Any], nodes: list[Any]) -> If:
+        inputs = tuple(self.use(v, env, consts, nodes) for v in eqn.invars)
+        branches = []
+        for closed in eqn.params["branches"]:
+            inner_axes = self.declared_axes(closed.jaxpr)
+            leaves = tuple(_leaf(w, inner_axes, u, False) for u, w in zip(inputs[1:], closed.jaxpr.invars))
+            ops = Value(self.names.fresh("ops"), _flat_type(leaves))
+            out_tree = _flat_type(tuple(LeafType.of(w.aval) for w in closed.jaxpr.outvars)).treedef
+            branches.append(self.graph(closed.jaxpr, dict(zip(closed.jaxpr.constvars, closed.consts)), (ops,),
+                                       ops.uses(), out_tree))
+        axes = [next((b.outputs[k].type.axis for b in branches if b.outputs[k].type.axis is not None), None)
+                for k in range(len(eqn.outvars))]
+        leaves = tuple(LeafType.of(v.aval, a) for v, a in zip(eqn.outvars, axes))
+        out = Value(self.names.fresh("branch"), _flat_type(leaves))
+        for var, use in zip(eqn.outvars, out.uses()):
+            env[var] = use
+        return If(inputs=inputs, outputs=(out,), branches=tuple(branches), source=call_site(eqn))
 
 
-def _constants(loose: list[Any], consts: dict[Any, Any], env: dict[Any, Use], names: _Names) -> Glue:
-    """Literal or closed-over outputs of the iteration, as glue with no inputs."""
-    outvars = [jex.Var(v.aval) for v in loose]
-    values = [v.val if isinstance(v, jex.Literal) else consts[v] for v in loose]
-    jaxpr = jex.Jaxpr(constvars=outvars, invars=[], outvars=outvars, eqns=[],
-                      debug_info=glue_debug_info(0, len(outvars)))
-    body = jex.ClosedJaxpr(jaxpr, values)
-    value = Value(names.fresh("const"), TreeType.of(tuple(_struct(v) for v in outvars)))
-    for j, v in enumerate(loose):
-        env[v] = Use(value, j)
-    return Glue(body=body, inputs=(), outputs=(value,))
+def _operands_of(eqn: Any, sub: jex.Jaxpr) -> list[Any]:
+    """The equation's operands that `sub`'s invars stand for (a cond's branches skip the index)."""
+    if eqn.primitive.name == "cond":
+        return list(eqn.invars[1:])
+    return list(eqn.invars)
+
+
+def _outer_axis(eqn: Any, sub: jex.Jaxpr, w: Any, axis: int | None) -> int | None:
+    """The axis of a scan's operand whose per-trip slice has batch axis `axis` (others keep theirs)."""
+    if eqn.primitive.name == "scan" and axis is not None:
+        p = eqn.params
+        if sub.invars.index(w) >= p["num_consts"] + p["num_carry"]:
+            return axis + 1
+    return axis
+
+
+def _leaf(var: Any, inner_axes: dict[Any, int | None], outer: Use, sliced: bool) -> LeafType:
+    """A region parameter's type: its aval, the batch axis a fragment inside declares (else the operand's,
+    less the scanned axis), on the operand's group."""
+    if var in inner_axes:
+        axis = inner_axes[var]
+    elif outer.type.axis is None or (sliced and outer.type.axis == 0):
+        axis = None
+    else:
+        axis = outer.type.axis - 1 if sliced else outer.type.axis
+    return LeafType.of(var.aval, axis)
+
+
+def _flat_type(leaves: tuple[LeafType, ...]) -> TreeType:
+    """A flat tuple of these leaves."""
+    return TreeType.of(tuple(t.struct() for t in leaves)).with_leaves(tuple(leaves))
 
 
 def glue_debug_info(n_in: int, n_out: int) -> jex.DebugInfo:

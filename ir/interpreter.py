@@ -19,7 +19,9 @@ from jax.extend import core as jex
 
 from .errors import FragcError
 from .host import start_host_call
-from .module import HOST, REPLICA, Delay, FragmentDef, Glue, Loop, Module, Run, Stage, Transfer, Use
+from .module import (
+    HOST, REGION_KINDS, REPLICA, Delay, For, FragmentDef, Glue, Graph, If, Loop, Module, Run, Stage, Transfer, Use, walk,
+)
 from .replicas import check_divides, merge_axis, replicated_output_differs, run_replicated, split_axis
 
 _COMPILED: "weakref.WeakKeyDictionary[FragmentDef, dict[int, Any]]" = weakref.WeakKeyDictionary()
@@ -70,13 +72,15 @@ class Interpreter:
     def __init__(self, module: Module):
         self.module = module
         graph = module.graph
-        in_stage = {i: s for s in module.stages for i in s.nodes}
-        self.plan: list[Stage | int] = []  # the top-level steps: stages and the nodes between them
-        for i in range(len(graph.nodes)):
-            if i not in in_stage:
-                self.plan.append(i)
-            elif in_stage[i].nodes[0] == i:
-                self.plan.append(in_stage[i])
+        self.plan = _plan(graph, module.stages)  # the top-level steps: stages and the nodes between them
+        self.stage_graph = {s.name: graph for s in module.stages}  # the graph each stage's nodes index
+        self.plans: dict[int, list[Stage | int]] = {}  # id(region graph) -> its steps
+        for node in walk(graph.nodes):
+            if isinstance(node, REGION_KINDS):
+                per_region = (node.stages,) if isinstance(node, For) else (node.stages or ((),) * len(node.branches))
+                for g, stages in zip(node.regions, per_region):
+                    self.plans[id(g)] = _plan(g, stages)
+                    self.stage_graph.update({s.name: g for s in stages})
         self.delay_nodes = [i for i, n in enumerate(graph.nodes) if isinstance(n, Delay)]
 
     def iteration(self, state: Sequence[Any], delayed: Mapping[int, list[Any]] | None = None
@@ -96,19 +100,49 @@ class Interpreter:
         next_delays = {i: [env[u] for u in graph.nodes[i].inputs] for i in self.delay_nodes}
         return [env[u] for u in graph.outputs], next_delays
 
-    def run_node(self, i: int, env: dict[Use, Any]) -> None:
-        node = self.module.graph.nodes[i]
-        outs = getattr(self, node.kind)(i, node, [env[u] for u in node.operands])
+    def run_node(self, i: int, env: dict[Use, Any], graph: Graph | None = None) -> None:
+        """Node `i` of `graph` (the iteration's by default) on the leaves in `env`; its results into `env`."""
+        node = (graph or self.module.graph).nodes[i]
+        outs = getattr(self, _METHODS.get(node.kind, node.kind))(i, node, [env[u] for u in node.operands])
         env.update(zip((u for v in node.outputs for u in v.uses()), outs))
+
+    def region(self, graph: Graph, leaves: list[Any]) -> list[Any]:
+        """A region's graph (a loop's body, a branch) on its inputs' leaves -> the leaves it yields: its steps
+        (stages, where `fuse` made some, and the nodes between them) in order."""
+        env: dict[Use, Any] = dict(zip((u for v in graph.inputs for u in v.uses()), leaves))
+        for step in self.plans.get(id(graph)) or range(len(graph.nodes)):
+            if isinstance(step, Stage):
+                env.update(zip(step.outputs, self.stage(step, [env[u] for u in step.inputs])))
+            else:
+                self.run_node(step, env, graph)
+        return [env[u] for u in graph.outputs]
 
     # ---------------------------------------------------------------- one method per step
 
     def stage(self, stage: Stage, leaves: list[Any]) -> list[Any]:
         """A subgraph: its nodes in order, from its inputs to its outputs."""
         env: dict[Use, Any] = dict(zip(stage.inputs, leaves))
+        graph = self.stage_graph.get(stage.name, self.module.graph)
         for i in stage.nodes:
-            self.run_node(i, env)
+            self.run_node(i, env, graph)
         return [env[u] for u in stage.outputs]
+
+    def for_loop(self, i: int, node: For, leaves: list[Any]) -> list[Any]:
+        """A `for` region inside a traced program: `lax.scan` over its body."""
+        nc, nk = node.num_consts, node.num_carry
+        consts, carry, xs = leaves[:nc], leaves[nc:nc + nk], leaves[nc + nk:]
+
+        def trip(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
+            outs = self.region(node.body, consts + list(carry) + list(x))
+            return outs[:nk], outs[nk:]
+
+        carry, ys = jax.lax.scan(trip, carry, xs, length=node.trips, reverse=node.reverse)
+        return list(carry) + list(ys)
+
+    def if_branch(self, i: int, node: If, leaves: list[Any]) -> list[Any]:
+        """An `if`/`switch` region inside a traced program: `lax.switch` over its branches."""
+        branches = [functools.partial(self.region, g) for g in node.branches]
+        return list(jax.lax.switch(leaves[0], branches, list(leaves[1:])))
 
     def run(self, i: int, node: Run, leaves: list[Any]) -> list[Any]:
         return list(self.fragment(self.module.fragments[node.fragment])(*leaves))
@@ -132,8 +166,25 @@ class Interpreter:
         raise NotImplementedError(f"{type(self).__name__} does not run loop nodes")
 
 
+_METHODS = {"for": "for_loop", "if": "if_branch"}
+"""The step method of node kinds that are Python keywords."""
+
+
+def _plan(graph: Graph, stages: Sequence[Stage]) -> list[Stage | int]:
+    """A graph's steps: its stages, and the indices of the nodes between them, in order."""
+    in_stage = {i: s for s in stages for i in s.nodes}
+    plan: list[Stage | int] = []
+    for i in range(len(graph.nodes)):
+        if i not in in_stage:
+            plan.append(i)
+        elif in_stage[i].nodes[0] == i:
+            plan.append(in_stage[i])
+    return plan
+
+
 class ReferenceInterpreter(Interpreter):
-    """DESIGN.md's semantics: each fragment as `vmap(axis_name=REPLICA)` over its replicas, on one device."""
+    """DESIGN.md's semantics: each fragment as `vmap(axis_name=REPLICA)` over its replicas, on one device;
+    regions as Python runs them: a `for` trip by trip, an `if` by the index's value."""
 
     def __init__(self, module: Module, counts: Mapping[str, int]):
         super().__init__(module)
@@ -141,6 +192,24 @@ class ReferenceInterpreter(Interpreter):
 
     def fragment(self, fdef: FragmentDef) -> Callable[..., Any]:
         return fragment_runner(fdef, self.counts[fdef.name])
+
+    def for_loop(self, i: int, node: For, leaves: list[Any]) -> list[Any]:
+        nc, nk = node.num_consts, node.num_carry
+        consts, carry, xs = leaves[:nc], leaves[nc:nc + nk], leaves[nc + nk:]
+        ys: list[list[Any]] = [[] for _ in range(node.trips)]
+        for t in (range(node.trips - 1, -1, -1) if node.reverse else range(node.trips)):
+            outs = self.region(node.body, consts + carry + [x[t] for x in xs])
+            carry, ys[t] = outs[:nk], outs[nk:]
+        stacked = node.outputs[1].type.leaves
+        if not node.trips:
+            return carry + [jnp.zeros(t.shape, t.dtype) for t in stacked]
+        return carry + [jnp.stack(column) for column in zip(*ys)] if stacked else carry
+
+    def if_branch(self, i: int, node: If, leaves: list[Any]) -> list[Any]:
+        if isinstance(leaves[0], jax.core.Tracer):  # traced (a vmapped population): as compiled programs run it
+            return super().if_branch(i, node, leaves)
+        k = min(max(int(leaves[0]), 0), len(node.branches) - 1)  # clamped, as lax.switch
+        return self.region(node.branches[k], list(leaves[1:]))
 
     def loop(self, i: int, node: Loop, leaves: list[Any]) -> list[Any]:
         """The loop node as its region says, synchronously: the prefix, then every step, the region's nodes in

@@ -323,8 +323,99 @@ class Loop(Run):
         return len(self.body.inputs[1].type.leaves)
 
 
-Node = Run | Glue | Transfer | Delay | Loop
-NODE_KINDS = (Run, Glue, Transfer, Delay, Loop)
+@dataclasses.dataclass(frozen=True, eq=False)
+class For:
+    """`lax.scan` (or `fori_loop` with a static trip count) around fragment calls: `body` runs `trips` times.
+
+    `inputs` are the loop's constants, the carry's initial leaves and the scanned leaves, in that order; the
+    body's inputs are three values (constants, carry, one trip's slice of the scanned leaves) and it yields the
+    next carry, then the trip's outputs. `outputs` are two values: the final carry and the trip outputs stacked
+    along a new leading axis of length `trips`. `stages` (set by `fuse` when the body's nodes lie on several
+    device groups) are the body's stages: the loop then runs from the schedule, trip by trip.
+    """
+
+    inputs: tuple[Use, ...]
+    outputs: tuple[Value, ...]  # (carry, stacked outputs)
+    body: Graph
+    trips: int
+    reverse: bool = False
+    source: str = "?"
+    stages: tuple["Stage", ...] = ()
+
+    kind = "for"
+
+    @property
+    def operands(self) -> tuple[Use, ...]:
+        return self.inputs
+
+    @property
+    def regions(self) -> tuple[Graph, ...]:
+        return (self.body,)
+
+    @property
+    def num_consts(self) -> int:
+        return len(self.body.inputs[0].type.leaves)
+
+    @property
+    def num_carry(self) -> int:
+        return len(self.body.inputs[1].type.leaves)
+
+    def replace(self, **changes: Any) -> "For":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class If:
+    """`lax.cond` / `lax.switch` around fragment calls: branch `inputs[0]` (an int32 index, clamped as
+    `lax.switch` clamps it) of `branches` runs on `inputs[1:]`. Each branch's input is one value (the
+    operands) and it yields the leaves of the node's one output value. `lax.cond(p, t, f)` is branch 1 (`t`)
+    when p is true, branch 0 (`f`) otherwise. `stages` (set by `fuse` when the branches span device groups)
+    are each branch's stages: the branch is then chosen by the schedule."""
+
+    inputs: tuple[Use, ...]  # the index, then the operands
+    outputs: tuple[Value, ...]  # exactly one
+    branches: tuple[Graph, ...]
+    source: str = "?"
+    stages: tuple[tuple["Stage", ...], ...] = ()
+
+    kind = "if"
+
+    @property
+    def operands(self) -> tuple[Use, ...]:
+        return self.inputs
+
+    @property
+    def regions(self) -> tuple[Graph, ...]:
+        return self.branches
+
+    def replace(self, **changes: Any) -> "If":
+        return dataclasses.replace(self, **changes)
+
+
+Node = Run | Glue | Transfer | Delay | Loop | For | If
+NODE_KINDS = (Run, Glue, Transfer, Delay, Loop, For, If)
+REGION_KINDS = (For, If)
+"""Structured control flow around fragment calls: nodes that hold graphs of their own."""
+
+
+def walk(nodes: tuple, regions: bool = True):
+    """Every node of `nodes` and, with `regions`, of the graphs of their `For`/`If` regions, depth first."""
+    for node in nodes:
+        yield node
+        if regions and isinstance(node, REGION_KINDS):
+            for g in node.regions:
+                yield from walk(g.nodes)
+
+
+def fragments_run_in(nodes: tuple) -> list[str]:
+    """The fragments that `nodes` run, regions (and host loops' steps) included, in order of first run."""
+    names: dict[str, None] = {}
+    for n in walk(nodes):
+        if isinstance(n, Run):
+            names[n.fragment] = None
+        if isinstance(n, Loop):
+            names.update((r.fragment, None) for r in n.body.nodes if isinstance(r, Run))
+    return list(names)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -438,12 +529,27 @@ class Module:
         return {name: f for name, f in self.fragments.items() if not f.part_of}
 
     def group_of(self, node: Node) -> str | None:
-        """The device group a run or glue executes on (`None` before `place`)."""
+        """The device group a run, glue or region executes on (`None` before `place`, and for a region whose
+        nodes lie on several groups: see `region_groups`)."""
+        if isinstance(node, REGION_KINDS):
+            groups = self.region_groups(node)
+            return groups[0] if len(groups) == 1 else None
         if isinstance(node, Run):
             p = self.fragments[node.fragment].placement
             return p.group if p else None
         leaves = node.outputs[0].type.leaves if node.outputs else ()
         return leaves[0].group if leaves else (self.meshes[0].name if self.meshes else None)
+
+    def region_groups(self, node: Node) -> list[str]:
+        """The device groups a region's nodes (nested regions' too) run on or move between, in order."""
+        groups: dict[str, None] = {}
+        for g in node.regions:
+            for n in walk(g.nodes):
+                if isinstance(n, Transfer):
+                    groups.update({n.src: None, n.dst: None})
+                elif not isinstance(n, REGION_KINDS) and (where := self.group_of(n)) is not None:
+                    groups[where] = None
+        return list(groups)
 
     def __str__(self) -> str:
         from .printer import format_module

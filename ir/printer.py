@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .module import Delay, FragmentDef, Glue, Graph, Loop, Module, Run, Transfer, Use, Value
+import numpy as np
+
+from .module import Delay, For, FragmentDef, Glue, Graph, If, Loop, Module, Run, Stage, Transfer, Use, Value
 from .types import TreeType
 
 
@@ -130,18 +132,7 @@ def _graph_lines(module: Module, aliases: _Aliases) -> list[str]:
     graph = module.graph
     params = ", ".join(f"%{v.name}: {aliases.ref(v.type, v.name)}" for v in graph.inputs)
     lines = ["", f"func @iteration({params}) {{"]
-    stage_of = {i: s for s in module.stages for i in s.nodes}
-    for i, node in enumerate(graph.nodes):
-        stage = stage_of.get(i)
-        if stage is not None and i == stage.nodes[0]:
-            lines.append(f"  stage @{stage.name} on @{stage.group}({operands(stage.inputs)}) {{")
-        indent = "    " if stage is not None else "  "
-        if isinstance(node, Loop):
-            lines += _loop_lines(node, module, aliases, indent)
-        else:
-            lines.append(indent + _node_line(node, module, aliases))
-        if stage is not None and i == stage.nodes[-1]:
-            lines.append(f"  }} -> ({operands(stage.outputs)})")
+    lines += _nodes_lines(graph, module.stages, module, aliases, "  ")
     state_tree, metrics_tree = graph.out_tree.children()
     n_state = state_tree.num_leaves
     state_out = _tree_operand(graph.outputs[:n_state], state_tree)
@@ -149,6 +140,85 @@ def _graph_lines(module: Module, aliases: _Aliases) -> list[str]:
     lines.append(f"  return state={state_out}, metrics={metrics_out}")
     lines.append("}")
     return lines
+
+
+def _nodes_lines(graph: Graph, stages: Sequence[Stage], module: Module, aliases: _Aliases, indent: str,
+                 trips: int = 1) -> list[str]:
+    """A graph's nodes, in their stages; `trips`: how often they run a call of the enclosing region."""
+    lines = []
+    stage_of = {i: s for s in stages for i in s.nodes}
+    for i, node in enumerate(graph.nodes):
+        stage = stage_of.get(i)
+        if stage is not None and i == stage.nodes[0]:
+            lines.append(f"{indent}stage @{stage.name} on @{stage.group}({operands(stage.inputs)}) {{")
+        inner = indent + "  " if stage is not None else indent
+        if isinstance(node, Loop):
+            lines += _loop_lines(node, module, aliases, inner)
+        elif isinstance(node, For):
+            lines += _for_lines(node, module, aliases, inner, trips)
+        elif isinstance(node, If):
+            lines += _if_lines(node, module, aliases, inner, trips)
+        else:
+            line = _node_line(node, module, aliases)
+            if isinstance(node, Transfer) and trips > 1:  # moved every trip of the enclosing loops
+                line += f" a trip, {human_bytes(node.nbytes * trips)} a call"
+            lines.append(inner + line)
+        if stage is not None and i == stage.nodes[-1]:
+            lines.append(f"{indent}}} -> ({operands(stage.outputs)})")
+    return lines
+
+
+def _region_params(label: str, graph: Graph, aliases: _Aliases) -> str:
+    params = ", ".join(f"%{v.name}: {aliases.ref(v.type, v.name)}" for v in graph.inputs)
+    return f"^{label}({params}):"
+
+
+def _for_lines(node: For, module: Module, aliases: _Aliases, indent: str, trips: int) -> list[str]:
+    """`%carry, %ys = for trips=N consts(...) carry(...) xs(...) {`, the body's parameters, nodes and yield."""
+    nc, nk = node.num_consts, node.num_carry
+    groups = (node.inputs[:nc], node.inputs[nc:nc + nk], node.inputs[nc + nk:])
+    ops = " ".join(f"{name}({operand(g)})" for name, g in zip(("consts", "carry", "xs"), groups))
+    order = " reverse" if node.reverse else ""
+    lines = [f"{indent}{_outs(node)} = for trips={node.trips}{order} {ops} {{   // {node.source}",
+             f"{indent}  {_region_params('trip', node.body, aliases)}"]
+    lines += _nodes_lines(node.body, node.stages, module, aliases, indent + "  ", trips * node.trips)
+    lines += [f"{indent}  yield {_yield_operands(node.body.outputs)}", f"{indent}}}"]
+    return lines
+
+
+def _if_lines(node: If, module: Module, aliases: _Aliases, indent: str, trips: int) -> list[str]:
+    """`if %p (...) { ^then(...): ... } else { ^else(...): ... }` for two branches (`lax.cond`: `then` is branch
+    1), `switch %i (...) { ^case0(...): ... ^case1(...): ... }` for more (`lax.switch`)."""
+    ops = operand(node.inputs[1:])
+    index = operand(node.inputs[:1])
+    n = len(node.branches)
+    labels = ["else", "then"] if n == 2 else [f"case{k}" for k in range(n)]
+    order = [1, 0] if n == 2 else list(range(n))
+    keyword = "if" if n == 2 else "switch"
+    lines = [f"{indent}{_outs(node)} = {keyword} {index} ({ops}) {{   // {node.source}"]
+    for pos, k in enumerate(order):
+        if n == 2 and pos == 1:
+            lines.append(f"{indent}}} else {{")
+        branch = node.branches[k]
+        stages = node.stages[k] if node.stages else ()
+        lines.append(f"{indent}  {_region_params(labels[k], branch, aliases)}")
+        lines += _nodes_lines(branch, stages, module, aliases, indent + "  ", trips)
+        lines.append(f"{indent}  yield {_yield_operands(branch.outputs)}")
+    lines.append(f"{indent}}}")
+    return lines
+
+
+def _yield_operands(uses: Sequence[Use]) -> str:
+    """What a region yields, leaf by leaf in order (runs of one value's leaves named together)."""
+    parts, run = [], []
+    for u in uses:
+        if run and (u.value is not run[-1].value or u.index != run[-1].index + 1):
+            parts.append(operand(run))
+            run = []
+        run.append(u)
+    if run:
+        parts.append(operand(run))
+    return ", ".join(parts) if parts else "()"
 
 
 def _loop_lines(node: Loop, module: Module, aliases: _Aliases, indent: str) -> list[str]:
@@ -203,7 +273,7 @@ def _node_line(node: object, module: Module, aliases: _Aliases) -> str:
         return f"{outs} = run @{node.fragment}({', '.join(_arg_operands(node.inputs, fdef))})"
     if isinstance(node, Glue):
         kinds = sorted({e.primitive.name for e in node.body.jaxpr.eqns}) if node.body is not None else ["?"]
-        what = " ".join(kinds) if kinds else "const"
+        what = " ".join(kinds) if kinds else _const_text(node)
         ins = ", ".join(operand([u]) for u in node.inputs)
         types = ", ".join(str(t) for t in node.outputs[0].type.leaves)
         return f"{outs}: ({types}) = glue({ins})   // {what}"
@@ -215,6 +285,21 @@ def _node_line(node: object, module: Module, aliases: _Aliases) -> str:
         where = f" on @{group}" if group else ""
         return f"{outs} = delay {operand(node.inputs)} init {operand(node.initial)}{where}"
     raise TypeError(f"unknown node kind {type(node).__name__}")
+
+
+def _const_text(node: Glue) -> str:
+    """`const 0.05`: a constant node with its value where it is a few numbers."""
+    values = list(node.body.consts) if node.body is not None else []
+    if len(values) == 1 and getattr(values[0], "size", 2) <= 4 and not _is_key_array(values[0]):
+        text = " ".join(str(np.asarray(values[0]).tolist()).split())
+        return f"const {text}"
+    return "const"
+
+
+def _is_key_array(x: object) -> bool:
+    import jax
+
+    return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
 def _arg_operands(inputs: Sequence[Use], fdef: FragmentDef) -> list[str]:

@@ -1,0 +1,188 @@
+"""What researchers write around fragment calls: constants, keyword calls, and control flow (scan, fori_loop,
+cond, switch, nested) around fragments. Each class is a whole algorithm, written as a user would, not in the
+shape of the built-ins; tests/test_control_flow.py traces, compiles and checks each against the reference."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+import fragc
+
+TRUE_W = jnp.array([1.0, -2.0, 0.5])
+
+
+@struct.dataclass
+class Data:
+    x: jax.Array  # [n, 3]
+    key: jax.Array  # [n] per-environment keys
+
+
+@struct.dataclass
+class State:
+    w: jax.Array  # [3]
+    target: jax.Array  # [3]: a slow copy of w
+    data: Data
+    step: jax.Array
+
+
+class Base:
+    """An actor samples noisy linear data per environment; a learner takes SGD steps on it."""
+
+    num_envs = 8
+    lr = 0.1
+
+    def init(self, key):
+        k_w, k_x, k_env = jax.random.split(key, 3)
+        data = Data(jax.random.normal(k_x, (self.num_envs, 3)), jax.random.split(k_env, self.num_envs))
+        w = jax.random.normal(k_w, (3,))
+        return State(w, w, data, jnp.int32(0))
+
+    @fragc.fragment(role="actor", in_axes=(0,), out_axes=(0, 0))
+    def sample(self, data):
+        keys = jax.vmap(jax.random.split)(data.key)
+        x = jax.vmap(lambda k: jax.random.normal(k, (3,)))(keys[:, 0])
+        y = x @ TRUE_W + 0.1 * jax.vmap(lambda k: jax.random.normal(k))(keys[:, 1])
+        return y, Data(x, keys[:, 0])
+
+    @fragc.fragment(role="learner", in_axes=(None, 0, 0, None), out_axes=(None, None))
+    def learn(self, w, x, y, lr):
+        loss, grad = jax.value_and_grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
+        return w - lr * fragc.pmean(grad), {"loss": fragc.pmean(loss)}
+
+    @fragc.fragment(role="learner", in_axes=(None, None), out_axes=None)
+    def polyak(self, target, w):
+        return 0.5 * target + 0.5 * w
+
+    def finish(self, state, w, data, metrics, target=None):
+        target = state.target if target is None else target
+        return State(w, target, data, state.step + 1), metrics
+
+
+class ConstFloat(Base):
+    def iteration(self, state):
+        y, data = self.sample(state.data)
+        w, m = self.learn(state.w, data.x, y, 0.05)  # a Python float
+        return self.finish(state, w, data, m)
+
+
+class JnpScalar(Base):
+    def iteration(self, state):
+        y, data = self.sample(state.data)
+        w, m = self.learn(state.w, data.x, y, jnp.float32(self.lr))  # a jnp literal
+        return self.finish(state, w, data, m)
+
+
+class NumpyScalar(Base):
+    def iteration(self, state):
+        y, data = self.sample(state.data)
+        w, m = self.learn(state.w, data.x, y, np.float32(self.lr))
+        return self.finish(state, w, data, m)
+
+
+class ConstMetric(Base):
+    def iteration(self, state):
+        y, data = self.sample(state.data)
+        w, m = self.learn(state.w, data.x, y, self.lr)
+        return self.finish(state, w, data, {**m, "const": 1.0, "lr": jnp.float32(self.lr)})
+
+
+class IntMetric(Base):
+    def iteration(self, state):
+        y, data = self.sample(state.data)
+        w, m = self.learn(state.w, data.x, y, self.lr)
+        return self.finish(state, w, data, {**m, "step": state.step, "envs": self.num_envs})
+
+
+class Keywords(Base):
+    def iteration(self, state):
+        y, data = self.sample(data=state.data)
+        w, m = self.learn(state.w, y=y, x=data.x, lr=self.lr)
+        return self.finish(state, w, data, m)
+
+
+class TwoCalls(Base):
+    def iteration(self, state):
+        y, data = self.sample(state.data)
+        w, _ = self.learn(state.w, data.x, y, self.lr)
+        w, m = self.learn(w, data.x, y, self.lr)
+        return self.finish(state, w, data, m)
+
+
+class Scan(Base):
+    """Three SGD steps an iteration, as a scan over a learner fragment."""
+
+    def iteration(self, state):
+        y, data = self.sample(state.data)
+
+        def step(w, _):
+            return self.learn(w, data.x, y, self.lr)
+
+        w, ms = jax.lax.scan(step, state.w, None, length=3)
+        return self.finish(state, w, data, jax.tree.map(jnp.mean, ms))
+
+
+class ForiLoop(Base):
+    def iteration(self, state):
+        y, data = self.sample(state.data)
+        w = jax.lax.fori_loop(0, 3, lambda i, w: self.learn(w, data.x, y, self.lr)[0], state.w)
+        return self.finish(state, w, data, {"w0": w[0]})
+
+
+class CondSync(Base):
+    """A target synced every second iteration (DQN's target network)."""
+
+    def iteration(self, state):
+        y, data = self.sample(state.data)
+        w, m = self.learn(state.w, data.x, y, self.lr)
+        target = jax.lax.cond(state.step % 2 == 0, lambda: self.polyak(state.target, w), lambda: state.target)
+        return self.finish(state, w, data, m, target)
+
+
+class Switch(Base):
+    """One of three updates, by the iteration counter."""
+
+    def iteration(self, state):
+        y, data = self.sample(state.data)
+        branches = [lambda w: self.learn(w, data.x, y, 0.1)[0],
+                    lambda w: self.learn(w, data.x, y, 0.01)[0],
+                    lambda w: self.polyak(w, state.target)]
+        w = jax.lax.switch(state.step % 3, branches, state.w)
+        return self.finish(state, w, data, {"w0": w[0]})
+
+
+class Nested(Base):
+    """A cond inside a scan: a Polyak update after every second of four SGD steps."""
+
+    def iteration(self, state):
+        y, data = self.sample(state.data)
+
+        def step(carry, i):
+            w, target = carry
+            w, m = self.learn(w, data.x, y, self.lr)
+            target = jax.lax.cond(i % 2 == 1, lambda: self.polyak(target, w), lambda: target)
+            return (w, target), m["loss"]
+
+        (w, target), losses = jax.lax.scan(step, (state.w, state.target), jnp.arange(4))
+        return self.finish(state, w, data, {"loss": losses[-1], "first": losses[0]}, target)
+
+
+class ActorLearnerScan(Base):
+    """A scan whose body samples (actor) and learns (learner): under actor_learner it spans both groups."""
+
+    def iteration(self, state):
+        def step(carry, _):
+            w, data = carry
+            y, data = self.sample(data)
+            w, m = self.learn(w, data.x, y, self.lr)
+            return (w, data), m
+
+        (w, data), ms = jax.lax.scan(step, (state.w, state.data), None, length=3)
+        return self.finish(state, w, data, {"loss": ms["loss"][-1]})
+
+
+SHAPES = {
+    "const_float": ConstFloat, "jnp_scalar": JnpScalar, "numpy_scalar": NumpyScalar, "const_metric": ConstMetric,
+    "int_metric": IntMetric, "keywords": Keywords, "two_calls": TwoCalls, "scan": Scan, "fori_loop": ForiLoop,
+    "cond": CondSync, "switch": Switch, "nested": Nested, "actor_learner_scan": ActorLearnerScan,
+}
