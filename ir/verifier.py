@@ -14,7 +14,8 @@ from typing import Callable, Iterable
 
 from .errors import VerifyError
 from .module import (
-    CARRIERS, HOST, SHAPES, Delay, Glue, Loop, Module, Run, Transfer, Use, Value, is_host_loop, subgraph,
+    CARRIERS, HOST, REGION_KINDS, SHAPES, Delay, For, Glue, Graph, Loop, Module, Run, Transfer, Use, Value,
+    is_host_loop, subgraph, walk,
 )
 from .types import LeafType
 
@@ -34,14 +35,33 @@ Rule = Callable[[Site], "str | None"]
 
 def verify(module: Module) -> Module:
     """Raise `VerifyError` naming the pass label, node and rule; return the module unchanged."""
-    graph = module.graph
+    defined = _verify_graph(module, module.graph, f"{module.label}: ")
+    _apply(MODULE_RULES, Site(module, defined=frozenset(defined)), f"{module.label}")
+    return module
+
+
+def _verify_graph(module: Module, graph: Graph, where: str) -> set[Value]:
+    """The node rules over a graph (and the graphs of its regions: each sees only its own inputs and nodes);
+    the values it defines."""
     defined: set[Value] = set(graph.inputs)
     for i, node in enumerate(graph.nodes):
         site = Site(module, i, node, frozenset(defined))
-        _apply(NODE_RULES[node.kind], site, f"{module.label}: node {i} ({describe(node)})")
+        here = f"{where}node {i} ({describe(node)})"
+        _apply(NODE_RULES[node.kind], site, here)
+        for k, region in enumerate(getattr(node, "regions", ()) if isinstance(node, REGION_KINDS) else ()):
+            inner = _verify_graph(module, region, f"{here}, {_region_name(node, k)} ")
+            missing = _first(_undefined(u, frozenset(inner)) for u in region.outputs)
+            if missing is not None:
+                raise VerifyError(f"{here}: {_region_name(node, k)} yields a value it does not define: {missing} "
+                                  "[rule region_yields_what_it_defines]")
         defined.update(node.outputs)
-    _apply(MODULE_RULES, Site(module, defined=frozenset(defined)), f"{module.label}")
-    return module
+    return defined
+
+
+def _region_name(node: object, k: int) -> str:
+    if isinstance(node, For):
+        return "body"
+    return ("else", "then")[k] if len(node.branches) == 2 else f"case {k}"
 
 
 def _apply(rules: Iterable[Rule], site: Site, where: str) -> None:
@@ -371,7 +391,94 @@ def delay_types_agree(site: Site) -> str | None:
     return None
 
 
+# ---------------------------------------------------------------- for and if (control flow regions)
+
+
+def _leaf_agrees(a: LeafType, b: LeafType, placed: bool) -> bool:
+    """Shape and dtype agree, and the group where transfers are inserted (batch axes may differ across a region's
+    boundary: a fragment inside declares its own)."""
+    same = (tuple(a.shape), str(a.dtype)) == (tuple(b.shape), str(b.dtype))
+    return same and (not placed or a.group is None or b.group is None or a.group == b.group)
+
+
+def for_operands_match_the_body(site: Site) -> str | None:
+    """A `for` body takes three values (constants, carry, one trip's slice of the scanned leaves) whose leaves are
+    the operands' (a scanned leaf less its leading axis of length `trips`), on the same groups once transfers
+    are inserted; it yields the carry's types, then the trip's outputs."""
+    node, placed = site.node, site.module.carrier is not None
+    if len(node.body.inputs) != 3:
+        return f"the body has {len(node.body.inputs)} inputs, not 3 (constants, carry, the trip's slices)"
+    if node.trips < 0:
+        return f"a loop of {node.trips} trips"
+    params = [t for v in node.body.inputs for t in v.type.leaves]
+    if len(params) != len(node.inputs):
+        return f"{len(node.inputs)} operands for a body of {len(params)} input leaves"
+    sliced = len(node.body.inputs[0].type.leaves) + len(node.body.inputs[1].type.leaves)
+    for k, (u, t) in enumerate(zip(node.inputs, params)):
+        want = t if k < sliced else t.replace(shape=(node.trips,) + tuple(t.shape))
+        if not _leaf_agrees(u.type, want, placed):
+            return f"operand {k} is {u.type}, but the body reads {t}" + (" a trip" if k >= sliced else "")
+    carry = node.body.inputs[1].type.leaves
+    yielded = [u.type for u in node.body.outputs]
+    if len(yielded) < len(carry) or not all(_leaf_agrees(a, b, placed) for a, b in zip(carry, yielded)):
+        return "the body does not yield its carry's types"
+    return None
+
+
+def for_results_are_the_carry_and_the_stacked_outputs(site: Site) -> str | None:
+    """A `for` defines two values: the final carry (the carry's types) and the trips' outputs stacked along a
+    new leading axis."""
+    node = site.node
+    if len(node.outputs) != 2:
+        return f"a for defines 2 values (carry, stacked outputs), not {len(node.outputs)}"
+    carry, ys = node.outputs[0].type.leaves, node.outputs[1].type.leaves
+    params = node.body.inputs[1].type.leaves
+    if len(carry) != len(params) or not all(_leaf_agrees(a, b, False) for a, b in zip(carry, params)):
+        return f"%{node.outputs[0].name} is not of the carry's types"
+    per_trip = [u.type for u in node.body.outputs[len(params):]]
+    stacked = [t.replace(shape=(node.trips,) + tuple(t.shape)) for t in per_trip]
+    if len(ys) != len(stacked) or not all(_leaf_agrees(a, b, False) for a, b in zip(ys, stacked)):
+        return f"%{node.outputs[1].name} is not the body's outputs stacked over {node.trips} trips"
+    return None
+
+
+def if_branches_take_the_operands_and_yield_the_results(site: Site) -> str | None:
+    """An `if` reads an int32 scalar index, then the operands; every branch takes one value of the operands'
+    leaves and yields the result's leaves (shape, dtype, and group once transfers are inserted)."""
+    node, placed = site.node, site.module.carrier is not None
+    index = node.inputs[0].type if node.inputs else None
+    if index is None or index.shape != () or str(index.dtype) != "int32":
+        return f"the branch index is {index}, not an i32[] scalar"
+    if len(node.outputs) != 1 or not node.branches:
+        return "an if defines one value and holds at least one branch"
+    results = node.outputs[0].type.leaves
+    for k, branch in enumerate(node.branches):
+        name = _region_name(node, k)
+        params = [t for v in branch.inputs for t in v.type.leaves]
+        if len(branch.inputs) != 1 or len(params) != len(node.inputs) - 1:
+            return f"the {name} branch does not take one value of the {len(node.inputs) - 1} operands"
+        if bad := next((j for j, (u, t) in enumerate(zip(node.inputs[1:], params))
+                        if not _leaf_agrees(u.type, t, placed)), None):
+            return f"the {name} branch reads operand {bad} as {params[bad]}, but it is {node.inputs[1 + bad].type}"
+        yielded = [u.type for u in branch.outputs]
+        if len(yielded) != len(results) or not all(_leaf_agrees(a, b, placed) for a, b in zip(yielded, results)):
+            return f"the {name} branch does not yield the types of %{node.outputs[0].name}"
+    return None
+
+
+def region_holds_no_delay_or_host_loop(site: Site) -> str | None:
+    """Delays carry values between iterations and host loops run from the host: neither sits in a region."""
+    for g in site.node.regions:
+        for n in walk(g.nodes):
+            if isinstance(n, (Delay, Loop)):
+                return f"a region holds a {n.kind} ({describe(n)}), which runs only at the iteration's top level"
+    return None
+
+
 NODE_RULES: dict[str, tuple[Rule, ...]] = {
+    "for": COMMON + (for_operands_match_the_body, for_results_are_the_carry_and_the_stacked_outputs,
+                     region_holds_no_delay_or_host_loop),
+    "if": COMMON + (if_branches_take_the_operands_and_yield_the_results, region_holds_no_delay_or_host_loop),
     "run": COMMON + (fragment_is_defined, part_runs_only_in_its_loop, operands_match_the_arguments,
                      results_match_the_fragment, placed_on_a_mesh, replicas_fill_the_group,
                      batch_axes_divide_by_replicas, host_loop_splits_the_environments,
@@ -406,19 +513,23 @@ def returned_state_has_the_input_state_type(site: Site) -> str | None:
 
 
 def stages_close_over_the_graph(site: Site) -> str | None:
-    """Every run and glue lies in one stage of consecutive nodes on the stage's group (a host loop in a
-    stage alone); a stage's inputs are exactly the leaves it reads from outside and its outputs exactly
-    the leaves read after it."""
+    """Every run, glue and region on one group lies in one stage of consecutive nodes on the stage's group (a
+    host loop in a stage alone; a region spanning groups between stages, its graphs staged alike); a stage's
+    inputs are exactly the leaves it reads from outside and its outputs exactly the leaves read after it."""
     module = site.module
     if not module.stages:
         return None
-    graph, seen = module.graph, set()
-    for stage in module.stages:
+    return _stages_close(module, module.graph, module.stages)
+
+
+def _stages_close(module: Module, graph: Graph, stages: tuple) -> str | None:
+    seen: set[int] = set()
+    for stage in stages:
         if list(stage.nodes) != list(range(stage.nodes[0], stage.nodes[-1] + 1)):
             return f"stage @{stage.name}: nodes {list(stage.nodes)} are not consecutive"
         for i in stage.nodes:
             node = graph.nodes[i]
-            if not isinstance(node, (Run, Glue)) or i in seen:
+            if not isinstance(node, (Run, Glue) + REGION_KINDS) or i in seen:
                 return f"stage @{stage.name}: node {i} ({describe(node)}) is not a run or glue of this stage alone"
             if module.group_of(node) != stage.group:
                 return f"stage @{stage.name} on @{stage.group} holds node {i} ({describe(node)}) of another group"
@@ -430,9 +541,19 @@ def stages_close_over_the_graph(site: Site) -> str | None:
             return f"stage @{stage.name}: inputs are not the leaves it reads from outside"
         if set(closed.outputs) != set(stage.outputs):
             return f"stage @{stage.name}: outputs are not the leaves read after it"
-    missing = [i for i, n in enumerate(graph.nodes) if isinstance(n, (Run, Glue)) and i not in seen]
+    spanning = {i for i, n in enumerate(graph.nodes) if isinstance(n, REGION_KINDS) and module.group_of(n) is None}
+    missing = [i for i, n in enumerate(graph.nodes)
+               if isinstance(n, (Run, Glue) + REGION_KINDS) and i not in seen and i not in spanning]
     if missing:
         return f"node {missing[0]} ({describe(graph.nodes[missing[0]])}) lies in no stage"
+    for i in sorted(spanning):
+        node = graph.nodes[i]
+        per_graph = (node.stages,) if isinstance(node, For) else node.stages
+        if len(per_graph) != len(node.regions):
+            return f"node {i} ({describe(node)}) spans device groups but its graphs have no stages"
+        for region, region_stages in zip(node.regions, per_graph):
+            if message := _stages_close(module, region, region_stages):
+                return f"node {i} ({describe(node)}): {message}"
     return None
 
 
@@ -445,7 +566,7 @@ def schedule_fits_the_graph(site: Site) -> str | None:
         return f"schedule '{schedule.shape}' is not one of {', '.join(SHAPES)}"
     if schedule.iterations_per_dispatch < 1:
         return f"schedule: {schedule.iterations_per_dispatch} iterations per dispatch"
-    between = [n for n in module.graph.nodes if isinstance(n, (Transfer, Delay))]
+    between = [n for n in walk(module.graph.nodes) if isinstance(n, (Transfer, Delay))]
     if schedule.shape == "fused" and (len(module.stages) > 1 or between):
         return f"schedule fused, but the iteration has {len(module.stages)} stages and {len(between)} transfers and delays"
     if schedule.shape != "staged" and any(is_host_loop(module, n) for n in module.graph.nodes):

@@ -11,7 +11,7 @@ from jax.extend import core as jex
 from jax.interpreters import partial_eval as pe
 
 from fragc.ir.graph_builder import glue_debug_info
-from fragc.ir.module import Glue, Loop, Module, Run, Use, Value
+from fragc.ir.module import Glue, Module, Use, Value, fragments_run_in
 from fragc.ir.types import TreeType
 
 from .pipeline import Pass
@@ -73,6 +73,5 @@ def _rewire(graph, renames: dict[Value, tuple[Value, list[int]]]):
 
 
 def _used_fragments(module: Module, nodes: list) -> dict:
-    used = {n.fragment for n in nodes if isinstance(n, Run)}
-    used |= {r.fragment for n in nodes if isinstance(n, Loop) for r in n.body.nodes if isinstance(r, Run)}
+    used = set(fragments_run_in(tuple(nodes)))
     return {name: f for name, f in module.fragments.items() if name in used}

@@ -21,7 +21,7 @@ import dataclasses
 
 from fragc.ir.errors import FragcError
 from fragc.ir.host import check_host_placement
-from fragc.ir.module import Delay, Glue, Module, Schedule, Transfer, is_host_loop
+from fragc.ir.module import REGION_KINDS, Delay, Glue, Module, Schedule, Transfer, is_host_loop, walk
 
 from .pipeline import Pass
 
@@ -40,7 +40,8 @@ class Loop(Pass):
         return module
 
     def _shape(self, module: Module) -> str:
-        between = [n for n in module.graph.nodes if isinstance(n, (Transfer, Delay))]
+        between = [n for n in walk(module.graph.nodes) if isinstance(n, (Transfer, Delay))]
+        between += [n for n in module.graph.nodes if isinstance(n, REGION_KINDS) and module.group_of(n) is None]
         host_loop = any(is_host_loop(module, n) for n in module.graph.nodes)
         if len(module.stages) <= 1 and not between and not host_loop:
             return "fused"
@@ -69,7 +70,7 @@ def spmd_unsupported(module: Module) -> str | None:
         p = fdef.placement
         if p is not None and (p.lowering != "shard_map" or p.replicas != len(module.meshes[0].devices)):
             return f"fragment '{fdef.name}' is not one shard_map replica per device of its group"
-    for node in module.graph.nodes:
+    for node in walk(module.graph.nodes):
         if isinstance(node, Glue) and any(u.type.axis is not None for u in node.inputs):
             return "glue between fragments reads a value split over devices"
     return None

@@ -16,7 +16,9 @@ import dataclasses
 
 from fragc.ir.errors import FragcError
 from fragc.ir.host import env_workers_error
-from fragc.ir.module import FragmentDef, Glue, Graph, Mesh, Module, Placement, Run, Use, Value
+from fragc.ir.module import (
+    REGION_KINDS, For, FragmentDef, Glue, Graph, If, Mesh, Module, Placement, Run, Use, Value, walk,
+)
 from fragc.ir.replicas import check_divides
 from fragc.ir.time_loop import time_loop_error
 
@@ -72,45 +74,133 @@ def _env_groups(fdef: FragmentDef, replicas: int, policy: Policy) -> int:
 
 def _place_values(module: Module) -> Graph:
     graph = module.graph
-    default = module.meshes[0].name
-    state = graph.inputs[0]
-    first_reader = _first_readers(module)
-    node_group: dict[int, str] = {i: module.fragments[n.fragment].placement.group
-                                  for i, n in enumerate(graph.nodes) if isinstance(n, Run)}
-    producer = graph.producers()
     n_state = graph.out_tree.children()[0].num_leaves
-    returned = dict(enumerate(graph.outputs[:n_state]))
+    state = graph.inputs[0]
+    carried = {Use(state, k): graph.outputs[k] for k in range(n_state)}
+    return _place_graph(module, graph, {}, carried, {})
 
-    def state_group(k: int) -> str | None:
-        """Where the next value of state leaf k is made (once known), else where a fragment first reads it."""
-        made_by = producer.get(returned[k].value) if k in returned else None
-        return node_group.get(made_by) or first_reader.get(Use(state, k))
+
+def _place_graph(module: Module, graph: Graph, fixed: dict[Value, list[str]], carried: dict[Use, Use],
+                 fallback: dict[Use, str]) -> Graph:
+    """`graph` (the iteration, or a region's body) with every value placed.
+
+    fixed: input values whose leaves' groups are decided already (a region on one group, a branch's operands);
+    carried: for an input leaf carried around a loop, the leaf that gives its next value (the returned state,
+      a `for` body's yielded carry): it lives where that is made, so the loop carries it in place;
+    fallback: where an input leaf lives when nothing in the graph makes or reads it (the region's operand).
+    """
+    default = module.meshes[0].name
+    first_reader = _first_readers(module, graph)
+    node_group: dict[int, str | None] = {}
+    for i, n in enumerate(graph.nodes):
+        if isinstance(n, Run):
+            node_group[i] = module.fragments[n.fragment].placement.group
+        elif isinstance(n, REGION_KINDS):
+            groups = _run_groups(module, n)
+            node_group[i] = groups[0] if len(groups) == 1 else None
+    producer = graph.producers()
+    regions: dict[int, For | If] = {}  # placed regions, by index
+
+    def input_group(use: Use) -> str | None:
+        """Where it is made for the next trip (once known), else where it is first read, else the operand's."""
+        if use.value in fixed:
+            return fixed[use.value][use.index]
+        made_by = producer.get(carried[use].value) if use in carried else None
+        made_on = node_group.get(made_by) if made_by is not None else None
+        if made_by in regions:  # a region spanning groups: where it makes that leaf
+            node = graph.nodes[made_by]
+            made_on = regions[made_by].outputs[node.outputs.index(carried[use].value)].type.leaves[
+                carried[use].index].group
+        return made_on or first_reader.get(use) or fallback.get(use)
 
     def group_of(use: Use) -> str | None:
-        return state_group(use.index) if use.value is state else node_group.get(producer[use.value])
+        if use.value in graph.inputs:
+            return input_group(use)
+        i = producer[use.value]
+        if i in regions:
+            return regions[i].outputs[graph.nodes[i].outputs.index(use.value)].type.leaves[use.index].group
+        return node_group.get(i)
 
     def glue_group(i: int, node: Glue) -> str:
         """Beside the leaves it reads, else where its results are first read, else in the stage before it."""
         beside = _most_common(g for g in map(group_of, node.inputs) if g)
         read_on = next((first_reader[u] for v in node.outputs for u in v.uses() if u in first_reader), None)
-        return beside or read_on or node_group.get(i - 1, default)
+        return beside or read_on or node_group.get(i - 1) or default
 
     for i, node in enumerate(graph.nodes):
-        if i not in node_group:
+        if isinstance(node, Glue):
             node_group[i] = glue_group(i, node)
-    renamed = {state: _placed(state, [state_group(k) or default for k in range(len(state.type.leaves))])}
+        elif isinstance(node, REGION_KINDS):
+            regions[i] = _place_region(module, node, node_group[i], [group_of(u) or default for u in node.inputs])
+    renamed: dict[Value, Value] = {v: _placed(v, [input_group(u) or default for u in v.uses()]) for v in graph.inputs}
     for i, node in enumerate(graph.nodes):
-        for v in node.outputs:
-            renamed[v] = _placed(v, [node_group[i]] * len(v.type.leaves))
-    return _substitute(graph, renamed)
+        placed = regions[i].outputs if i in regions else [
+            _placed(v, [node_group[i]] * len(v.type.leaves)) for v in node.outputs]
+        renamed.update(zip(node.outputs, placed))
+
+    def fix(uses: tuple[Use, ...]) -> tuple[Use, ...]:
+        return tuple(u._replace(value=renamed.get(u.value, u.value)) for u in uses)
+
+    nodes = []
+    for i, node in enumerate(graph.nodes):
+        changes = {"inputs": fix(node.inputs), "outputs": tuple(renamed[v] for v in node.outputs)}
+        if hasattr(node, "initial"):
+            changes["initial"] = fix(node.initial)
+        nodes.append((regions.get(i) or node).replace(**changes))
+    return graph.replace(inputs=tuple(renamed[v] for v in graph.inputs), nodes=tuple(nodes),
+                         outputs=fix(graph.outputs))
 
 
-def _first_readers(module: Module) -> dict[Use, str]:
-    """For each leaf read by a fragment, the group of the first fragment that reads it."""
+def _place_region(module: Module, node: For | If, group: str | None, operand_groups: list[str]) -> For | If:
+    """A region with its graphs placed: on `group` entirely when its runs lie there, else its values where
+    their rules say (`_place_graph`), a loop's carry where the body makes its next value."""
+    if isinstance(node, For):
+        body = node.body
+        if group is not None:
+            placed = _place_graph(module, body, {v: [group] * len(v.type.leaves) for v in body.inputs}, {}, {})
+        else:
+            params = [u for v in body.inputs for u in v.uses()]
+            nc, nk = node.num_consts, node.num_carry
+            carried = {params[nc + k]: body.outputs[k] for k in range(nk)}
+            fallback = dict(zip(params, operand_groups))
+            placed = _place_graph(module, body, {}, carried, fallback)
+        carry = placed.inputs[1].type.leaves
+        ys = [t.replace(group=u.type.group) for t, u in zip(node.outputs[1].type.leaves, placed.outputs[node.num_carry:])]
+        return node.replace(body=placed, outputs=(_placed(node.outputs[0], [t.group for t in carry]),
+                                                   _placed(node.outputs[1], [t.group for t in ys])))
+    operands = node.inputs[1:]
+    if group is not None:
+        where = [group] * len(operands)
+    else:
+        readers = [_first_readers(module, b) for b in node.branches]
+        where = [next((r[p] for r, b in zip(readers, node.branches) if (p := Use(b.inputs[0], k)) in r), None)
+                 or operand_groups[k + 1] for k in range(len(operands))]
+    branches = tuple(_place_graph(module, b, {b.inputs[0]: where}, {}, {}) for b in node.branches)
+    out = []
+    for k in range(len(node.outputs[0].type.leaves)):
+        made = [b.outputs[k] for b in branches if b.outputs[k].value not in b.inputs]
+        out.append((made or [branches[0].outputs[k]])[0].type.group)
+    return node.replace(branches=branches, outputs=(_placed(node.outputs[0], out),))
+
+
+def _run_groups(module: Module, node: For | If) -> list[str]:
+    """The groups of the fragments a region runs (nested regions' too), in order."""
+    return list(dict.fromkeys(module.fragments[n.fragment].placement.group
+                              for g in node.regions for n in walk(g.nodes) if isinstance(n, Run)))
+
+
+def _first_readers(module: Module, graph: Graph) -> dict[Use, str]:
+    """For each leaf read by a fragment (or a region on one group), the group of the first that reads it."""
     readers: dict[Use, str] = {}
-    for node in module.graph.nodes:
+    for node in graph.nodes:
         if isinstance(node, Run):
             group = module.fragments[node.fragment].placement.group
+        elif isinstance(node, REGION_KINDS):
+            groups = _run_groups(module, node)
+            group = groups[0] if len(groups) == 1 else None
+        else:
+            continue
+        if group is not None:
             for u in node.inputs:
                 readers.setdefault(u, group)
     return readers
@@ -124,18 +214,3 @@ def _most_common(groups) -> str | None:
 def _placed(value: Value, groups: list[str]) -> Value:
     leaves = tuple(t.replace(group=g) for t, g in zip(value.type.leaves, groups))
     return value.replace(type=value.type.with_leaves(leaves))
-
-
-def _substitute(graph: Graph, renamed: dict[Value, Value]) -> Graph:
-    """The graph with every value replaced by its placed version."""
-    def fix(uses):
-        return tuple(u._replace(value=renamed.get(u.value, u.value)) for u in uses)
-
-    nodes = []
-    for node in graph.nodes:
-        changes = {"inputs": fix(node.inputs), "outputs": tuple(renamed.get(v, v) for v in node.outputs)}
-        if hasattr(node, "initial"):
-            changes["initial"] = fix(node.initial)
-        nodes.append(node.replace(**changes))
-    return graph.replace(inputs=tuple(renamed.get(v, v) for v in graph.inputs), nodes=tuple(nodes),
-                         outputs=fix(graph.outputs))

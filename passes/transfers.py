@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from fragc.ir.errors import FragcError
-from fragc.ir.module import CARRIERS, Delay, Module, Run, Transfer, Use, Value
+from fragc.ir.module import CARRIERS, REGION_KINDS, Delay, For, Graph, If, Module, Run, Transfer, Use, Value, walk
 from fragc.ir.types import TreeType
 
 from .pipeline import Pass
@@ -26,55 +26,106 @@ class InsertTransfers(Pass):
         if self.carrier not in CARRIERS:
             raise FragcError(f"insert_transfers: carrier must be one of {', '.join(CARRIERS)}, got {self.carrier!r}")
         graph = module.graph
-        nodes: list = []
-        moved: dict[tuple, tuple[Use, ...]] = {}
+        back = [t.group for t in graph.inputs[0].type.leaves]  # the returned state comes back where it is read
+        back += [None] * (len(graph.outputs) - len(back))
+        taken = {v.name for v in graph.inputs} | {v.name for n in walk(graph.nodes) for v in n.outputs}
+        taken |= {v.name for n in walk(graph.nodes) if isinstance(n, REGION_KINDS) for g in n.regions for v in g.inputs}
+        return module.replace(graph=_with_transfers(module, graph, back, self.carrier, taken), carrier=self.carrier)
 
-        def to(group: str, uses: tuple[Use, ...]) -> tuple[Use, ...]:
-            out = list(uses)
-            foreign = [i for i, u in enumerate(uses) if u.type.group is not None and u.type.group != group]
-            by_src: dict[str, list[int]] = {}
-            for i in foreign:
-                by_src.setdefault(uses[i].type.group, []).append(i)
-            for src, idx in by_src.items():
-                key = (tuple(uses[i] for i in idx), group)
-                if key not in moved:
-                    leaves = tuple(uses[i].type.replace(group=group) for i in idx)
-                    value = Value(f"{_common_name(uses, idx)}_to_{group}",
-                                  TreeType.of(tuple(t.struct() for t in leaves)).with_leaves(leaves))
-                    nodes.append(Transfer(inputs=key[0], outputs=(value,), src=src, dst=group, carrier=self.carrier))
-                    moved[key] = value.uses()
-                for i, new in zip(idx, moved[key]):
-                    out[i] = new
-            return tuple(out)
 
-        def per_argument(group: str, node) -> tuple[Use, ...]:
-            """One transfer per fragment argument (or glue operand), so each names what it moves."""
-            if isinstance(node, Run):
-                sizes = [len(t.leaves) for t in module.fragments[node.fragment].in_types]
-            elif isinstance(node, Delay):
-                sizes = [len(node.inputs)]  # one value, moved once (its `initial` is usually the same leaves)
-            else:
-                sizes = [1] * len(node.inputs)
-            out, offset = [], 0
-            for n in sizes:
-                out += to(group, node.inputs[offset : offset + n])
-                offset += n
-            return tuple(out)
+def _with_transfers(module: Module, graph: Graph, out_groups: list[str | None], carrier: str, taken: set[str]
+                    ) -> Graph:
+    """`graph` with a transfer before each node that reads a leaf of another group, and before the yield or
+    return of a leaf that must live elsewhere (`out_groups`); regions' graphs likewise, so a transfer in a
+    loop's body moves every trip, and what the body reads unchanged is moved once, before the loop."""
+    mover = _Mover(carrier, taken)
+    for node in graph.nodes:
+        if isinstance(node, REGION_KINDS):
+            node = _region_with_transfers(module, node, mover, taken)
+        elif not isinstance(node, Transfer) and (group := module.group_of(node)) is not None:
+            changes = {"inputs": mover.per_argument(module, group, node)}
+            if isinstance(node, Delay):
+                changes["initial"] = mover.to(group, node.initial)
+            node = node.replace(**changes)
+        mover.nodes.append(node)
+    outputs = list(graph.outputs)
+    for i, group in enumerate(out_groups):
+        if group is not None:
+            outputs[i] = mover.to(group, (outputs[i],))[0]
+    return graph.replace(nodes=tuple(mover.nodes), outputs=tuple(outputs))
 
-        for node in graph.nodes:
-            group = None if isinstance(node, Transfer) else module.group_of(node)
-            if group is not None:
-                changes = {"inputs": per_argument(group, node)}
-                if isinstance(node, Delay):
-                    changes["initial"] = to(group, node.initial)
-                node = node.replace(**changes)
-            nodes.append(node)
-        state = graph.inputs[0]
-        outputs = list(graph.outputs)
-        for i, t in enumerate(state.type.leaves):
-            outputs[i] = to(t.group, (outputs[i],))[0] if t.group else outputs[i]
-        graph = graph.replace(nodes=tuple(nodes), outputs=tuple(outputs))
-        return module.replace(graph=graph, carrier=self.carrier)
+
+def _region_with_transfers(module: Module, node: For | If, mover: "_Mover", taken: set[str]) -> For | If:
+    """A region's operands moved to where its graphs read them, and its graphs' own transfers."""
+    if isinstance(node, For):
+        params = [t for v in node.body.inputs for t in v.type.leaves]
+        inputs = mover.to_each([t.group for t in params], node.inputs)
+        yields = [t.group for t in node.body.inputs[1].type.leaves]
+        yields += [None] * (len(node.body.outputs) - len(yields))
+        return node.replace(inputs=inputs, body=_with_transfers(module, node.body, yields, mover.carrier, taken))
+    params = [t.group for t in node.branches[0].inputs[0].type.leaves]
+    index = node.inputs[:1] if (g := module.group_of(node)) is None else mover.to(g, node.inputs[:1])
+    inputs = index + mover.to_each(params, node.inputs[1:])
+    outs = [t.group for t in node.outputs[0].type.leaves]
+    return node.replace(inputs=inputs, branches=tuple(_with_transfers(module, b, outs, mover.carrier, taken)
+                                                      for b in node.branches))
+
+
+class _Mover:
+    """The transfers of one graph: one per (operand leaves, destination), appended to `nodes` as needed."""
+
+    def __init__(self, carrier: str, taken: set[str]):
+        self.carrier, self.taken = carrier, taken
+        self.nodes: list = []
+        self.moved: dict[tuple, tuple[Use, ...]] = {}
+
+    def to(self, group: str, uses: tuple[Use, ...]) -> tuple[Use, ...]:
+        out = list(uses)
+        foreign = [i for i, u in enumerate(uses) if u.type.group is not None and u.type.group != group]
+        by_src: dict[str, list[int]] = {}
+        for i in foreign:
+            by_src.setdefault(uses[i].type.group, []).append(i)
+        for src, idx in by_src.items():
+            key = (tuple(uses[i] for i in idx), group)
+            if key not in self.moved:
+                leaves = tuple(uses[i].type.replace(group=group) for i in idx)
+                value = Value(self.fresh(f"{_common_name(uses, idx)}_to_{group}"),
+                              TreeType.of(tuple(t.struct() for t in leaves)).with_leaves(leaves))
+                self.nodes.append(Transfer(inputs=key[0], outputs=(value,), src=src, dst=group, carrier=self.carrier))
+                self.moved[key] = value.uses()
+            for i, new in zip(idx, self.moved[key]):
+                out[i] = new
+        return tuple(out)
+
+    def fresh(self, base: str) -> str:
+        name, i = base, 1
+        while name in self.taken:
+            name, i = f"{base}{i}", i + 1
+        self.taken.add(name)
+        return name
+
+    def to_each(self, groups: list[str | None], uses: tuple[Use, ...]) -> tuple[Use, ...]:
+        """Leaf k of `uses` to `groups[k]`, one transfer per destination."""
+        out = list(uses)
+        for group in dict.fromkeys(g for g in groups if g is not None):
+            idx = [k for k, g in enumerate(groups) if g == group]
+            for k, new in zip(idx, self.to(group, tuple(uses[k] for k in idx))):
+                out[k] = new
+        return tuple(out)
+
+    def per_argument(self, module: Module, group: str, node) -> tuple[Use, ...]:
+        """One transfer per fragment argument (or glue operand), so each names what it moves."""
+        if isinstance(node, Run):
+            sizes = [len(t.leaves) for t in module.fragments[node.fragment].in_types]
+        elif isinstance(node, Delay):
+            sizes = [len(node.inputs)]  # one value, moved once (its `initial` is usually the same leaves)
+        else:
+            sizes = [1] * len(node.inputs)
+        out, offset = [], 0
+        for n in sizes:
+            out += self.to(group, node.inputs[offset : offset + n])
+            offset += n
+        return tuple(out)
 
 
 def _common_name(uses: tuple[Use, ...], idx: list[int]) -> str:

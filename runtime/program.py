@@ -101,8 +101,8 @@ class Program:
         per_iter_collectives = 0.0
         for s in self._executor.executables:
             analysis = s.compiled.cost_analysis() or {}
-            frags = set(s.fragments)
-            coll = float(sum(fragment_collective_bytes(self.module.fragments[f]) for f in frags))
+            frags = set(s.fragments)  # s.fragments: one entry a run (a fragment in a loop: one a trip)
+            coll = float(sum(fragment_collective_bytes(self.module.fragments[f]) for f in s.fragments))
             if any(self.module.fragments[f].placement.lowering == "jit" for f in frags):
                 coll += float(hlo_collective_bytes(s.compiled.as_text()))
             per_iter_collectives += coll

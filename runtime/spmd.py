@@ -39,7 +39,7 @@ from jax.extend import core as jex
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fragc.ir.interpreter import Interpreter
-from fragc.ir.module import REPLICA, Module, Run, Transfer
+from fragc.ir.module import REPLICA, If, Module, Run, Transfer
 from fragc.ir.types import LeafType
 
 from .lower import spec
@@ -94,6 +94,15 @@ class SpmdProgram(Interpreter):
         zeros = [jnp.zeros(a.shape, a.dtype) for a in body.out_avals]
         return lax.cond(self.row_index == self.row[fdef.placement.group],
                         lambda xs: list(jex.jaxpr_as_fun(body)(*xs)), lambda xs: zeros, leaves)
+
+    def if_branch(self, i: int, node: If, leaves: list[Any]) -> list[Any]:
+        """Every row takes the branch the index's own group computed (its row broadcasts it), so that the
+        collectives inside the branch run on every device."""
+        group = node.inputs[0].type.group
+        index = leaves[0]
+        if group is not None:
+            index = lax.psum(jnp.where(self.row_index == self.row[group], index, 0), GROUP)
+        return super().if_branch(i, node, [index] + list(leaves[1:]))
 
     def transfer(self, i: int, node: Transfer, leaves: list[Any]) -> list[Any]:
         """Device (src, r) sends its block to (dst, r)."""

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from fragc.ir.interpreter import Interpreter
 from fragc.ir.errors import FragcError
-from fragc.ir.module import Loop, Module, Run, Stage, Transfer, is_host_loop
+from fragc.ir.module import For, Graph, If, Loop, Module, Run, Stage, Transfer, is_host_loop
 from fragc.ir.time_loop import time_loop_of
 
 from .executable import Executable
@@ -29,9 +29,34 @@ from .lower import Lowered, group_mesh, leaf_sharding, lower_fragments
 from .multihost import move_within_processes
 
 
-def stage_fragments(module: Module, nodes: Sequence[int]) -> tuple[str, ...]:
-    graph = module.graph
-    return tuple(graph.nodes[i].fragment for i in nodes if isinstance(graph.nodes[i], Run))
+def stage_fragments(graph: Graph, nodes: Sequence[int], times: int = 1) -> tuple[str, ...]:
+    """The fragment runs of a graph's nodes in one call, a fragment once a run: `times` over for each trip of
+    the loops around it (every branch of an `if` counted: an upper bound), so costs per run add up."""
+    out: list[str] = []
+    for i in nodes:
+        node = graph.nodes[i]
+        if isinstance(node, Run):
+            out += [node.fragment] * times
+        elif isinstance(node, For):
+            out += stage_fragments(node.body, range(len(node.body.nodes)), times * node.trips)
+        elif isinstance(node, If):
+            for b in node.branches:
+                out += stage_fragments(b, range(len(b.nodes)), times)
+    return tuple(out)
+
+
+def region_stages(graph: Graph, times: int = 1) -> list[tuple[Stage, Graph, int]]:
+    """The stages of the regions spanning groups in `graph` (nested ones too): (stage, the graph its nodes index,
+    how often it runs an iteration, at most)."""
+    out = []
+    for node in graph.nodes:
+        if isinstance(node, For):
+            out += [(s, node.body, times * node.trips) for s in node.stages]
+            out += region_stages(node.body, times * node.trips)
+        elif isinstance(node, If):
+            for b, stages in zip(node.branches, node.stages or ((),) * len(node.branches)):
+                out += [(s, b, times) for s in stages] + region_stages(b, times)
+    return out
 
 
 class StagedProgram(Interpreter):
@@ -57,6 +82,9 @@ class StagedProgram(Interpreter):
             else:
                 self.executables.append(compile_stage(s, body, devices))
                 self._programs[s.name] = self.executables[-1].compiled
+        for s, graph, times in region_stages(module.graph):  # the stages of loops and branches spanning groups
+            self.executables.append(compile_stage(s, body, devices, graph, times))
+            self._programs[s.name] = self.executables[-1].compiled
         self.state_shardings = [self.leaf_sharding(t) for t in module.graph.inputs[0].type.leaves]
 
     def leaf_sharding(self, leaf: Any) -> Any:
@@ -79,6 +107,31 @@ class StagedProgram(Interpreter):
     def loop(self, i: int, node: Loop, leaves: list[Any]) -> list[Any]:
         return self._host_loops[node.fragment](*leaves)
 
+    def for_loop(self, i: int, node: For, leaves: list[Any]) -> list[Any]:
+        """A loop spanning groups, from the schedule: its body's stages and transfers queued trip by trip."""
+        if not node.stages:  # inside a compiled stage: traced as lax.scan
+            return super().for_loop(i, node, leaves)
+        nc, nk = node.num_consts, node.num_carry
+        consts, carry, xs = leaves[:nc], leaves[nc:nc + nk], leaves[nc + nk:]
+        sliced = [self.leaf_sharding(t) for t in node.body.inputs[2].type.leaves]
+        ys: list[list[Any]] = [[] for _ in range(node.trips)]
+        for t in (range(node.trips - 1, -1, -1) if node.reverse else range(node.trips)):
+            outs = self.region(node.body, consts + carry + [jax.device_put(x[t], s) for x, s in zip(xs, sliced)])
+            carry, ys[t] = outs[:nk], outs[nk:]
+        stacked = node.outputs[1].type.leaves
+        if not node.trips:
+            return carry + [jax.device_put(jnp.zeros(t.shape, t.dtype), self.leaf_sharding(t)) for t in stacked]
+        return carry + [jax.device_put(jnp.stack(column), self.leaf_sharding(t))
+                        for column, t in zip(zip(*ys), stacked)]
+
+    def if_branch(self, i: int, node: If, leaves: list[Any]) -> list[Any]:
+        """A branch spanning groups, chosen by the schedule: the index is read on the host (the iteration waits
+        for it), then the branch's stages and transfers are queued."""
+        if not node.stages:
+            return super().if_branch(i, node, leaves)
+        k = min(max(int(jax.device_get(leaves[0])), 0), len(node.branches) - 1)  # clamped, as lax.switch
+        return self.region(node.branches[k], list(leaves[1:]))
+
     def host_loop(self, fragment: str) -> HostLoop:
         """The `HostLoop` that runs `fragment`'s loop node."""
         return self._host_loops[fragment]
@@ -94,13 +147,17 @@ class StagedProgram(Interpreter):
 def whole_iteration(module: Module, lowered: Any, iterations: int) -> Executable:
     """The one executable of a `fused` or `spmd` schedule: every stage, `iterations` a call."""
     return Executable("iteration", tuple(s.name for s in module.stages),
-                      stage_fragments(module, range(len(module.graph.nodes))), lowered, lowered.compile(), iterations)
+                      stage_fragments(module.graph, range(len(module.graph.nodes))), lowered, lowered.compile(),
+                      iterations)
 
 
-def compile_stage(stage: Stage, body: Lowered, devices: Sequence[jax.Device]) -> Executable:
+def compile_stage(stage: Stage, body: Lowered, devices: Sequence[jax.Device], graph: Graph | None = None,
+                  times: int = 1) -> Executable:
+    """One stage's program; `graph`: the graph its nodes index (a region's, run `times` an iteration)."""
     module = body.module
     structs = [jax.ShapeDtypeStruct(u.type.shape, u.type.dtype, sharding=leaf_sharding(u.type, module, devices))
                for u in stage.inputs]
     out_shardings = [leaf_sharding(u.type, module, devices) for u in stage.outputs]
     lowered = jax.jit(lambda *leaves: body.stage(stage, list(leaves)), out_shardings=out_shardings).lower(*structs)
-    return Executable(stage.name, (stage.name,), stage_fragments(module, stage.nodes), lowered, lowered.compile())
+    return Executable(stage.name, (stage.name,), stage_fragments(graph or module.graph, stage.nodes, times),
+                      lowered, lowered.compile())

@@ -38,10 +38,11 @@ class Base:
         w = jax.random.normal(k_w, (3,))
         return State(w, w, data, jnp.int32(0))
 
-    @fragc.fragment(role="actor", in_axes=(0,), out_axes=(0, 0))
-    def sample(self, data):
+    @fragc.fragment(role="actor", in_axes=(None, 0), out_axes=(0, 0))
+    def sample(self, w, data):
+        """Data drawn with the learner's weights in it, as a policy's would be."""
         keys = jax.vmap(jax.random.split)(data.key)
-        x = jax.vmap(lambda k: jax.random.normal(k, (3,)))(keys[:, 0])
+        x = jax.vmap(lambda k: jax.random.normal(k, (3,)))(keys[:, 0]) + 0.1 * w
         y = x @ TRUE_W + 0.1 * jax.vmap(lambda k: jax.random.normal(k))(keys[:, 1])
         return y, Data(x, keys[:, 0])
 
@@ -61,49 +62,49 @@ class Base:
 
 class ConstFloat(Base):
     def iteration(self, state):
-        y, data = self.sample(state.data)
+        y, data = self.sample(state.w, state.data)
         w, m = self.learn(state.w, data.x, y, 0.05)  # a Python float
         return self.finish(state, w, data, m)
 
 
 class JnpScalar(Base):
     def iteration(self, state):
-        y, data = self.sample(state.data)
+        y, data = self.sample(state.w, state.data)
         w, m = self.learn(state.w, data.x, y, jnp.float32(self.lr))  # a jnp literal
         return self.finish(state, w, data, m)
 
 
 class NumpyScalar(Base):
     def iteration(self, state):
-        y, data = self.sample(state.data)
+        y, data = self.sample(state.w, state.data)
         w, m = self.learn(state.w, data.x, y, np.float32(self.lr))
         return self.finish(state, w, data, m)
 
 
 class ConstMetric(Base):
     def iteration(self, state):
-        y, data = self.sample(state.data)
+        y, data = self.sample(state.w, state.data)
         w, m = self.learn(state.w, data.x, y, self.lr)
         return self.finish(state, w, data, {**m, "const": 1.0, "lr": jnp.float32(self.lr)})
 
 
 class IntMetric(Base):
     def iteration(self, state):
-        y, data = self.sample(state.data)
+        y, data = self.sample(state.w, state.data)
         w, m = self.learn(state.w, data.x, y, self.lr)
         return self.finish(state, w, data, {**m, "step": state.step, "envs": self.num_envs})
 
 
 class Keywords(Base):
     def iteration(self, state):
-        y, data = self.sample(data=state.data)
+        y, data = self.sample(data=state.data, w=state.w)
         w, m = self.learn(state.w, y=y, x=data.x, lr=self.lr)
         return self.finish(state, w, data, m)
 
 
 class TwoCalls(Base):
     def iteration(self, state):
-        y, data = self.sample(state.data)
+        y, data = self.sample(state.w, state.data)
         w, _ = self.learn(state.w, data.x, y, self.lr)
         w, m = self.learn(w, data.x, y, self.lr)
         return self.finish(state, w, data, m)
@@ -113,7 +114,7 @@ class Scan(Base):
     """Three SGD steps an iteration, as a scan over a learner fragment."""
 
     def iteration(self, state):
-        y, data = self.sample(state.data)
+        y, data = self.sample(state.w, state.data)
 
         def step(w, _):
             return self.learn(w, data.x, y, self.lr)
@@ -124,7 +125,7 @@ class Scan(Base):
 
 class ForiLoop(Base):
     def iteration(self, state):
-        y, data = self.sample(state.data)
+        y, data = self.sample(state.w, state.data)
         w = jax.lax.fori_loop(0, 3, lambda i, w: self.learn(w, data.x, y, self.lr)[0], state.w)
         return self.finish(state, w, data, {"w0": w[0]})
 
@@ -133,7 +134,7 @@ class CondSync(Base):
     """A target synced every second iteration (DQN's target network)."""
 
     def iteration(self, state):
-        y, data = self.sample(state.data)
+        y, data = self.sample(state.w, state.data)
         w, m = self.learn(state.w, data.x, y, self.lr)
         target = jax.lax.cond(state.step % 2 == 0, lambda: self.polyak(state.target, w), lambda: state.target)
         return self.finish(state, w, data, m, target)
@@ -143,7 +144,7 @@ class Switch(Base):
     """One of three updates, by the iteration counter."""
 
     def iteration(self, state):
-        y, data = self.sample(state.data)
+        y, data = self.sample(state.w, state.data)
         branches = [lambda w: self.learn(w, data.x, y, 0.1)[0],
                     lambda w: self.learn(w, data.x, y, 0.01)[0],
                     lambda w: self.polyak(w, state.target)]
@@ -155,7 +156,7 @@ class Nested(Base):
     """A cond inside a scan: a Polyak update after every second of four SGD steps."""
 
     def iteration(self, state):
-        y, data = self.sample(state.data)
+        y, data = self.sample(state.w, state.data)
 
         def step(carry, i):
             w, target = carry
@@ -173,7 +174,7 @@ class ActorLearnerScan(Base):
     def iteration(self, state):
         def step(carry, _):
             w, data = carry
-            y, data = self.sample(data)
+            y, data = self.sample(w, data)
             w, m = self.learn(w, data.x, y, self.lr)
             return (w, data), m
 
