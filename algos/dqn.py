@@ -150,7 +150,12 @@ class DQN:
         key, sample_key = jax.random.split(state.learner.key)
         batch = self.sample(buffer, sample_key)
         learner, losses = self.learn(state.learner.replace(key=key), batch)
-        return State(learner, runner, buffer), {**metrics, **losses}
+        # SYNC THE TARGET NETWORK when the env steps pass a multiple of target_update_interval (an `if` region)
+        interval = self.config.target_update_interval
+        copy = learner.env_steps // interval > state.learner.env_steps // interval
+        target = jax.lax.cond(copy, self.sync_target, lambda params, target: target,
+                              learner.params, learner.target_params)
+        return State(learner.replace(target_params=target), runner, buffer), {**metrics, **losses}
 
     def epsilon(self, env_steps: jax.Array) -> jax.Array:
         c = self.config
@@ -214,9 +219,12 @@ class DQN:
             return jax.tree.map(lambda a, b: jnp.where(started, a, b), new, learner), fragc.pmean(loss)
 
         learner, losses = jax.lax.scan(update, learner, batches)
-        copy = env_steps // c.target_update_interval > learner.env_steps // c.target_update_interval
-        target = jax.tree.map(lambda p, t: jnp.where(copy, p, t), learner.params, learner.target_params)
-        return learner.replace(target_params=target, env_steps=env_steps), {"loss": jnp.mean(losses)}
+        return learner.replace(env_steps=env_steps), {"loss": jnp.mean(losses)}
+
+    @fragc.fragment(role="learner", in_axes=(None, None), out_axes=None)
+    def sync_target(self, params: Any, target_params: Any) -> Any:
+        """The target network's new parameters: the online network's (Mnih et al.'s hard update)."""
+        return jax.tree.map(lambda p, t: p.astype(t.dtype), params, target_params)
 
     def _loss(self, params: Any, target_params: Any, batch: Transition) -> jax.Array:
         q_next_target = self.network.apply(target_params, batch.next_obs)

@@ -22,7 +22,8 @@ import numpy as np
 from .errors import FragcError
 from .host import HostStep
 from .module import (
-    Delay, FragmentDef, Glue, Graph, Loop, Mesh, Module, Placement, Run, Schedule, Stage, Transfer, Use, Value,
+    Delay, For, FragmentDef, Glue, Graph, If, Loop, Mesh, Module, Placement, Run, Schedule, Stage, Transfer, Use,
+    Value, walk,
 )
 from .types import _SHORT_DTYPES, LeafType, TreeType
 
@@ -163,24 +164,46 @@ class _Values:
         return value
 
     def uses(self, text: str) -> list[Use]:
-        """The leaves an operand names: `%v`, `%v.a.b`, `%v#3`, `[op, ...]` or `()`."""
+        """The leaves an operand names: `%v`, `%v.a.b`, `%v#3`, `[op, ...]`, `%base {path: op, ...}` or `()`."""
         text = text.strip()
         if text == "()":
             return []
         if text.startswith("["):
             return [u for part in split_top(text[1:-1]) for u in self.uses(part)]
+        if " {" in text:
+            return self.rebuilt(text)
         name, _, index = text[1:].partition("#")
         name, *path = name.split(".")
         value = self.by_name.get(name)
         if value is None:
             raise ParseError(f"operand %{name} is not defined")
         if index:
-            return [Use(value, int(index))]
+            first, _, last = index.partition("..")
+            return [Use(value, i) for i in range(int(first), int(last or first) + 1)]
         parts = value.type.path_parts
         picked = [Use(value, i) for i, p in enumerate(parts) if list(p[: len(path)]) == path]
         if not picked:
             raise ParseError(f"%{name} has no leaves under '{'.'.join(path)}'")
         return picked
+
+    def rebuilt(self, text: str) -> list[Use]:
+        """`%base {path: op, ...}`: the base's leaves, those under each path (relative to the base) replaced by
+        the operand's, in order."""
+        base, _, body = text.partition(" {")
+        if not body.endswith("}"):
+            raise ParseError(f"an override operand does not end with }}: {text!r}")
+        leaves = self.uses(base)
+        skip = len(base.split(".")) - 1  # the base's own path
+        paths = [u.value.type.path_parts[u.index][skip:] for u in leaves]
+        for override in split_top(body[:-1]):
+            key, _, sub = override.partition(": ")
+            path = tuple(key.split("."))
+            at = [i for i, p in enumerate(paths) if p[: len(path)] == path]
+            new = self.uses(sub)
+            if not at or len(new) != len(at):
+                raise ParseError(f"{base} has no {len(new)} leaves under '{key}' to override in {text!r}")
+            leaves[at[0] : at[-1] + 1] = new
+        return leaves
 
     def operands(self, text: str) -> list[Use]:
         return [u for part in split_top(text) for u in self.uses(part)]
@@ -200,9 +223,12 @@ class _Values:
         return self.structure(text), self.uses(text)
 
     def structure(self, text: str) -> Any:
-        """The pytree structure (placeholder leaves) of the leaves an operand names."""
+        """The pytree structure (placeholder leaves) of the leaves an operand names (an override operand's is its
+        base's)."""
         if text.startswith("["):
             return [0] * len(self.uses(text))
+        if " {" in text:
+            return self.structure(text.partition(" {")[0])
         name, _, index = text[1:].partition("#")
         if index:
             return 0
@@ -305,12 +331,27 @@ class _Parser:
         self.fragments[name] = fdef.replace(host_steps=tuple(host_steps), part_of=name.rpartition(".")[0])
         return line
 
-    def func(self, line: str) -> tuple[Graph, list[Stage]]:
-        params = re.match(r"^func @iteration\((.*)\) \{$", line)[1]
-        inputs = []
-        for p in split_top(params):
+    def params(self, text: str) -> list[Value]:
+        """`%a: T, %b: U` -> the values they define."""
+        values = []
+        for p in split_top(text):
             name, _, t = p.partition(": ")
-            inputs.append(self.values.define(Value(name.lstrip("%"), self.types.type(t))))
+            values.append(self.values.define(Value(name.lstrip("%"), self.types.type(t))))
+        return values
+
+    def func(self, line: str) -> tuple[Graph, list[Stage]]:
+        inputs = self.params(re.match(r"^func @iteration\((.*)\) \{$", line)[1])
+        nodes, stages, text = self.block("return ")
+        m = re.match(r"^return state=(.*), metrics=(.*)$", text)
+        state_tree, state_uses = self.values.tree(m[1])
+        metrics_tree, metrics_uses = self.values.tree(m[2])
+        del state_tree  # the returned state has the input state's structure (the verifier checks it)
+        out_tree = jax.tree.structure((jax.tree.unflatten(inputs[0].type.treedef, [0] * len(state_uses)),
+                                       metrics_tree))
+        return Graph(tuple(inputs), tuple(nodes), tuple(state_uses + metrics_uses), out_tree), stages
+
+    def block(self, end: str) -> tuple[list[Any], list[Stage], str]:
+        """Nodes and stages up to the line starting with `end` (`return `, `yield `) -> (nodes, stages, that line)."""
         nodes, stages, open_stage = [], [], None
         for line in self.lines:
             text = line.strip()
@@ -321,20 +362,62 @@ class _Parser:
                 stages.append(Stage(name, group, tuple(range(start, len(nodes))), tuple(ins),
                                     tuple(self.values.operands(m[1]))))
                 open_stage = None
-            elif text.startswith("return "):
-                m = re.match(r"^return state=(.*), metrics=(.*)$", text)
-                state_tree, state_uses = self.values.tree(m[1])
-                metrics_tree, metrics_uses = self.values.tree(m[2])
-                del state_tree  # the returned state has the input state's structure (the verifier checks it)
-                out_tree = jax.tree.structure((jax.tree.unflatten(inputs[0].type.treedef, [0] * len(state_uses)),
-                                               metrics_tree))
-                return Graph(tuple(inputs), tuple(nodes), tuple(state_uses + metrics_uses), out_tree), stages
+            elif text.startswith(end):
+                return nodes, stages, text
             elif text:
                 nodes.append(self.node(text))
-        raise ParseError("the function has no return")
+        raise ParseError(f"a block has no {end.strip()}")
+
+    def region_graph(self, line: str) -> tuple[str, Graph, tuple[Stage, ...]]:
+        """`^label(params):`, nodes, `yield operands` -> (label, the graph, its stages)."""
+        m = re.match(r"^\^(\w+)\((.*)\):$", line.strip())
+        if not m:
+            raise ParseError(f"a region does not start with ^label(...): {line.strip()!r}")
+        inputs = self.params(m[2])
+        nodes, stages, text = self.block("yield ")
+        outputs = self.values.operands(text[len("yield "):])
+        out_tree = jax.tree.structure(tuple(range(len(outputs))))
+        return m[1], Graph(tuple(inputs), tuple(nodes), tuple(outputs), out_tree), tuple(stages)
+
+    def for_node(self, m: Any, source: str) -> For:
+        _, body, stages = self.region_graph(next(self.lines))
+        if next(self.lines).strip() != "}":
+            raise ParseError("a for's body does not end with } after its yield")
+        groups = [self.values.operands(m[k]) for k in (4, 5, 6)]
+        trips, nk = int(m[2]), len(body.inputs[1].type.leaves)
+        ys = tuple(u.type.replace(shape=(trips,) + u.type.shape, axis=None if u.type.axis is None else u.type.axis + 1)
+                   for u in body.outputs[nk:])
+        names = [n.strip().lstrip("%") for n in m[1].split(",")]
+        outs = (self.values.define(Value(names[0], _tree_type(body.inputs[1].type.leaves))),
+                self.values.define(Value(names[1], _tree_type(ys))))
+        return For(tuple(u for g in groups for u in g), outs, body, trips, bool(m[3]), source, stages)
+
+    def if_node(self, m: Any, source: str) -> If:
+        leaves = self.types.type(m[2]).leaves
+        inputs = tuple(self.values.uses(m[4]) + self.values.operands(m[5]))
+        branches: dict[int, tuple[Graph, tuple[Stage, ...]]] = {}
+        line = next(self.lines)
+        while True:
+            label, graph, stages = self.region_graph(line)
+            index = {"else": 0, "then": 1}.get(label)
+            branches[int(label[len("case"):]) if index is None else index] = (graph, stages)
+            line = next(self.lines).strip()
+            if line == "}":
+                break
+            if line == "} else {":
+                line = next(self.lines)
+        order = sorted(branches)
+        value = self.values.define(Value(m[1], _tree_type(leaves)))
+        stages = tuple(branches[k][1] for k in order)
+        return If(inputs, (value,), tuple(branches[k][0] for k in order), source,
+                  stages if any(stages) else ())
 
     def node(self, text: str) -> Any:
-        text = text.split("   // ", 1)[0]
+        text, _, comment = text.partition("   // ")
+        if m := re.match(r"^(.*) = for trips=(\d+)( reverse)? consts\((.*?)\) carry\((.*?)\) xs\((.*)\) \{$", text):
+            return self.for_node(m, comment.strip() or "?")
+        if m := re.match(r"^%(\w+): (\S+) = (if|switch) (\S+) \((.*)\) \{$", text):
+            return self.if_node(m, comment.strip() or "?")
         if m := re.match(r"^(.*) = loop @(\w+)\((.*)\) steps=(\d+)( reverse)? groups=(\d+) \{$", text):
             run = self.node(f"{m[1]} = run @{m[2]}({m[3]})")
             like = self._loop(m[2])
@@ -392,7 +475,7 @@ class _Parser:
     def _glue_body(self, name: str) -> Any:
         if self.bodies is None:
             return None
-        for node in self.bodies.graph.nodes:
+        for node in walk(self.bodies.graph.nodes):
             if isinstance(node, Glue) and node.outputs[0].name == name:
                 return node.body
         return None

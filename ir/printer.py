@@ -7,6 +7,7 @@ shortest `%value.path` that names exactly their leaves.
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 import numpy as np
@@ -177,7 +178,7 @@ def _for_lines(node: For, module: Module, aliases: _Aliases, indent: str, trips:
     """`%carry, %ys = for trips=N consts(...) carry(...) xs(...) {`, the body's parameters, nodes and yield."""
     nc, nk = node.num_consts, node.num_carry
     groups = (node.inputs[:nc], node.inputs[nc:nc + nk], node.inputs[nc + nk:])
-    ops = " ".join(f"{name}({operand(g)})" for name, g in zip(("consts", "carry", "xs"), groups))
+    ops = " ".join(f"{name}({_yield_operands(g)})" for name, g in zip(("consts", "carry", "xs"), groups))
     order = " reverse" if node.reverse else ""
     lines = [f"{indent}{_outs(node)} = for trips={node.trips}{order} {ops} {{   // {node.source}",
              f"{indent}  {_region_params('trip', node.body, aliases)}"]
@@ -189,13 +190,14 @@ def _for_lines(node: For, module: Module, aliases: _Aliases, indent: str, trips:
 def _if_lines(node: If, module: Module, aliases: _Aliases, indent: str, trips: int) -> list[str]:
     """`if %p (...) { ^then(...): ... } else { ^else(...): ... }` for two branches (`lax.cond`: `then` is branch
     1), `switch %i (...) { ^case0(...): ... ^case1(...): ... }` for more (`lax.switch`)."""
-    ops = operand(node.inputs[1:])
+    ops = _yield_operands(node.inputs[1:])
     index = operand(node.inputs[:1])
     n = len(node.branches)
     labels = ["else", "then"] if n == 2 else [f"case{k}" for k in range(n)]
     order = [1, 0] if n == 2 else list(range(n))
     keyword = "if" if n == 2 else "switch"
-    lines = [f"{indent}{_outs(node)} = {keyword} {index} ({ops}) {{   // {node.source}"]
+    types = aliases.ref(node.outputs[0].type, node.outputs[0].name)
+    lines = [f"{indent}{_outs(node)}: {types} = {keyword} {index} ({ops}) {{   // {node.source}"]
     for pos, k in enumerate(order):
         if n == 2 and pos == 1:
             lines.append(f"{indent}}} else {{")
@@ -209,16 +211,27 @@ def _if_lines(node: If, module: Module, aliases: _Aliases, indent: str, trips: i
 
 
 def _yield_operands(uses: Sequence[Use]) -> str:
-    """What a region yields, leaf by leaf in order (runs of one value's leaves named together)."""
+    """Leaves in order, as few operands as name them (runs of one value's consecutive leaves, each as a
+    subtree where it is one, else split into the subtrees it covers): what a region reads or yields."""
     parts, run = [], []
     for u in uses:
         if run and (u.value is not run[-1].value or u.index != run[-1].index + 1):
-            parts.append(operand(run))
+            parts += _run_names(run)
             run = []
         run.append(u)
     if run:
-        parts.append(operand(run))
+        parts += _run_names(run)
     return ", ".join(parts) if parts else "()"
+
+
+def _run_names(run: list[Use]) -> list[str]:
+    """Consecutive leaves of one value: one operand, or (where no subtree is exactly them) the subtrees that
+    cover them, in order."""
+    text = operand(run)
+    if "#" not in text:
+        return [text]
+    cover = _cover(run[0].value, {u.index for u in run})
+    return cover if len(cover) <= 2 else [text]
 
 
 def _loop_lines(node: Loop, module: Module, aliases: _Aliases, indent: str) -> list[str]:
@@ -291,7 +304,8 @@ def _const_text(node: Glue) -> str:
     """`const 0.05`: a constant node with its value where it is a few numbers."""
     values = list(node.body.consts) if node.body is not None else []
     if len(values) == 1 and getattr(values[0], "size", 2) <= 4 and not _is_key_array(values[0]):
-        text = " ".join(str(np.asarray(values[0]).tolist()).split())
+        x = np.asarray(values[0])
+        text = str(x[()]) if x.ndim == 0 else " ".join(np.array2string(x, separator=",").split())
         return f"const {text}"
     return "const"
 
@@ -340,7 +354,8 @@ def _cover(value: Value, chosen: set[int]) -> list[str]:
 
 
 def operand(uses: Sequence[Use], expected: TreeType | None = None) -> str:
-    """The shortest text naming exactly these leaves: `%v`, `%v.a.b`, or `[...]`."""
+    """The shortest text naming exactly these leaves: `%v`, `%v.a.b`, or `[...]`; given the type they are
+    passed as, `%base {path: operand, ...}` where that is shorter than `[...]` (a rebuilt pytree)."""
     uses = list(uses)
     if not uses:
         return "()"
@@ -354,7 +369,75 @@ def operand(uses: Sequence[Use], expected: TreeType | None = None) -> str:
             return named
     if len(uses) == 1:
         return _leaf_name(uses[0])
-    return "[" + ", ".join(_leaf_name(u) for u in uses) + "]"
+    if all(u.value is value for u in uses) and indices == list(range(indices[0], indices[0] + len(uses))):
+        return f"%{value.name}#{indices[0]}..{indices[-1]}"  # a run of a flat value's leaves (a region's)
+    listed = "[" + ", ".join(_leaf_name(u) for u in uses) + "]"
+    rebuilt = _rebuilt_operand(uses, expected) if expected is not None else None
+    return rebuilt if rebuilt is not None and len(rebuilt) < len(listed) else listed
+
+
+_PLAIN_KEY = re.compile(r"[^\s.,:#%()\[\]{}]+")
+"""A key the override form can print as it is (none of its grammar's characters)."""
+
+
+def _rebuilt_operand(uses: list[Use], expected: TreeType) -> str | None:
+    """`%base {path: operand, ...}`: a subtree of one value with the leaves that differ overridden by their
+    path (relative to the argument), or None where no subtree of one value has the expected structure."""
+    base = _base(uses, expected.path_parts)
+    if base is None:
+        return None
+    value, prefix = base
+    if not all(_PLAIN_KEY.fullmatch(k) for path in expected.path_parts + (prefix,) for k in path):
+        return None
+    start = next(i for i, p in enumerate(_parts(value)) if p[: len(prefix)] == prefix)
+    base_uses = [Use(value, start + i) for i in range(len(uses))]
+    name = f"%{value.name}" + "".join(f".{p}" for p in prefix)
+    return f"{name} {{{', '.join(_overrides(uses, base_uses, expected.path_parts))}}}"
+
+
+def _base(uses: list[Use], paths: tuple[tuple[str, ...], ...]) -> tuple[Value, tuple[str, ...]] | None:
+    """The (value, subtree path) whose leaves are these leaves at the most positions, where its subtree has
+    exactly the expected leaf paths; None where there is none."""
+    votes: dict[tuple[Value, tuple[str, ...]], int] = {}
+    for u, rel in zip(uses, paths):
+        full = _parts(u.value)[u.index]
+        if len(full) >= len(rel) and full[len(full) - len(rel):] == rel:
+            key = (u.value, full[: len(full) - len(rel)])
+            votes[key] = votes.get(key, 0) + 1
+    for value, prefix in sorted(votes, key=lambda k: -votes[k]):  # stable: the first seen wins a tie
+        under = [p[len(prefix):] for p in _parts(value) if p[: len(prefix)] == prefix]
+        if tuple(under) == tuple(paths):
+            return value, prefix
+    return None
+
+
+def _overrides(uses: list[Use], base: list[Use], paths: tuple[tuple[str, ...], ...]) -> list[str]:
+    """`path: operand` for the leaves that differ from the base, in order; a subtree whose leaves all differ
+    is named by its shortest path where one operand names them."""
+    out, i = [], 0
+    while i < len(uses):
+        if uses[i] == base[i]:
+            i += 1
+            continue
+        path, end = _override_span(uses, base, paths, i)
+        out.append(f"{'.'.join(path)}: {operand(uses[i:end])}")
+        i = end
+    return out
+
+
+def _override_span(uses: list[Use], base: list[Use], paths: tuple[tuple[str, ...], ...],
+                   i: int) -> tuple[tuple[str, ...], int]:
+    """The shortest path from leaf `i` down whose leaves start at `i`, all differ from the base and are named
+    by one operand -> (that path, the end of its leaves); the leaf's own path where no shorter one is."""
+    for k in range(1, len(paths[i])):
+        prefix = paths[i][:k]
+        end = i
+        while end < len(paths) and paths[end][:k] == prefix:
+            end += 1
+        if (i == 0 or paths[i - 1][:k] != prefix) and all(uses[j] != base[j] for j in range(i, end)) \
+                and not operand(uses[i:end]).startswith("["):
+            return prefix, end
+    return paths[i], i + 1
 
 
 def _leaf_name(use: Use) -> str:

@@ -1,0 +1,248 @@
+"""Control flow and constants around fragment calls (tests/user_shapes.py): traced into `for`/`if` regions and
+`const` nodes, compiled under each policy that applies, and checked against the reference interpreter (which runs
+regions trip by trip and by the branch index's value) and against `jax.jit` of the iteration itself."""
+
+import dataclasses
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fragc
+from conftest import assert_trees_close
+from fragc.ir import VerifyError, parse, verify
+from fragc.ir.module import For, If, walk
+from fragc.passes import default_passes, resolve, run_pipeline
+from test_golden_ir import check_golden
+from user_shapes import SHAPES, Base, CondSync
+
+ITERATIONS = 3
+DEVICES = {"single": 1, "anakin": 4, "actor_learner": 8, "actor_learner_async": 8}
+FAST = {  # the default suite; the whole matrix with -m slow
+    "single": ("int_metric", "const_metric", "fori_loop", "switch", "nested"),
+    "anakin": ("const_float", "scan"),
+    "actor_learner": ("keywords", "cond", "actor_learner_scan"),
+    "actor_learner_async": ("nested",),
+}
+CASES = [pytest.param(name, policy, marks=() if name in FAST[policy] else pytest.mark.slow)
+         for policy in DEVICES for name in SHAPES
+         if (name, policy) != ("actor_learner_scan", "actor_learner_async")]  # refused: no actor reads the state
+JIT_FAST = ("const_float", "keywords", "scan", "cond", "switch", "nested")
+
+
+@functools.cache
+def compiled(name, policy):
+    return fragc.compile(SHAPES[name](), policy, devices=DEVICES[policy])
+
+
+def history_of(metrics_list):
+    return {k: np.array([m[k] for m in metrics_list]) for k in metrics_list[0]}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in JIT_FAST else pytest.mark.slow) for n in SHAPES])
+def test_the_reference_with_one_replica_equals_jit_of_the_iteration(name):
+    """Independent of fragc's graph: the algorithm's own iteration, jitted (fragments run as plain functions)."""
+    algo = SHAPES[name]()
+    module = fragc.trace(algo)
+    state = algo.init(jax.random.key(0))
+    for _ in range(ITERATIONS):
+        expected = jax.jit(algo.iteration)(state)
+        got = fragc.interpret(module, state, replicas=1)
+        assert_trees_close(got, expected, rtol=1e-6, atol=1e-6)
+        state = got[0]
+
+
+@pytest.mark.parametrize("name,policy", CASES)
+def test_compiled_equals_the_reference(name, policy):
+    prog = compiled(name, policy)
+    state = prog.init(0)
+    out, history = prog.run(state, ITERATIONS)
+    ref, ref_history = fragc.run_iterations(prog.module, state, ITERATIONS)  # the placed (pipelined) module
+    assert_trees_close(out, ref, rtol=1e-5, atol=1e-6)
+    ref_history = history_of(ref_history)
+    assert sorted(history) == sorted(ref_history)
+    for k in history:
+        np.testing.assert_allclose(history[k], ref_history[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_a_loop_spanning_actor_and_learner_is_run_from_the_schedule():
+    """Under actor_learner the scan's body samples on the actors and learns on the learner: the loop is not in
+    one program; its body has stages of its own and transfers that move every trip."""
+    prog = compiled("actor_learner_scan", "actor_learner")
+    loop = next(n for n in prog.module.graph.nodes if isinstance(n, For))
+    assert {s.group for s in loop.stages} == {"actors", "learner"}
+    moved = [n for n in loop.body.nodes if n.kind == "transfer"]
+    assert {(n.src, n.dst) for n in moved} == {("learner", "actors"), ("actors", "learner")}
+    assert prog.cost()["total"]["transfer_bytes"] == loop.trips * sum(n.nbytes for n in moved)
+
+
+def test_collective_bytes_of_a_loop_are_trips_times_a_trip():
+    one = compiled("const_float", "anakin").cost()["total"]["collective_bytes"]
+    three = compiled("scan", "anakin").cost()["total"]["collective_bytes"]
+    assert one > 0 and three == pytest.approx(3 * one)  # one call of learn against three trips of it
+
+
+def test_the_fragment_that_reads_a_loop_constant_gets_it_moved_once():
+    """What the body reads unchanged is moved before the loop, not every trip (a `for` hoists its constants)."""
+    module = run_pipeline(fragc.trace(SHAPES["scan"]()), default_passes(resolve("actor_learner", 8), 4)).final
+    loop = next(n for n in module.graph.nodes if isinstance(n, For))
+    assert not [n for n in loop.body.nodes if n.kind == "transfer"]
+    before = [n for n in module.graph.nodes if n.kind == "transfer" and n.dst == "learner"]
+    assert before, "the sampled data crosses to the learner before the loop"
+
+
+# ---------------------------------------------------------------- the IR: printed, parsed back, goldens
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_every_module_after_every_pass_parses_back(name):
+    module = fragc.trace(SHAPES[name]())
+    for policy in ("single", "anakin", "actor_learner"):
+        for m in run_pipeline(module, default_passes(resolve(policy, 8), 4, "device_put")).modules:
+            text = str(m)
+            assert str(parse(text, bodies=m)) == text, m.label
+            regions = [line for line in text.splitlines() if " = for " in line or " = if " in line or "^" in line]
+            assert max(map(len, regions), default=0) <= 120, m.label
+            verify(parse(text, bodies=m))
+
+
+def test_constants_print_with_their_value():
+    text = str(fragc.trace(SHAPES["const_float"]()))
+    assert "= glue()   // const 0.05" in text
+    assert "run @learn(%state.w, %data.x, %sample_0, %c)" in text
+
+
+def test_golden_for_region_spanning_actor_and_learner():
+    module = run_pipeline(fragc.trace(SHAPES["actor_learner_scan"]()),
+                          default_passes(resolve("actor_learner", 8), 16)).final
+    check_golden("user_scan_actor_learner.fir", str(module))
+
+
+def test_golden_if_region_under_actor_learner():
+    module = run_pipeline(fragc.trace(SHAPES["cond"]()), default_passes(resolve("actor_learner", 8), 16)).final
+    check_golden("user_cond_actor_learner.fir", str(module))
+
+
+def test_regions_hold_what_the_user_wrote():
+    nested = fragc.trace(SHAPES["nested"]())
+    loop = next(n for n in nested.graph.nodes if isinstance(n, For))
+    assert loop.trips == 4 and not loop.reverse
+    inner = [n for n in loop.body.nodes if isinstance(n, If)]
+    assert len(inner) == 1 and len(inner[0].branches) == 2
+    assert [n.fragment for n in walk(inner[0].branches[1].nodes) if n.kind == "run"] == ["polyak"]
+    switch = next(n for n in fragc.trace(SHAPES["switch"]()).graph.nodes if isinstance(n, If))
+    assert len(switch.branches) == 3
+    assert "switch" in str(fragc.trace(SHAPES["switch"]()))
+
+
+# ---------------------------------------------------------------- what stays refused, in one line
+
+
+class WhileLoop(Base):
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        w = jax.lax.while_loop(lambda w: jnp.sum(w) < 10.0, lambda w: self.learn(w, data.x, y, 0.1)[0], state.w)
+        return self.finish(state, w, data, {})
+
+
+class VmapOfOwn(Base):
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        ws = jax.vmap(lambda lr: self.learn(state.w, data.x, y, lr)[0])(jnp.array([0.1, 0.2]))
+        return self.finish(state, ws[0], data, {})
+
+
+class Nested(Base):
+    @fragc.fragment(role="learner", in_axes=(None, 0, 0), out_axes=None)
+    def outer(self, w, x, y):
+        return self.learn(w, x, y, 0.1)[0]
+
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        return self.finish(state, self.outer(state.w, data.x, y), data, {})
+
+
+class BadKeyword(Base):
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        w, m = self.learn(state.w, data.x, y, learning_rate=0.1)
+        return self.finish(state, w, data, m)
+
+
+@pytest.mark.parametrize("algo,words", [
+    (WhileLoop, ["fragment 'learn'", "while_loop", "lax.scan", "test_control_flow.py:"]),
+    (VmapOfOwn, ["fragment 'learn'", "jax.vmap", "in_axes", "test_control_flow.py:"]),
+    (Nested, ["fragment 'learn'", "inside fragment 'outer'", "test_control_flow.py:"]),
+    (BadKeyword, ["fragment 'learn'", "learning_rate", "test_control_flow.py:"]),
+])
+def test_unsupported_shapes_are_refused_in_one_line_naming_the_call(algo, words):
+    with pytest.raises(fragc.FragcError) as err:
+        fragc.trace(algo())
+    message = str(err.value)
+    assert "\n" not in message
+    for w in words:
+        assert w in message
+
+
+def test_keyword_call_equals_positional_call():
+    positional = fragc.trace(SHAPES["const_float"]())
+    keywords = fragc.trace(SHAPES["keywords"]())
+    run = [n for n in keywords.graph.nodes if n.kind == "run" and n.fragment == "learn"][0]
+    chex.assert_equal(len(run.inputs), len([n for n in positional.graph.nodes if n.kind == "run"][1].inputs))
+
+
+# ---------------------------------------------------------------- verifier: hand-broken regions
+
+
+def _broken(change):
+    module = run_pipeline(fragc.trace(CondSync()), default_passes(resolve("single", 1), 4)).modules[1]
+    nodes = list(module.graph.nodes)
+    i = next(k for k, n in enumerate(nodes) if isinstance(n, If))
+    nodes[i] = change(nodes[i])
+    return module.replace(graph=module.graph.replace(nodes=tuple(nodes)))
+
+
+def test_verifier_refuses_a_branch_yielding_another_type():
+    def change(node):
+        other = node.branches[0]
+        return node.replace(branches=(other.replace(outputs=other.outputs * 2),
+                                      node.branches[1]))
+
+    with pytest.raises(VerifyError, match="if_branches_take_the_operands_and_yield_the_results"):
+        verify(_broken(change))
+
+
+def test_verifier_refuses_a_float_branch_index():
+    def change(node):
+        index = node.inputs[0]
+        value = index.value.replace(type=index.value.type.with_leaves(tuple(
+            t.replace(dtype=jnp.float32) for t in index.value.type.leaves)))
+        return node.replace(inputs=(index._replace(value=value),) + node.inputs[1:])
+
+    with pytest.raises(VerifyError):
+        verify(_broken(change))
+
+
+def test_verifier_refuses_a_loop_whose_results_are_not_stacked_over_its_trips():
+    module = fragc.trace(SHAPES["scan"]())
+    nodes = list(module.graph.nodes)
+    i = next(k for k, n in enumerate(nodes) if isinstance(n, For))
+    nodes[i] = dataclasses.replace(nodes[i], trips=5)
+    broken = module.replace(graph=module.graph.replace(nodes=tuple(nodes)))
+    with pytest.raises(VerifyError, match="for_results_are_the_carry_and_the_stacked_outputs"):
+        verify(broken)
+
+
+def test_verifier_refuses_a_region_yielding_an_undefined_value():
+    module = fragc.trace(SHAPES["scan"]())
+    nodes = list(module.graph.nodes)
+    i = next(k for k, n in enumerate(nodes) if isinstance(n, For))
+    body = nodes[i].body
+    outside = module.graph.inputs[0].uses()[0]  # the iteration's state is not visible inside a region
+    nodes[i] = nodes[i].replace(body=body.replace(outputs=(outside,) + body.outputs[1:]))
+    broken = module.replace(graph=module.graph.replace(nodes=tuple(nodes)))
+    with pytest.raises(VerifyError, match="yields a value it does not define"):
+        verify(broken)
