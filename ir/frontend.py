@@ -117,7 +117,8 @@ class Fragment:
         try:
             bound = inspect.signature(self.fn).bind(*args, **kwargs)
         except TypeError as err:
-            raise FragmentError(f"fragment '{self.name}' called at {_caller()}: {err}") from None
+            raise FragmentError(f"fragment '{self.name}' called at {_caller()} with keywords "
+                                f"({', '.join(kwargs)}): {err}") from None
         bound.apply_defaults()
         if bound.kwargs:
             raise FragmentError(f"fragment '{self.name}' called at {_caller()}: keyword-only parameters "

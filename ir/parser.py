@@ -368,8 +368,9 @@ class _Parser:
                 nodes.append(self.node(text))
         raise ParseError(f"a block has no {end.strip()}")
 
-    def region_graph(self, line: str) -> tuple[str, Graph, tuple[Stage, ...]]:
-        """`^label(params):`, nodes, `yield operands` -> (label, the graph, its stages)."""
+    def region_graph(self, line: str) -> tuple[str, Graph, tuple[Stage, ...], str]:
+        """`^label(params):   // source`, nodes, `yield operands` -> (label, the graph, its stages, the source)."""
+        line, _, source = line.partition("   // ")
         m = re.match(r"^\^(\w+)\((.*)\):$", line.strip())
         if not m:
             raise ParseError(f"a region does not start with ^label(...): {line.strip()!r}")
@@ -377,10 +378,10 @@ class _Parser:
         nodes, stages, text = self.block("yield ")
         outputs = self.values.operands(text[len("yield "):])
         out_tree = jax.tree.structure(tuple(range(len(outputs))))
-        return m[1], Graph(tuple(inputs), tuple(nodes), tuple(outputs), out_tree), tuple(stages)
+        return m[1], Graph(tuple(inputs), tuple(nodes), tuple(outputs), out_tree), tuple(stages), source.strip()
 
-    def for_node(self, m: Any, source: str) -> For:
-        _, body, stages = self.region_graph(next(self.lines))
+    def for_node(self, m: Any) -> For:
+        _, body, stages, source = self.region_graph(next(self.lines))
         if next(self.lines).strip() != "}":
             raise ParseError("a for's body does not end with } after its yield")
         groups = [self.values.operands(m[k]) for k in (4, 5, 6)]
@@ -390,15 +391,16 @@ class _Parser:
         names = [n.strip().lstrip("%") for n in m[1].split(",")]
         outs = (self.values.define(Value(names[0], _tree_type(body.inputs[1].type.leaves))),
                 self.values.define(Value(names[1], _tree_type(ys))))
-        return For(tuple(u for g in groups for u in g), outs, body, trips, bool(m[3]), source, stages)
+        return For(tuple(u for g in groups for u in g), outs, body, trips, bool(m[3]), source or "?", stages)
 
-    def if_node(self, m: Any, source: str) -> If:
+    def if_node(self, m: Any) -> If:
         leaves = self.types.type(m[2]).leaves
         inputs = tuple(self.values.uses(m[4]) + self.values.operands(m[5]))
         branches: dict[int, tuple[Graph, tuple[Stage, ...]]] = {}
-        line = next(self.lines)
+        line, source = next(self.lines), ""
         while True:
-            label, graph, stages = self.region_graph(line)
+            label, graph, stages, comment = self.region_graph(line)
+            source = source or comment
             index = {"else": 0, "then": 1}.get(label)
             branches[int(label[len("case"):]) if index is None else index] = (graph, stages)
             line = next(self.lines).strip()
@@ -409,15 +411,15 @@ class _Parser:
         order = sorted(branches)
         value = self.values.define(Value(m[1], _tree_type(leaves)))
         stages = tuple(branches[k][1] for k in order)
-        return If(inputs, (value,), tuple(branches[k][0] for k in order), source,
+        return If(inputs, (value,), tuple(branches[k][0] for k in order), source or "?",
                   stages if any(stages) else ())
 
     def node(self, text: str) -> Any:
-        text, _, comment = text.partition("   // ")
+        text = text.partition("   // ")[0]
         if m := re.match(r"^(.*) = for trips=(\d+)( reverse)? consts\((.*?)\) carry\((.*?)\) xs\((.*)\) \{$", text):
-            return self.for_node(m, comment.strip() or "?")
+            return self.for_node(m)
         if m := re.match(r"^%(\w+): (\S+) = (if|switch) (\S+) \((.*)\) \{$", text):
-            return self.if_node(m, comment.strip() or "?")
+            return self.if_node(m)
         if m := re.match(r"^(.*) = loop @(\w+)\((.*)\) steps=(\d+)( reverse)? groups=(\d+) \{$", text):
             run = self.node(f"{m[1]} = run @{m[2]}({m[3]})")
             like = self._loop(m[2])

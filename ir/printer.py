@@ -180,8 +180,8 @@ def _for_lines(node: For, module: Module, aliases: _Aliases, indent: str, trips:
     groups = (node.inputs[:nc], node.inputs[nc:nc + nk], node.inputs[nc + nk:])
     ops = " ".join(f"{name}({_yield_operands(g)})" for name, g in zip(("consts", "carry", "xs"), groups))
     order = " reverse" if node.reverse else ""
-    lines = [f"{indent}{_outs(node)} = for trips={node.trips}{order} {ops} {{   // {node.source}",
-             f"{indent}  {_region_params('trip', node.body, aliases)}"]
+    lines = [f"{indent}{_outs(node)} = for trips={node.trips}{order} {ops} {{",
+             f"{indent}  {_region_params('trip', node.body, aliases)}   // {node.source}"]
     lines += _nodes_lines(node.body, node.stages, module, aliases, indent + "  ", trips * node.trips)
     lines += [f"{indent}  yield {_yield_operands(node.body.outputs)}", f"{indent}}}"]
     return lines
@@ -197,13 +197,14 @@ def _if_lines(node: If, module: Module, aliases: _Aliases, indent: str, trips: i
     order = [1, 0] if n == 2 else list(range(n))
     keyword = "if" if n == 2 else "switch"
     types = aliases.ref(node.outputs[0].type, node.outputs[0].name)
-    lines = [f"{indent}{_outs(node)}: {types} = {keyword} {index} ({ops}) {{   // {node.source}"]
+    lines = [f"{indent}{_outs(node)}: {types} = {keyword} {index} ({ops}) {{"]
     for pos, k in enumerate(order):
         if n == 2 and pos == 1:
             lines.append(f"{indent}}} else {{")
         branch = node.branches[k]
         stages = node.stages[k] if node.stages else ()
-        lines.append(f"{indent}  {_region_params(labels[k], branch, aliases)}")
+        source = f"   // {node.source}" if pos == 0 else ""
+        lines.append(f"{indent}  {_region_params(labels[k], branch, aliases)}{source}")
         lines += _nodes_lines(branch, stages, module, aliases, indent + "  ", trips)
         lines.append(f"{indent}  yield {_yield_operands(branch.outputs)}")
     lines.append(f"{indent}}}")

@@ -60,13 +60,16 @@ def test_replicated_output_that_differs_between_replicas():
         mean_without_pmean(jnp.arange(4.0))
 
 
-def test_keyword_arguments_are_refused():
-    @fragc.fragment(role="actor", in_axes=(0,), out_axes=0)
-    def kw(x):
-        return x
+def test_keyword_arguments_bind_as_python_binds_them():
+    @fragc.fragment(role="actor", in_axes=(0, None), out_axes=0)
+    def kw(x, scale=2.0):
+        return x * scale
 
-    with pytest.raises(fragc.FragmentError, match="pass arguments positionally"):
-        kw(x=jnp.ones(3))
+    assert float(kw(x=jnp.ones(3))[0]) == 2.0  # the default, as a constant argument
+    assert float(kw(jnp.ones(3), scale=3.0)[0]) == 3.0
+    with pytest.raises(fragc.FragmentError, match=r"fragment 'kw' called at .*test_frontend_errors.py:\d+ with "
+                                                  r"keywords \(y\): got an unexpected keyword argument 'y'"):
+        kw(jnp.ones(3), y=1.0)
 
 
 def test_collective_outside_a_fragment():

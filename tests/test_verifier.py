@@ -12,9 +12,10 @@ import pytest
 
 import fragc
 from fragc.algos import ppo
-from fragc.ir import Mesh, Run, Schedule, Use, Value, verify
+from fragc.ir import Delay, Mesh, Run, Schedule, TreeType, Use, Value, verify
 from fragc.ir.verifier import MODULE_RULES, NODE_RULES
 from fragc.passes import default_passes, resolve, run_pipeline
+import user_shapes
 from toy_algos import Regression
 
 
@@ -27,7 +28,9 @@ def modules():
     host_ppo = ppo.PPO(ppo.Config(env="gymnasium:CartPole-v1", num_envs=8, num_steps=4))
     two_groups = dataclasses.replace(resolve("single", 1), env_groups=2)
     hosted = run_pipeline(fragc.trace(host_ppo), default_passes(two_groups, 4)).final
-    return {"traced": traced, "staged": staged, "delayed": delayed, "hosted": hosted}
+    scan = fragc.trace(user_shapes.Scan())
+    cond = run_pipeline(fragc.trace(user_shapes.CondSync()), default_passes(resolve("single", 1), 4)).modules[1]
+    return {"traced": traced, "staged": staged, "delayed": delayed, "hosted": hosted, "scan": scan, "cond": cond}
 
 
 def with_nodes(module, nodes):
@@ -248,7 +251,48 @@ def yield_the_carry_out_of_order(m):
     return with_region(m, outputs=region.outputs[1:carry] + region.outputs[:1] + region.outputs[carry:])
 
 
+def region_index(m, kind):
+    return index_of(m, kind)
+
+
+def loop_over_five_trips(m):
+    """The body's outputs stacked over 3 trips, but the node says 5."""
+    return replace_node(m, region_index(m, "for"), trips=5)
+
+
+def loop_reading_a_constant_of_another_shape(m):
+    i = region_index(m, "for")
+    node = m.graph.nodes[i]
+    return replace_node(m, i, inputs=(node.inputs[1],) + node.inputs[1:])  # the carry's weights for data.x
+
+
+def branch_yielding_twice(m):
+    i = region_index(m, "if")
+    node = m.graph.nodes[i]
+    other = node.branches[0]
+    return replace_node(m, i, branches=(other.replace(outputs=other.outputs * 2), node.branches[1]))
+
+
+def delay_in_a_branch(m):
+    i = region_index(m, "if")
+    node = m.graph.nodes[i]
+    then = node.branches[1]
+    ops = then.inputs[0]
+    leaves = ops.type.leaves[:1]
+    value = Value("stale_in_branch", TreeType.of((leaves[0].struct(),)).with_leaves(leaves))
+    delay = Delay(inputs=ops.uses()[:1], initial=ops.uses()[:1], outputs=(value,))
+    return replace_node(m, i, branches=(node.branches[0], then.replace(nodes=(delay,) + then.nodes)))
+
+
 CASES = [
+    ("for_operands_match_the_body", "scan", loop_reading_a_constant_of_another_shape,
+     r"\(for -> %carry1, %ys\): operand 0 is f32\[3\], but the body reads f32\[8@env,3\]"),
+    ("for_results_are_the_carry_and_the_stacked_outputs", "scan", loop_over_five_trips,
+     r"\(for -> %carry1, %ys\): %ys is not the body's outputs stacked over 5 trips"),
+    ("if_branches_take_the_operands_and_yield_the_results", "cond", branch_yielding_twice,
+     r"\(if -> %branch\): the else branch does not yield the types of %branch"),
+    ("region_holds_no_delay_or_host_loop", "cond", delay_in_a_branch,
+     r"\(if -> %branch\): a region holds a delay \(delay -> %stale_in_branch\)"),
     # rule, module, breaker, what the message says
     ("operands_defined_before_use", "traced", swap_first_nodes,
      r"001_trace: node 0 \(run @learn -> %learn_0, %learn_1\): uses %data before it is defined"),
