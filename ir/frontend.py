@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex
-from jax.interpreters import batching
+from jax.interpreters import ad, batching
 
 from . import traps
 from .collectives import pmean, psum  # noqa: F401  (re-exported: `fragc.pmean`)
@@ -152,7 +152,9 @@ def _caller() -> str:
     library = (os.path.dirname(jax.__file__), os.path.dirname(os.path.abspath(__file__)))
     frames = [f for f in traceback.extract_stack()
               if not f.filename.startswith(library) and "/jax/" not in f.filename]
-    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+    if not frames:
+        return "?"
+    return f"{'/'.join(frames[-1].filename.replace(chr(92), '/').split('/')[-2:])}:{frames[-1].lineno}"
 
 
 def _refuse_batching(args: Any, dims: Any, *, fragment: str, trace_id: int) -> Any:
@@ -162,6 +164,14 @@ def _refuse_batching(args: Any, dims: Any, *, fragment: str, trace_id: int) -> A
 
 
 batching.primitive_batchers[fragment_call_p] = _refuse_batching
+
+
+def _refuse_differentiation(primals: Any, tangents: Any, *, fragment: str, trace_id: int) -> Any:
+    raise FragmentError(f"fragment '{fragment}' is differentiated from outside (jax.grad or jax.jvp around its call, "
+                        f"at {_caller()}); take gradients inside the fragment's body")
+
+
+ad.primitive_jvps[fragment_call_p] = _refuse_differentiation
 
 
 # ---------------------------------------------------------------- defining a fragment

@@ -41,6 +41,7 @@ REFUSED = {
     "custom_vjp_call_jaxpr": "a jax.custom_vjp function; call the fragment outside it",
     "checkpoint": "jax.checkpoint (remat); call the fragment outside it, or checkpoint inside the fragment",
     "remat": "jax.checkpoint (remat); call the fragment outside it, or checkpoint inside the fragment",
+    "remat2": "jax.checkpoint (remat); call the fragment outside it, or checkpoint inside the fragment",
     "shard_map": "a shard_map of your own; fragc places fragments itself (choose a policy)",
 }
 """Primitives around a fragment call that do not become regions, and what to write instead."""

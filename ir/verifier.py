@@ -457,8 +457,9 @@ def if_branches_take_the_operands_and_yield_the_results(site: Site) -> str | Non
         params = [t for v in branch.inputs for t in v.type.leaves]
         if len(branch.inputs) != 1 or len(params) != len(node.inputs) - 1:
             return f"the {name} branch does not take one value of the {len(node.inputs) - 1} operands"
-        if bad := next((j for j, (u, t) in enumerate(zip(node.inputs[1:], params))
-                        if not _leaf_agrees(u.type, t, placed)), None):
+        bad = next((j for j, (u, t) in enumerate(zip(node.inputs[1:], params)) if not _leaf_agrees(u.type, t, placed)),
+                   None)
+        if bad is not None:
             return f"the {name} branch reads operand {bad} as {params[bad]}, but it is {node.inputs[1 + bad].type}"
         yielded = [u.type for u in branch.outputs]
         if len(yielded) != len(results) or not all(_leaf_agrees(a, b, placed) for a, b in zip(yielded, results)):

@@ -164,6 +164,13 @@ class Nested(Base):
         return self.finish(state, self.outer(state.w, data.x, y), data, {})
 
 
+class GradThrough(Base):
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        g = jax.grad(lambda w: jnp.sum(self.learn(w, data.x, y, 0.1)[0]))(state.w)
+        return self.finish(state, state.w - g, data, {})
+
+
 class BadKeyword(Base):
     def iteration(self, state):
         y, data = self.sample(state.w, state.data)
@@ -176,6 +183,7 @@ class BadKeyword(Base):
     (VmapOfOwn, ["fragment 'learn'", "jax.vmap", "in_axes", "test_control_flow.py:"]),
     (Nested, ["fragment 'learn'", "inside fragment 'outer'", "test_control_flow.py:"]),
     (BadKeyword, ["fragment 'learn'", "learning_rate", "test_control_flow.py:"]),
+    (GradThrough, ["fragment 'learn'", "jax.grad", "inside the fragment", "test_control_flow.py:"]),
 ])
 def test_unsupported_shapes_are_refused_in_one_line_naming_the_call(algo, words):
     with pytest.raises(fragc.FragcError) as err:
