@@ -47,7 +47,9 @@ REFUSED = {
 """Primitives around a fragment call that do not become regions, and what to write instead."""
 
 
-class _Names:
+class FreshNames:
+    """Value names not taken yet: `base`, else `base1`, `base2`, ..."""
+
     def __init__(self, taken: tuple[str, ...] = ()) -> None:
         self.taken = set(taken)
 
@@ -118,7 +120,7 @@ class _Builder:
 
     def __init__(self, call_p: Any, defs: dict[str, FragmentDef]):
         self.call_p, self.defs = call_p, defs
-        self.names = _Names(("state",))
+        self.names = FreshNames(("state",))
 
     # ---------------------------------------------------------------- graphs
 

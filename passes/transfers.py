@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from fragc.ir.errors import FragcError
+from fragc.ir.graph_builder import FreshNames
 from fragc.ir.module import CARRIERS, REGION_KINDS, Delay, For, Graph, If, Module, Run, Transfer, Use, Value, walk
 from fragc.ir.types import TreeType
 
@@ -75,7 +76,8 @@ class _Mover:
     """The transfers of one graph: one per (operand leaves, destination), appended to `nodes` as needed."""
 
     def __init__(self, carrier: str, taken: set[str]):
-        self.carrier, self.taken = carrier, taken
+        self.carrier, self.names = carrier, FreshNames()
+        self.names.taken = taken  # shared by every graph's mover: names stay unique in the module
         self.nodes: list = []
         self.moved: dict[tuple, tuple[Use, ...]] = {}
 
@@ -89,20 +91,13 @@ class _Mover:
             key = (tuple(uses[i] for i in idx), group)
             if key not in self.moved:
                 leaves = tuple(uses[i].type.replace(group=group) for i in idx)
-                value = Value(self.fresh(f"{_common_name(uses, idx)}_to_{group}"),
+                value = Value(self.names.fresh(f"{_common_name(uses, idx)}_to_{group}"),
                               TreeType.of(tuple(t.struct() for t in leaves)).with_leaves(leaves))
                 self.nodes.append(Transfer(inputs=key[0], outputs=(value,), src=src, dst=group, carrier=self.carrier))
                 self.moved[key] = value.uses()
             for i, new in zip(idx, self.moved[key]):
                 out[i] = new
         return tuple(out)
-
-    def fresh(self, base: str) -> str:
-        name, i = base, 1
-        while name in self.taken:
-            name, i = f"{base}{i}", i + 1
-        self.taken.add(name)
-        return name
 
     def to_each(self, groups: list[str | None], uses: tuple[Use, ...]) -> tuple[Use, ...]:
         """Leaf k of `uses` to `groups[k]`, one transfer per destination."""

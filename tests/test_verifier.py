@@ -263,7 +263,7 @@ def loop_over_five_trips(m):
 def loop_reading_a_constant_of_another_shape(m):
     i = region_index(m, "for")
     node = m.graph.nodes[i]
-    return replace_node(m, i, inputs=(node.inputs[1],) + node.inputs[1:])  # the carry's weights for data.x
+    return replace_node(m, i, inputs=(node.inputs[1],) + node.inputs[1:])  # the targets y where data.x goes
 
 
 def branch_yielding_twice(m):
@@ -286,7 +286,7 @@ def delay_in_a_branch(m):
 
 CASES = [
     ("for_operands_match_the_body", "scan", loop_reading_a_constant_of_another_shape,
-     r"\(for -> %carry1, %ys\): operand 0 is f32\[3\], but the body reads f32\[8@env,3\]"),
+     r"\(for -> %carry1, %ys\): operand 0 is f32\[8@env\], but the body reads f32\[8@env,3\]"),
     ("for_results_are_the_carry_and_the_stacked_outputs", "scan", loop_over_five_trips,
      r"\(for -> %carry1, %ys\): %ys is not the body's outputs stacked over 5 trips"),
     ("if_branches_take_the_operands_and_yield_the_results", "cond", branch_yielding_twice,
