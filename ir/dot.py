@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from .module import Glue, Loop, Module, Run, Transfer
+from .module import For, Glue, If, Loop, Module, Run, Transfer, fragments_run_in
 
-_SHAPES = {"run": "box", "glue": "ellipse", "transfer": "cds", "delay": "diamond", "loop": "box3d"}
+_SHAPES = {"run": "box", "glue": "ellipse", "transfer": "cds", "delay": "diamond", "loop": "box3d", "for": "box3d",
+           "if": "hexagon"}
 
 
 def to_dot(module: Module) -> str:
@@ -38,6 +39,10 @@ def _label(module: Module, node: object) -> tuple[str, str | None]:
         group = module.fragments[node.fragment].placement.group
         return (f"loop @{node.fragment}\\nsteps={node.steps} groups={node.groups}\\n"
                 f"infer -> @host env_step -> absorb", group)
+    if isinstance(node, (For, If)):  # a region on one node: what it is and the fragments it runs
+        head = f"for trips={node.trips}" if isinstance(node, For) else f"if ({len(node.branches)} branches)"
+        runs = " ".join(f"@{name}" for name in fragments_run_in((node,)))
+        return f"{head}\\n{runs}\\n{node.source}", module.group_of(node)
     if isinstance(node, Run):
         fdef = module.fragments[node.fragment]
         group = fdef.placement.group if fdef.placement else None

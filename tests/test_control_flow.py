@@ -108,6 +108,14 @@ def test_every_module_after_every_pass_parses_back(name):
             verify(parse(text, bodies=m))
 
 
+def test_regions_are_drawn_with_what_they_run():
+    from fragc.ir import to_dot
+
+    text = to_dot(run_pipeline(fragc.trace(SHAPES["nested"]()), default_passes(resolve("actor_learner", 8), 4)).final)
+    assert 'shape=box3d, label="for trips=4\\n@learn @polyak\\ntests/user_shapes.py:' in text
+    assert "cluster_learner" in text
+
+
 def test_constants_print_with_their_value():
     text = str(fragc.trace(SHAPES["const_float"]()))
     assert "= glue()   // const 0.05" in text
