@@ -21,15 +21,15 @@ from user_shapes import SHAPES, Base
 ITERATIONS = 3
 DEVICES = {"single": 1, "anakin": 4, "actor_learner": 8, "actor_learner_async": 8}
 FAST = {  # the default suite; the whole matrix with -m slow
-    "single": ("int_metric", "const_metric", "fori_loop", "switch", "nested"),
-    "anakin": ("const_float", "scan"),
-    "actor_learner": ("keywords", "cond", "actor_learner_scan"),
+    "single": ("int_metric", "switch", "nested"),
+    "anakin": ("scan",),
+    "actor_learner": ("cond", "actor_learner_scan"),
     "actor_learner_async": ("nested",),
 }
 CASES = [pytest.param(name, policy, marks=() if name in FAST[policy] else pytest.mark.slow)
          for policy in DEVICES for name in SHAPES
          if (name, policy) != ("actor_learner_scan", "actor_learner_async")]  # refused: no actor reads the state
-JIT_FAST = ("const_float", "keywords", "scan", "cond", "switch", "nested")
+JIT_FAST = ("keywords", "scan", "cond", "nested")
 
 
 @functools.cache
