@@ -69,6 +69,10 @@ class A2C(ppo.PPO):
         return optax.linear_schedule(c.lr, 0.0, c.iterations) if c.anneal_lr else c.lr
 
     # UPDATE NETWORK: one step on the whole rollout
+    def update(self, learner: ppo.Learner, traj: ppo.Transition) -> tuple[ppo.Learner, dict]:
+        """One gradient step on the rollout: one `learn` call (PPO's epochs do not apply)."""
+        return self.learn(learner, traj)
+
     @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None))
     def learn(self, learner: ppo.Learner, traj: ppo.Transition) -> tuple[ppo.Learner, dict]:
         advantages, targets = ppo.gae(traj, self.config.gamma, self.config.gae_lambda)

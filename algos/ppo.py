@@ -221,8 +221,15 @@ class PPO:
 
     def iteration(self, state: State) -> tuple[State, dict]:
         traj, runner, episode_metrics = self.rollout(state.learner.params, state.runner)
-        learner, loss_metrics = self.learn(state.learner, traj)
+        learner, loss_metrics = self.update(state.learner, traj)
         return State(learner, runner), {**episode_metrics, **loss_metrics}
+
+    def update(self, learner: Learner, traj: Transition) -> tuple[Learner, dict]:
+        """`update_epochs` passes over the rollout, one `learn` call each: a `for` region of the IR, so the
+        trajectory moves to the learner once and the cost model counts every epoch's gradient all-reduce."""
+        learner, metrics = jax.lax.scan(lambda learner, _: self.learn(learner, traj), learner, None,
+                                        self.config.update_epochs)
+        return learner, jax.tree.map(jnp.mean, metrics)
 
     # POLICY: a categorical distribution over the network's logits
     def act(self, params: Any, obs: jax.Array, keys: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -267,13 +274,12 @@ class PPO:
         }
         return traj, runner, metrics
 
-    # UPDATE NETWORK
+    # UPDATE NETWORK: one epoch, a pass over the rollout in shuffled minibatches
     @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None))
     def learn(self, learner: Learner, traj: Transition) -> tuple[Learner, dict]:
         c = self.config
-        advantages, targets = gae(traj, c.gamma, c.gae_lambda)
+        advantages, targets = gae(traj, c.gamma, c.gae_lambda)  # from the rollout's values: the same every epoch
         batch = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), (traj, advantages, targets))
-        size = advantages.size
 
         def minibatch_step(learner: Learner, mb: Any) -> tuple[Learner, dict]:
             grads, metrics = jax.grad(self._loss, has_aux=True)(learner.params, *mb)
@@ -282,13 +288,10 @@ class PPO:
             params = optax.apply_updates(learner.params, updates)
             return learner.replace(params=params, opt_state=opt_state), metrics
 
-        def epoch(learner: Learner, _: None) -> tuple[Learner, dict]:
-            key, perm_key = jax.random.split(learner.key)
-            perm = jax.random.permutation(perm_key, size)
-            shuffled = jax.tree.map(lambda x: x[perm].reshape((c.num_minibatches, -1) + x.shape[1:]), batch)
-            return jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled)
-
-        learner, metrics = jax.lax.scan(epoch, learner, None, c.update_epochs)
+        key, perm_key = jax.random.split(learner.key)
+        perm = jax.random.permutation(perm_key, advantages.size)
+        shuffled = jax.tree.map(lambda x: x[perm].reshape((c.num_minibatches, -1) + x.shape[1:]), batch)
+        learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled)
         return learner, jax.tree.map(lambda x: fragc.pmean(jnp.mean(x)), metrics)
 
     def _loss(self, params: Any, traj: Transition, advantages: jax.Array, targets: jax.Array) -> tuple[jax.Array, dict]:

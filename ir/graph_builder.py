@@ -262,7 +262,7 @@ class _Builder:
         params = []
         for base, uses, vars_, sliced in zip(bases, groups, invars, (False, False, True)):
             leaves = tuple(_leaf(w, inner_axes, u, sliced) for u, w in zip(uses, vars_))
-            params.append(Value(self.names.fresh(base), _flat_type(leaves)))
+            params.append(Value(self.names.fresh(base), _structured_type(uses, leaves)))
         body_in = [u for v in params for u in v.uses()]
         n_out = len(body_jaxpr.outvars)
         out_tree = _flat_type(tuple(LeafType.of(w.aval) for w in body_jaxpr.outvars)).treedef
@@ -272,7 +272,7 @@ class _Builder:
         ys = tuple(u.type.replace(shape=(p["length"],) + u.type.shape,
                                   axis=None if u.type.axis is None else u.type.axis + 1)
                    for u in body.outputs[nk:n_out])
-        carry = Value(self.names.fresh("carry"), _flat_type(carry_leaves))
+        carry = Value(self.names.fresh("carry"), params[1].type)
         stacked = Value(self.names.fresh("ys"), _flat_type(ys))
         for var, use in zip(eqn.outvars, carry.uses() + stacked.uses()):
             env[var] = use
@@ -285,7 +285,7 @@ class _Builder:
         for closed in eqn.params["branches"]:
             inner_axes = self.declared_axes(closed.jaxpr)
             leaves = tuple(_leaf(w, inner_axes, u, False) for u, w in zip(inputs[1:], closed.jaxpr.invars))
-            ops = Value(self.names.fresh("ops"), _flat_type(leaves))
+            ops = Value(self.names.fresh("ops"), _structured_type(inputs[1:], leaves))
             out_tree = _flat_type(tuple(LeafType.of(w.aval) for w in closed.jaxpr.outvars)).treedef
             branches.append(self.graph(closed.jaxpr, dict(zip(closed.jaxpr.constvars, closed.consts)), (ops,),
                                        ops.uses(), out_tree))
@@ -324,6 +324,87 @@ def _leaf(var: Any, inner_axes: dict[Any, int | None], outer: Use, sliced: bool)
     else:
         axis = outer.type.axis - 1 if sliced else outer.type.axis
     return LeafType.of(var.aval, axis)
+
+
+def _structured_type(uses: tuple[Use, ...], leaves: tuple[LeafType, ...]) -> TreeType:
+    """A region parameter's type: the pytree structure of what its operands name (one subtree of a value, or a
+    tuple of the subtrees that cover them in order), with these leaves; so that `%carry.params` reads as the
+    user's `learner.params` inside the region."""
+    trees = [_subtree_structure(value, idx) for value, idx in _runs(uses)]
+    if not trees:
+        return _flat_type(leaves)
+    if len(trees) == 1:
+        return TreeType(trees[0], tuple(leaves))
+    placeholders = tuple(jax.tree.unflatten(t, [0] * t.num_leaves) for t in trees)
+    return TreeType(jax.tree.structure(placeholders), tuple(leaves))
+
+
+def _runs(uses: tuple[Use, ...]) -> list[tuple[Value, list[int]]]:
+    """Consecutive leaves of one value, split where a run is not one subtree into the subtrees covering it."""
+    runs: list[tuple[Value, list[int]]] = []
+    for u in uses:
+        if runs and runs[-1][0] is u.value and runs[-1][1][-1] + 1 == u.index:
+            runs[-1][1].append(u.index)
+        else:
+            runs.append((u.value, [u.index]))
+    out = []
+    for value, idx in runs:
+        out += [(value, part) for part in _covering_subtrees(value, idx)]
+    return out
+
+
+def _covering_subtrees(value: Value, idx: list[int]) -> list[list[int]]:
+    """`idx` (consecutive leaves of `value`) as the fewest whole subtrees, in order."""
+    parts = value.type.path_parts
+    out, start = [], 0
+    while start < len(idx):
+        end = len(idx)
+        while end > start + 1 and not _is_subtree(parts, idx[start:end]):
+            end -= 1
+        out.append(idx[start:end])
+        start = end
+    return out
+
+
+def _common_prefix(paths: list[tuple[str, ...]]) -> tuple[str, ...]:
+    prefix = paths[0]
+    for p in paths[1:]:
+        n = 0
+        while n < min(len(prefix), len(p)) and prefix[n] == p[n]:
+            n += 1
+        prefix = prefix[:n]
+    return prefix
+
+
+def _is_subtree(parts: tuple[tuple[str, ...], ...], idx: list[int]) -> bool:
+    prefix = _common_prefix([parts[i] for i in idx])
+    return [i for i, p in enumerate(parts) if p[:len(prefix)] == prefix] == list(idx)
+
+
+def _subtree_structure(value: Value, idx: list[int]) -> Any:
+    """The treedef of the subtree of `value` whose leaves are `idx` (one leaf: a bare leaf)."""
+    if len(idx) == 1:
+        return jax.tree.structure(0)
+    if len(idx) == len(value.type.leaves):
+        return value.type.treedef
+    tree = jax.tree.unflatten(value.type.treedef, list(range(len(value.type.leaves))))
+    keys = jax.tree_util.tree_flatten_with_path(tree)[0][idx[0]][0]
+    depth = len(_common_prefix([value.type.path_parts[i] for i in idx]))
+    for key in keys[:depth]:
+        tree = _child(tree, key)
+    return jax.tree.structure(tree)
+
+
+def _child(tree: Any, key: Any) -> Any:
+    """One step down a pytree along a key path entry."""
+    if isinstance(key, jax.tree_util.GetAttrKey):
+        return getattr(tree, key.name)
+    if isinstance(key, jax.tree_util.DictKey):
+        return tree[key.key]
+    if isinstance(key, jax.tree_util.SequenceKey):
+        return tree[key.idx]
+    children = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is not tree)[0]
+    return next(child for path, child in children if path and path[0] == key)
 
 
 def _flat_type(leaves: tuple[LeafType, ...]) -> TreeType:

@@ -389,7 +389,7 @@ class _Parser:
         ys = tuple(u.type.replace(shape=(trips,) + u.type.shape, axis=None if u.type.axis is None else u.type.axis + 1)
                    for u in body.outputs[nk:])
         names = [n.strip().lstrip("%") for n in m[1].split(",")]
-        outs = (self.values.define(Value(names[0], _tree_type(body.inputs[1].type.leaves))),
+        outs = (self.values.define(Value(names[0], body.inputs[1].type)),
                 self.values.define(Value(names[1], _tree_type(ys))))
         return For(tuple(u for g in groups for u in g), outs, body, trips, bool(m[3]), source or "?", stages)
 

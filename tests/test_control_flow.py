@@ -84,6 +84,25 @@ def test_collective_bytes_of_a_loop_are_trips_times_a_trip():
     assert one > 0 and three == pytest.approx(3 * one)  # one call of learn against three trips of it
 
 
+def test_ppo_epochs_are_a_for_region_whose_collectives_count_every_epoch():
+    """PPO calls `learn` (one epoch) under lax.scan: the IR holds the loop, the trajectory moves to the learner
+    once, and the cost model counts each epoch's gradient all-reduces (trips x one call)."""
+    from fragc.algos import ppo
+    from fragc.ir.module import fragments_run_in
+    from fragc.runtime.cost import fragment_collective_bytes
+    from fragc.runtime.stages import stage_fragments
+
+    algo = ppo.PPO(ppo.Config(num_envs=8, num_steps=8, num_minibatches=2, update_epochs=3))
+    module = run_pipeline(fragc.trace(algo), default_passes(resolve("actor_learner", 8), 4)).final
+    loop = next(n for n in walk(module.graph.nodes) if isinstance(n, For))
+    assert loop.trips == 3 and fragments_run_in(loop.body.nodes) == ["learn"]
+    assert not [n for n in loop.body.nodes if n.kind == "transfer"]
+    runs = stage_fragments(module.graph, range(len(module.graph.nodes)))
+    assert runs.count("learn") == 3
+    per_call = fragment_collective_bytes(module.fragments["learn"])
+    assert per_call > 0 and sum(fragment_collective_bytes(module.fragments[f]) for f in runs if f == "learn") == 3 * per_call
+
+
 def test_the_fragment_that_reads_a_loop_constant_gets_it_moved_once():
     """What the body reads unchanged is moved before the loop, not every trip (a `for` hoists its constants)."""
     module = run_pipeline(fragc.trace(SHAPES["scan"]()), default_passes(resolve("actor_learner", 8), 4)).final
