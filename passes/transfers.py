@@ -12,7 +12,9 @@ import dataclasses
 
 from fragc.ir.errors import FragcError
 from fragc.ir.graph_builder import FreshNames
-from fragc.ir.module import CARRIERS, REGION_KINDS, Delay, For, Graph, If, Module, Run, Transfer, Use, Value, walk
+from fragc.ir.module import (
+    CARRIERS, REGION_KINDS, Delay, For, Glue, Graph, If, Module, Run, Transfer, Use, Value, walk,
+)
 from fragc.ir.types import TreeType
 
 from .pipeline import Pass
@@ -41,6 +43,7 @@ def _with_transfers(module: Module, graph: Graph, out_groups: list[str | None], 
     loop's body moves every trip, and what the body reads unchanged is moved once, before the loop."""
     mover = _Mover(carrier, taken)
     for node in graph.nodes:
+        before = len(mover.nodes)
         if isinstance(node, REGION_KINDS):
             node = _region_with_transfers(module, node, mover, taken)
         elif not isinstance(node, Transfer) and (group := module.group_of(node)) is not None:
@@ -48,12 +51,27 @@ def _with_transfers(module: Module, graph: Graph, out_groups: list[str | None], 
             if isinstance(node, Delay):
                 changes["initial"] = mover.to(group, node.initial)
             node = node.replace(**changes)
+        _before_constants(mover.nodes, before)
         mover.nodes.append(node)
     outputs = list(graph.outputs)
     for i, group in enumerate(out_groups):
         if group is not None:
             outputs[i] = mover.to(group, (outputs[i],))[0]
     return graph.replace(nodes=tuple(mover.nodes), outputs=tuple(outputs))
+
+
+def _before_constants(nodes: list, added: int) -> None:
+    """Move the transfers added from index `added` on before the constants (glue with no inputs) just before
+    them, which their reader's stage then holds: a constant alone between two transfers would be a program of
+    its own (in a loop's body, one more dispatch every trip)."""
+    start = added
+    while start > 0 and isinstance(nodes[start - 1], Glue) and not nodes[start - 1].inputs:
+        start -= 1
+    constants = {v for n in nodes[start:added] for v in n.outputs}
+    moved = nodes[added:]
+    if start == added or any(u.value in constants for n in moved for u in n.inputs):
+        return
+    nodes[start:] = moved + nodes[start:added]
 
 
 def _region_with_transfers(module: Module, node: For | If, mover: "_Mover", taken: set[str]) -> For | If:

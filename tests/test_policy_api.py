@@ -52,8 +52,8 @@ def test_anakin_collectives_are_one_gradient_allreduce_per_minibatch_plus_metric
     def received(elements):  # per device: a reduce-scatter and an all-gather of ceil(n/R) 4-byte values from R-1 others
         return 2 * (r - 1) * -(-elements // r) * 4
 
-    scalars = 4 + 3  # learn: four metrics; rollout: completed episodes, return sum, episodes done
-    grads = _param_bytes(algo) // 4
+    scalars = c.update_epochs * 4 + 3  # learn (one call an epoch): four metrics; rollout: completed episodes,
+    grads = _param_bytes(algo) // 4     # return sum, episodes done
     expected = c.update_epochs * c.num_minibatches * received(grads) + scalars * received(1)
     cost = prog.cost()
     assert cost["total"]["collective_bytes"] == expected
