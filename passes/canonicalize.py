@@ -11,7 +11,7 @@ from jax.extend import core as jex
 from jax.interpreters import partial_eval as pe
 
 from fragc.ir.graph_builder import glue_debug_info
-from fragc.ir.module import Glue, Module, Use, Value, fragments_run_in
+from fragc.ir.module import For, Glue, Graph, If, Module, Use, Value, fragments_run_in
 from fragc.ir.types import TreeType
 
 from .pipeline import Pass
@@ -22,24 +22,32 @@ class Canonicalize(Pass):
     name = "canonicalize"
 
     def run(self, module: Module) -> Module:
-        graph = module.graph
-        live = {u.value: set() for u in graph.outputs}
-        for u in graph.outputs:
-            live[u.value].add(u.index)
-        nodes = []
-        renames: dict[Value, tuple[Value, list[int]]] = {}
-        for node in reversed(graph.nodes):
-            used = [sorted(live.get(v, ())) for v in node.outputs]
-            if not any(used):
-                continue  # fragments are pure: an unused call is dead
-            if isinstance(node, Glue) and len(used[0]) < len(node.outputs[0].type.leaves):
-                node, renames[node.outputs[0]] = _shrink_glue(node, used[0])
-            for u in node.inputs:
-                live.setdefault(u.value, set()).add(u.index)
-            nodes.append(node)
-        nodes.reverse()
-        return module.replace(graph=_rewire(graph.replace(nodes=tuple(nodes)), renames),
-                              fragments=_used_fragments(module, nodes))
+        graph = _without_dead_nodes(module.graph)
+        return module.replace(graph=graph, fragments=_used_fragments(module, list(graph.nodes)))
+
+
+def _without_dead_nodes(graph: Graph) -> Graph:
+    """`graph` less what nothing it returns (or yields) reads; regions' graphs likewise, every yield live."""
+    live = {u.value: set() for u in graph.outputs}
+    for u in graph.outputs:
+        live[u.value].add(u.index)
+    nodes = []
+    renames: dict[Value, tuple[Value, list[int]]] = {}
+    for node in reversed(graph.nodes):
+        used = [sorted(live.get(v, ())) for v in node.outputs]
+        if not any(used):
+            continue  # fragments are pure: an unused call is dead
+        if isinstance(node, Glue) and len(used[0]) < len(node.outputs[0].type.leaves):
+            node, renames[node.outputs[0]] = _shrink_glue(node, used[0])
+        if isinstance(node, For):
+            node = node.replace(body=_without_dead_nodes(node.body))
+        elif isinstance(node, If):
+            node = node.replace(branches=tuple(_without_dead_nodes(b) for b in node.branches))
+        for u in node.inputs:
+            live.setdefault(u.value, set()).add(u.index)
+        nodes.append(node)
+    nodes.reverse()
+    return _rewire(graph.replace(nodes=tuple(nodes)), renames)
 
 
 def _shrink_glue(node: Glue, keep: list[int]) -> tuple[Glue, tuple[Value, list[int]]]:

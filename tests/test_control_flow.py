@@ -127,6 +127,25 @@ def test_every_module_after_every_pass_parses_back(name):
             verify(parse(text, bodies=m))
 
 
+class DeadInLoop(Base):
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+
+        def step(w, _):
+            self.polyak(w, state.target)  # nothing reads it
+            return self.learn(w, data.x, y, 0.1)[0], None
+
+        w, _ = jax.lax.scan(step, state.w, None, length=2)
+        return self.finish(state, w, data, {})
+
+
+def test_canonicalize_drops_dead_runs_inside_regions():
+    traced, canonical = run_pipeline(fragc.trace(DeadInLoop()), default_passes(resolve("single", 1), 4)).modules[:2]
+    loop = next(n for n in canonical.graph.nodes if isinstance(n, For))
+    assert "polyak" in traced.fragments and "polyak" not in canonical.fragments
+    assert [n.fragment for n in loop.body.nodes if n.kind == "run"] == ["learn"]
+
+
 def test_regions_are_drawn_with_what_they_run():
     from fragc.ir import to_dot
 
