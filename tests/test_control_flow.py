@@ -22,8 +22,8 @@ ITERATIONS = 3
 DEVICES = {"single": 1, "anakin": 4, "actor_learner": 8, "actor_learner_async": 8}
 FAST = {  # the default suite; the whole matrix with -m slow
     "single": ("int_metric", "switch", "nested"),
-    "anakin": ("scan",),
-    "actor_learner": ("cond", "actor_learner_scan"),
+    "anakin": ("scan", "scan_minibatches"),
+    "actor_learner": ("cond", "actor_learner_scan", "spanning_cond"),
     "actor_learner_async": ("nested",),
 }
 CASES = [pytest.param(name, policy, marks=() if name in FAST[policy] else pytest.mark.slow)
@@ -76,6 +76,15 @@ def test_a_loop_spanning_actor_and_learner_is_run_from_the_schedule():
     moved = [n for n in loop.body.nodes if n.kind == "transfer"]
     assert {(n.src, n.dst) for n in moved} == {("learner", "actors"), ("actors", "learner")}
     assert prog.cost()["total"]["transfer_bytes"] == loop.trips * sum(n.nbytes for n in moved)
+
+
+def test_a_branch_spanning_groups_is_chosen_by_the_schedule():
+    """Under actor_learner the cond's branches run on different groups: each branch has stages of its own (the
+    index is read on the host); compiled equals the reference in test_compiled_equals_the_reference."""
+    prog = compiled("spanning_cond", "actor_learner")
+    node = next(n for n in prog.module.graph.nodes if isinstance(n, If))
+    assert prog.module.group_of(node) is None
+    assert [[s.group for s in stages] for stages in node.stages] == [["learner"], ["actors"]]
 
 
 def test_collective_bytes_of_a_loop_are_trips_times_a_trip():

@@ -182,8 +182,45 @@ class ActorLearnerScan(Base):
         return self.finish(state, w, data, {"loss": ms["loss"][-1]})
 
 
+class ScanMinibatches(Base):
+    """A reversed scan over minibatches of the sampled data (xs with an environment axis) and the trip index."""
+
+    num_envs = 16  # minibatches of 8: one environment for each of 8 replicas
+
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        xs = (data.x.reshape(2, self.num_envs // 2, 3), y.reshape(2, self.num_envs // 2), jnp.arange(2.0))
+
+        def step(w, mb):
+            x, y, i = mb
+            w, m = self.learn(w, x, y, 0.1 / (1.0 + i))
+            return w, m["loss"]
+
+        w, losses = jax.lax.scan(step, state.w, xs, reverse=True)
+        return self.finish(state, w, data, {"loss": losses[0]})
+
+
+class SpanningCond(Base):
+    """Branches on two groups under actor_learner: an evaluation-like sample in one, a learner step in the other."""
+
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        w, m = self.learn(state.w, data.x, y, self.lr)
+
+        def evaluate():
+            y_eval, _ = self.sample(w, data)
+            return jnp.mean(y_eval)
+
+        def extra_step():
+            return self.learn(w, data.x, y, 0.01)[1]["loss"]
+
+        score = jax.lax.cond(state.step % 2 == 0, evaluate, extra_step)
+        return self.finish(state, w, data, {**m, "score": score})
+
+
 SHAPES = {
     "const_float": ConstFloat, "jnp_scalar": JnpScalar, "numpy_scalar": NumpyScalar, "const_metric": ConstMetric,
     "int_metric": IntMetric, "keywords": Keywords, "two_calls": TwoCalls, "scan": Scan, "fori_loop": ForiLoop,
     "cond": CondSync, "switch": Switch, "nested": Nested, "actor_learner_scan": ActorLearnerScan,
+    "scan_minibatches": ScanMinibatches, "spanning_cond": SpanningCond,
 }
