@@ -21,7 +21,7 @@ from user_shapes import SHAPES, Base
 ITERATIONS = 3
 DEVICES = {"single": 1, "anakin": 4, "actor_learner": 8, "actor_learner_async": 8}
 FAST = {  # the default suite; the whole matrix with -m slow
-    "single": ("int_metric", "switch", "nested"),
+    "single": ("switch", "nested"),
     "anakin": ("scan", "scan_minibatches"),
     "actor_learner": ("cond", "actor_learner_scan", "spanning_cond"),
     "actor_learner_async": ("nested",),
@@ -65,6 +65,24 @@ def test_compiled_equals_the_reference(name, policy):
     assert sorted(history) == sorted(ref_history)
     for k in history:
         np.testing.assert_allclose(history[k], ref_history[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize("name,policy", [
+    ("actor_learner_scan", "actor_learner"),
+    pytest.param("nested", "actor_learner_async", marks=pytest.mark.slow),
+    pytest.param("switch", "actor_learner", marks=pytest.mark.slow),
+])
+def test_one_spmd_program_equals_the_reference(name, policy):
+    """transfers='collective': the regions run inside one SPMD program over both groups (a loop's transfers
+    are collectives every trip, an if's index is broadcast from its group's row)."""
+    prog = fragc.compile(SHAPES[name](), policy, devices=8, transfers="collective")
+    assert prog.module.schedule.shape == "spmd"
+    state = prog.init(0)
+    out, history = prog.run(state, ITERATIONS)
+    ref, ref_history = fragc.run_iterations(prog.module, state, ITERATIONS)
+    assert_trees_close(out, ref, rtol=1e-5, atol=1e-6)
+    for k, rows in history_of(ref_history).items():
+        np.testing.assert_allclose(history[k], rows, rtol=1e-5, atol=1e-6, err_msg=k)
 
 
 def test_a_loop_spanning_actor_and_learner_is_run_from_the_schedule():
