@@ -15,8 +15,6 @@ import functools
 import inspect
 from typing import Any, Callable
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,6 +22,7 @@ from jax.extend import core as jex
 from jax.interpreters import ad, batching
 
 from . import traps
+from .traps import caller, short_location
 from .collectives import pmean, psum  # noqa: F401  (re-exported: `fragc.pmean`)
 from .errors import FragcError, FragmentError
 from .graph_builder import build_graph
@@ -93,7 +92,7 @@ class Fragment:
         ctx = _TRACING.get()
         if ctx is not None and ctx.defining:
             raise FragmentError(f"fragment '{self.name}' is called inside fragment '{ctx.defining[-1]}' (at "
-                                f"{_caller()}); a fragment's body is one program on its own devices: call "
+                                f"{caller()}); a fragment's body is one program on its own devices: call "
                                 f"'{self.name}' from the iteration, or call a plain function inside '"
                                 f"{ctx.defining[-1]}'")
         fdef = define(self, args) if ctx is None else ctx.define(self, args)
@@ -117,11 +116,11 @@ class Fragment:
         try:
             bound = inspect.signature(self.fn).bind(*args, **kwargs)
         except TypeError as err:
-            raise FragmentError(f"fragment '{self.name}' called at {_caller()} with keywords "
+            raise FragmentError(f"fragment '{self.name}' called at {caller()} with keywords "
                                 f"({', '.join(kwargs)}): {err}") from None
         bound.apply_defaults()
         if bound.kwargs:
-            raise FragmentError(f"fragment '{self.name}' called at {_caller()}: keyword-only parameters "
+            raise FragmentError(f"fragment '{self.name}' called at {caller()}: keyword-only parameters "
                                 f"({', '.join(sorted(bound.kwargs))}) cannot carry values between fragments; "
                                 "make them positional-or-keyword")
         return tuple(bound.args)
@@ -145,20 +144,8 @@ def _as_arrays(args: tuple) -> tuple:
     return jax.tree.map(convert, args)
 
 
-def _caller() -> str:
-    """file:line of the innermost frame outside fragc and JAX: where the user called a fragment."""
-    import traceback
-
-    library = (os.path.dirname(jax.__file__), os.path.dirname(os.path.abspath(__file__)))
-    frames = [f for f in traceback.extract_stack()
-              if not f.filename.startswith(library) and "/jax/" not in f.filename]
-    if not frames:
-        return "?"
-    return f"{'/'.join(frames[-1].filename.replace(chr(92), '/').split('/')[-2:])}:{frames[-1].lineno}"
-
-
 def _refuse_batching(args: Any, dims: Any, *, fragment: str, trace_id: int) -> Any:
-    raise FragmentError(f"fragment '{fragment}' is called under a jax.vmap of your own (at {_caller()}); fragc "
+    raise FragmentError(f"fragment '{fragment}' is called under a jax.vmap of your own (at {caller()}); fragc "
                         "vectorises fragments itself: declare the batch axis in in_axes/out_axes, or vmap inside "
                         "the fragment's body")
 
@@ -168,7 +155,7 @@ batching.primitive_batchers[fragment_call_p] = _refuse_batching
 
 def _refuse_differentiation(primals: Any, tangents: Any, *, fragment: str, trace_id: int) -> Any:
     raise FragmentError(f"fragment '{fragment}' is differentiated from outside (jax.grad or jax.jvp around its call, "
-                        f"at {_caller()}); take gradients inside the fragment's body")
+                        f"at {caller()}); take gradients inside the fragment's body")
 
 
 ad.primitive_jvps[fragment_call_p] = _refuse_differentiation
@@ -326,8 +313,7 @@ def _source(fn: Callable[..., Any]) -> str:
         line = inspect.getsourcelines(fn)[1]
     except (OSError, TypeError):
         return "?"
-    parts = file.replace("\\", "/").split("/")
-    return f"{'/'.join(parts[-2:])}:{line}"
+    return short_location(file, line)
 
 
 # ---------------------------------------------------------------- trace

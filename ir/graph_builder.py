@@ -26,6 +26,7 @@ from jax.extend import core as jex
 from jax.extend import source_info_util
 
 from .errors import FragcError
+from .traps import short_location
 from .module import FragmentDef, For, Glue, Graph, If, Run, Use, Value
 from .types import LeafType, TreeType
 
@@ -102,7 +103,7 @@ def call_site(eqn: Any) -> str:
     where = text.split(" (", 1)[0]
     path, _, rest = where.partition(":")
     line = rest.split(":", 1)[0]
-    return f"{'/'.join(path.replace(chr(92), '/').split('/')[-2:])}:{line}" if line else where
+    return short_location(path, line) if line else where
 
 
 def first_fragment(eqn: Any, call_p: Any) -> str:
@@ -265,13 +266,10 @@ class _Builder:
             params.append(Value(self.names.fresh(base), _structured_type(uses, leaves)))
         body_in = [u for v in params for u in v.uses()]
         n_out = len(body_jaxpr.outvars)
-        out_tree = _flat_type(tuple(LeafType.of(w.aval) for w in body_jaxpr.outvars)).treedef
+        out_tree = jax.tree.structure(tuple(body_jaxpr.outvars))
         body = self.graph(body_jaxpr, dict(zip(body_jaxpr.constvars, closed.consts)), tuple(params), body_in,
                           out_tree)
-        carry_leaves = params[1].type.leaves
-        ys = tuple(u.type.replace(shape=(p["length"],) + u.type.shape,
-                                  axis=None if u.type.axis is None else u.type.axis + 1)
-                   for u in body.outputs[nk:n_out])
+        ys = tuple(u.type.stacked(p["length"]) for u in body.outputs[nk:n_out])
         carry = Value(self.names.fresh("carry"), params[1].type)
         stacked = Value(self.names.fresh("ys"), _flat_type(ys))
         for var, use in zip(eqn.outvars, carry.uses() + stacked.uses()):
@@ -286,7 +284,7 @@ class _Builder:
             inner_axes = self.declared_axes(closed.jaxpr)
             leaves = tuple(_leaf(w, inner_axes, u, False) for u, w in zip(inputs[1:], closed.jaxpr.invars))
             ops = Value(self.names.fresh("ops"), _structured_type(inputs[1:], leaves))
-            out_tree = _flat_type(tuple(LeafType.of(w.aval) for w in closed.jaxpr.outvars)).treedef
+            out_tree = jax.tree.structure(tuple(closed.jaxpr.outvars))
             branches.append(self.graph(closed.jaxpr, dict(zip(closed.jaxpr.constvars, closed.consts)), (ops,),
                                        ops.uses(), out_tree))
         axes = [next((b.outputs[k].type.axis for b in branches if b.outputs[k].type.axis is not None), None)

@@ -76,11 +76,9 @@ class Interpreter:
         self.stage_graph = {s.name: graph for s in module.stages}  # the graph each stage's nodes index
         self.plans: dict[int, list[Stage | int]] = {}  # id(region graph) -> its steps
         for node in walk(graph.nodes):
-            if isinstance(node, REGION_KINDS):
-                per_region = (node.stages,) if isinstance(node, For) else (node.stages or ((),) * len(node.branches))
-                for g, stages in zip(node.regions, per_region):
-                    self.plans[id(g)] = _plan(g, stages)
-                    self.stage_graph.update({s.name: g for s in stages})
+            for g, stages in node.staged_regions() if isinstance(node, REGION_KINDS) else ():
+                self.plans[id(g)] = _plan(g, stages)
+                self.stage_graph.update({s.name: g for s in stages})
         self.delay_nodes = [i for i, n in enumerate(graph.nodes) if isinstance(n, Delay)]
 
     def iteration(self, state: Sequence[Any], delayed: Mapping[int, list[Any]] | None = None
@@ -200,10 +198,9 @@ class ReferenceInterpreter(Interpreter):
         for t in (range(node.trips - 1, -1, -1) if node.reverse else range(node.trips)):
             outs = self.region(node.body, consts + carry + [x[t] for x in xs])
             carry, ys[t] = outs[:nk], outs[nk:]
-        stacked = node.outputs[1].type.leaves
         if not node.trips:
-            return carry + [jnp.zeros(t.shape, t.dtype) for t in stacked]
-        return carry + [jnp.stack(column) for column in zip(*ys)] if stacked else carry
+            return carry + [jnp.zeros(t.shape, t.dtype) for t in node.outputs[1].type.leaves]
+        return carry + [jnp.stack(column) for column in zip(*ys)]
 
     def if_branch(self, i: int, node: If, leaves: list[Any]) -> list[Any]:
         if isinstance(leaves[0], jax.core.Tracer):  # traced (a vmapped population): as compiled programs run it

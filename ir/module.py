@@ -323,8 +323,25 @@ class Loop(Run):
         return len(self.body.inputs[1].type.leaves)
 
 
+class _Region:
+    """What `For` and `If` share: operands are the inputs (their graphs read nothing from outside), `replace`,
+    and their graphs with each one's stages (empty until `fuse` finds the region spanning groups)."""
+
+    @property
+    def operands(self) -> tuple[Use, ...]:
+        return self.inputs
+
+    def replace(self, **changes: Any) -> Any:
+        return dataclasses.replace(self, **changes)
+
+    def staged_regions(self) -> tuple[tuple[Graph, tuple["Stage", ...]], ...]:
+        """Each graph of the region with its stages."""
+        per_graph = (self.stages,) if isinstance(self, For) else (self.stages or ((),) * len(self.branches))
+        return tuple(zip(self.regions, per_graph))
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
-class For:
+class For(_Region):
     """`lax.scan` (or `fori_loop` with a static trip count) around fragment calls: `body` runs `trips` times.
 
     `inputs` are the loop's constants, the carry's initial leaves and the scanned leaves, in that order; the
@@ -345,10 +362,6 @@ class For:
     kind = "for"
 
     @property
-    def operands(self) -> tuple[Use, ...]:
-        return self.inputs
-
-    @property
     def regions(self) -> tuple[Graph, ...]:
         return (self.body,)
 
@@ -360,12 +373,9 @@ class For:
     def num_carry(self) -> int:
         return len(self.body.inputs[1].type.leaves)
 
-    def replace(self, **changes: Any) -> "For":
-        return dataclasses.replace(self, **changes)
-
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class If:
+class If(_Region):
     """`lax.cond` / `lax.switch` around fragment calls: branch `inputs[0]` (an int32 index, clamped as
     `lax.switch` clamps it) of `branches` runs on `inputs[1:]`. Each branch's input is one value (the
     operands) and it yields the leaves of the node's one output value. `lax.cond(p, t, f)` is branch 1 (`t`)
@@ -381,15 +391,8 @@ class If:
     kind = "if"
 
     @property
-    def operands(self) -> tuple[Use, ...]:
-        return self.inputs
-
-    @property
     def regions(self) -> tuple[Graph, ...]:
         return self.branches
-
-    def replace(self, **changes: Any) -> "If":
-        return dataclasses.replace(self, **changes)
 
 
 Node = Run | Glue | Transfer | Delay | Loop | For | If
@@ -405,6 +408,18 @@ def walk(nodes: tuple, regions: bool = True):
         if regions and isinstance(node, REGION_KINDS):
             for g in node.regions:
                 yield from walk(g.nodes)
+
+
+def walk_counted(nodes: tuple, times: int = 1):
+    """(node, how often it runs when `nodes` run `times` times) for every node, regions' too, depth first: a
+    loop's body `trips` times more; each branch of an `if` as if taken (an upper bound)."""
+    for node in nodes:
+        yield node, times
+        if isinstance(node, For):
+            yield from walk_counted(node.body.nodes, times * node.trips)
+        elif isinstance(node, If):
+            for g in node.branches:
+                yield from walk_counted(g.nodes, times)
 
 
 def fragments_run_in(nodes: tuple) -> list[str]:

@@ -386,8 +386,7 @@ class _Parser:
             raise ParseError("a for's body does not end with } after its yield")
         groups = [self.values.operands(m[k]) for k in (4, 5, 6)]
         trips, nk = int(m[2]), len(body.inputs[1].type.leaves)
-        ys = tuple(u.type.replace(shape=(trips,) + u.type.shape, axis=None if u.type.axis is None else u.type.axis + 1)
-                   for u in body.outputs[nk:])
+        ys = tuple(u.type.stacked(trips) for u in body.outputs[nk:])
         names = [n.strip().lstrip("%") for n in m[1].split(",")]
         outs = (self.values.define(Value(names[0], body.inputs[1].type)),
                 self.values.define(Value(names[1], _tree_type(ys))))

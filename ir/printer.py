@@ -201,8 +201,7 @@ def _if_lines(node: If, module: Module, aliases: _Aliases, indent: str, trips: i
     for pos, k in enumerate(order):
         if n == 2 and pos == 1:
             lines.append(f"{indent}}} else {{")
-        branch = node.branches[k]
-        stages = node.stages[k] if node.stages else ()
+        branch, stages = node.staged_regions()[k]
         source = f"   // {node.source}" if pos == 0 else ""
         lines.append(f"{indent}  {_region_params(labels[k], branch, aliases)}{source}")
         lines += _nodes_lines(branch, stages, module, aliases, indent + "  ", trips)

@@ -78,12 +78,29 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 """The repository root: fragc's own frames lie under its ir/, passes/, runtime/ and fragc/."""
 
 
+_LIBRARY = tuple([os.path.dirname(jax.__file__)] + [os.path.join(_ROOT, d) for d in ("ir", "passes", "runtime", "fragc")])
+"""Folders whose frames are not the user's: JAX's and fragc's own."""
+
+
+def _user_frames(frames: list[traceback.FrameSummary]) -> list[traceback.FrameSummary]:
+    return [f for f in frames if not f.filename.startswith(tuple(d + os.sep for d in _LIBRARY))]
+
+
 def _user_line(err: BaseException) -> str:
     """file:line of the innermost frame of `err` in the user's code (not JAX's, not fragc's)."""
-    library = [os.path.dirname(jax.__file__)] + [os.path.join(_ROOT, d) for d in ("ir", "passes", "runtime", "fragc")]
-    frames = [f for f in traceback.extract_tb(err.__traceback__)
-              if not any(f.filename.startswith(d + os.sep) for d in library)]
+    frames = _user_frames(traceback.extract_tb(err.__traceback__))
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+
+
+def caller() -> str:
+    """`folder/file.py:line` of the innermost frame of the current stack in the user's code."""
+    frames = _user_frames(traceback.extract_stack())
+    return short_location(frames[-1].filename, frames[-1].lineno) if frames else "?"
+
+
+def short_location(path: str, line: int | str) -> str:
+    """`folder/file.py:line`: a source location as fragc prints it (the path's last two parts)."""
+    return f"{'/'.join(path.replace(chr(92), '/').split('/')[-2:])}:{line}"
 
 
 _EFFECT_NAMES = {"debug_print": "jax.debug.print", "debug_callback": "jax.debug.callback",

@@ -53,6 +53,10 @@ class LeafType:
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * _itemsize(self.dtype)
 
+    def stacked(self, n: int) -> "LeafType":
+        """`n` of these stacked along a new leading axis (a loop's per-trip output over its trips)."""
+        return self.replace(shape=(n,) + tuple(self.shape), axis=None if self.axis is None else self.axis + 1)
+
     def struct(self) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct(self.shape, self.dtype)
 

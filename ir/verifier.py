@@ -415,7 +415,7 @@ def for_operands_match_the_body(site: Site) -> str | None:
         return f"{len(node.inputs)} operands for a body of {len(params)} input leaves"
     sliced = len(node.body.inputs[0].type.leaves) + len(node.body.inputs[1].type.leaves)
     for k, (u, t) in enumerate(zip(node.inputs, params)):
-        want = t if k < sliced else t.replace(shape=(node.trips,) + tuple(t.shape))
+        want = t if k < sliced else t.stacked(node.trips)
         if not _leaf_agrees(u.type, want, placed):
             return f"operand {k} is {u.type}, but the body reads {t}" + (" a trip" if k >= sliced else "")
     carry = node.body.inputs[1].type.leaves
@@ -436,7 +436,7 @@ def for_results_are_the_carry_and_the_stacked_outputs(site: Site) -> str | None:
     if len(carry) != len(params) or not all(_leaf_agrees(a, b, False) for a, b in zip(carry, params)):
         return f"%{node.outputs[0].name} is not of the carry's types"
     per_trip = [u.type for u in node.body.outputs[len(params):]]
-    stacked = [t.replace(shape=(node.trips,) + tuple(t.shape)) for t in per_trip]
+    stacked = [t.stacked(node.trips) for t in per_trip]
     if len(ys) != len(stacked) or not all(_leaf_agrees(a, b, False) for a, b in zip(ys, stacked)):
         return f"%{node.outputs[1].name} is not the body's outputs stacked over {node.trips} trips"
     return None

@@ -90,36 +90,26 @@ def _place_graph(module: Module, graph: Graph, fixed: dict[Value, list[str]], ca
     fallback: where an input leaf lives when nothing in the graph makes or reads it (the region's operand).
     """
     default = module.meshes[0].name
-    first_reader = _first_readers(module, graph)
-    node_group: dict[int, str | None] = {}
-    for i, n in enumerate(graph.nodes):
-        if isinstance(n, Run):
-            node_group[i] = module.fragments[n.fragment].placement.group
-        elif isinstance(n, REGION_KINDS):
-            groups = _run_groups(module, n)
-            node_group[i] = groups[0] if len(groups) == 1 else None
+    node_group: dict[int, str | None] = _node_groups(module, graph)
+    first_reader = _first_readers(graph, node_group)
     producer = graph.producers()
     regions: dict[int, For | If] = {}  # placed regions, by index
+
+    def made_on(use: Use) -> str | None:
+        """The group of the node that makes a leaf (a placed region: the group of that leaf of its result)."""
+        i = producer.get(use.value)
+        if i in regions:
+            return regions[i].outputs[graph.nodes[i].outputs.index(use.value)].type.leaves[use.index].group
+        return node_group.get(i)
 
     def input_group(use: Use) -> str | None:
         """Where it is made for the next trip (once known), else where it is first read, else the operand's."""
         if use.value in fixed:
             return fixed[use.value][use.index]
-        made_by = producer.get(carried[use].value) if use in carried else None
-        made_on = node_group.get(made_by) if made_by is not None else None
-        if made_by in regions:  # a region spanning groups: where it makes that leaf
-            node = graph.nodes[made_by]
-            made_on = regions[made_by].outputs[node.outputs.index(carried[use].value)].type.leaves[
-                carried[use].index].group
-        return made_on or first_reader.get(use) or fallback.get(use)
+        return (made_on(carried[use]) if use in carried else None) or first_reader.get(use) or fallback.get(use)
 
     def group_of(use: Use) -> str | None:
-        if use.value in graph.inputs:
-            return input_group(use)
-        i = producer[use.value]
-        if i in regions:
-            return regions[i].outputs[graph.nodes[i].outputs.index(use.value)].type.leaves[use.index].group
-        return node_group.get(i)
+        return input_group(use) if use.value in graph.inputs else made_on(use)
 
     def glue_group(i: int, node: Glue) -> str:
         """Beside the leaves it reads, else where its results are first read, else in the stage before it."""
@@ -164,15 +154,14 @@ def _place_region(module: Module, node: For | If, group: str | None, operand_gro
             carried = {params[nc + k]: body.outputs[k] for k in range(nk)}
             fallback = dict(zip(params, operand_groups))
             placed = _place_graph(module, body, {}, carried, fallback)
-        carry = placed.inputs[1].type.leaves
-        ys = [t.replace(group=u.type.group) for t, u in zip(node.outputs[1].type.leaves, placed.outputs[node.num_carry:])]
-        return node.replace(body=placed, outputs=(_placed(node.outputs[0], [t.group for t in carry]),
-                                                   _placed(node.outputs[1], [t.group for t in ys])))
+        carry = [t.group for t in placed.inputs[1].type.leaves]
+        ys = [u.type.group for u in placed.outputs[node.num_carry:]]
+        return node.replace(body=placed, outputs=(_placed(node.outputs[0], carry), _placed(node.outputs[1], ys)))
     operands = node.inputs[1:]
     if group is not None:
         where = [group] * len(operands)
     else:
-        readers = [_first_readers(module, b) for b in node.branches]
+        readers = [_first_readers(b, _node_groups(module, b)) for b in node.branches]
         where = [next((r[p] for r, b in zip(readers, node.branches) if (p := Use(b.inputs[0], k)) in r), None)
                  or operand_groups[k + 1] for k in range(len(operands))]
     branches = tuple(_place_graph(module, b, {b.inputs[0]: where}, {}, {}) for b in node.branches)
@@ -189,20 +178,25 @@ def _run_groups(module: Module, node: For | If) -> list[str]:
                               for g in node.regions for n in walk(g.nodes) if isinstance(n, Run)))
 
 
-def _first_readers(module: Module, graph: Graph) -> dict[Use, str]:
+def _node_groups(module: Module, graph: Graph) -> dict[int, str | None]:
+    """The group of each run, and of each region (`None` where it spans groups), by index."""
+    groups: dict[int, str | None] = {}
+    for i, n in enumerate(graph.nodes):
+        if isinstance(n, Run):
+            groups[i] = module.fragments[n.fragment].placement.group
+        elif isinstance(n, REGION_KINDS):
+            runs = _run_groups(module, n)
+            groups[i] = runs[0] if len(runs) == 1 else None
+    return groups
+
+
+def _first_readers(graph: Graph, node_group: dict[int, str | None]) -> dict[Use, str]:
     """For each leaf read by a fragment (or a region on one group), the group of the first that reads it."""
     readers: dict[Use, str] = {}
-    for node in graph.nodes:
-        if isinstance(node, Run):
-            group = module.fragments[node.fragment].placement.group
-        elif isinstance(node, REGION_KINDS):
-            groups = _run_groups(module, node)
-            group = groups[0] if len(groups) == 1 else None
-        else:
-            continue
-        if group is not None:
+    for i, node in enumerate(graph.nodes):
+        if node_group.get(i) is not None:
             for u in node.inputs:
-                readers.setdefault(u, group)
+                readers.setdefault(u, node_group[i])
     return readers
 
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 from jax.extend import core as jex
 
-from fragc.ir.module import REPLICA, For, FragmentDef, If, Module, Transfer
+from fragc.ir.module import REPLICA, FragmentDef, Module, Transfer, walk_counted
 from fragc.ir.types import LeafType
 
 # Bytes one device receives, given the bytes n of its operand and the replica count R.
@@ -73,19 +73,7 @@ def hlo_collective_bytes(hlo_text: str) -> int:
 
 def transfer_bytes(module: Module) -> int:
     """Bytes the iteration's transfers move: a transfer in a loop's body every trip (in a branch: as if taken)."""
-    return _graph_transfer_bytes(module.graph.nodes, 1)
-
-
-def _graph_transfer_bytes(nodes: Any, times: int) -> int:
-    total = 0
-    for n in nodes:
-        if isinstance(n, Transfer):
-            total += n.nbytes * times
-        elif isinstance(n, For):
-            total += _graph_transfer_bytes(n.body.nodes, times * n.trips)
-        elif isinstance(n, If):
-            total += sum(_graph_transfer_bytes(b.nodes, times) for b in n.branches)
-    return total
+    return sum(n.nbytes * times for n, times in walk_counted(module.graph.nodes) if isinstance(n, Transfer))
 
 
 def host_bytes(module: Module) -> tuple[int, int]:

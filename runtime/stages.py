@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from fragc.ir.interpreter import Interpreter
 from fragc.ir.errors import FragcError
-from fragc.ir.module import For, Graph, If, Loop, Module, Run, Stage, Transfer, is_host_loop
+from fragc.ir.module import For, Graph, If, Loop, Module, Run, Stage, Transfer, is_host_loop, walk_counted
 from fragc.ir.time_loop import time_loop_of
 
 from .executable import Executable
@@ -32,31 +32,16 @@ from .multihost import move_within_processes
 def stage_fragments(graph: Graph, nodes: Sequence[int], times: int = 1) -> tuple[str, ...]:
     """The fragment runs of a graph's nodes in one call, a fragment once a run: `times` over for each trip of
     the loops around it (every branch of an `if` counted: an upper bound), so costs per run add up."""
-    out: list[str] = []
-    for i in nodes:
-        node = graph.nodes[i]
-        if isinstance(node, Run):
-            out += [node.fragment] * times
-        elif isinstance(node, For):
-            out += stage_fragments(node.body, range(len(node.body.nodes)), times * node.trips)
-        elif isinstance(node, If):
-            for b in node.branches:
-                out += stage_fragments(b, range(len(b.nodes)), times)
-    return tuple(out)
+    runs = walk_counted(tuple(graph.nodes[i] for i in nodes), times)
+    return tuple(name for node, n in runs if isinstance(node, Run) for name in [node.fragment] * n)
 
 
 def region_stages(graph: Graph, times: int = 1) -> list[tuple[Stage, Graph, int]]:
     """The stages of the regions spanning groups in `graph` (nested ones too): (stage, the graph its nodes index,
     how often it runs an iteration, at most)."""
-    out = []
-    for node in graph.nodes:
-        if isinstance(node, For):
-            out += [(s, node.body, times * node.trips) for s in node.stages]
-            out += region_stages(node.body, times * node.trips)
-        elif isinstance(node, If):
-            for b, stages in zip(node.branches, node.stages or ((),) * len(node.branches)):
-                out += [(s, b, times) for s in stages] + region_stages(b, times)
-    return out
+    trips = lambda node: node.trips if isinstance(node, For) else 1  # noqa: E731
+    return [(s, g, n * trips(node)) for node, n in walk_counted(graph.nodes, times) if isinstance(node, (For, If))
+            for g, stages in node.staged_regions() for s in stages]
 
 
 class StagedProgram(Interpreter):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import fragc
+from fragc.algos import ppo
 from conftest import assert_trees_close
 from fragc.ir import parse, verify
 from fragc.ir.module import For, If, walk
@@ -114,7 +115,6 @@ def test_collective_bytes_of_a_loop_are_trips_times_a_trip():
 def test_ppo_epochs_are_a_for_region_whose_collectives_count_every_epoch():
     """PPO calls `learn` (one epoch) under lax.scan: the IR holds the loop, the trajectory moves to the learner
     once, and the cost model counts each epoch's gradient all-reduces (trips x one call)."""
-    from fragc.algos import ppo
     from fragc.ir.module import fragments_run_in
     from fragc.runtime.cost import fragment_collective_bytes
     from fragc.runtime.stages import stage_fragments

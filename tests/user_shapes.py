@@ -8,14 +8,7 @@ import numpy as np
 from flax import struct
 
 import fragc
-
-TRUE_W = jnp.array([1.0, -2.0, 0.5])
-
-
-@struct.dataclass
-class Data:
-    x: jax.Array  # [n, 3]
-    key: jax.Array  # [n] per-environment keys
+from toy_algos import TRUE_W, Data
 
 
 @struct.dataclass
