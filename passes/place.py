@@ -38,6 +38,8 @@ class Place(Pass):
         policy = self.policy
         check_roles(policy, {f.role for f in module.fragments.values()})
         fragments = {}
+        in_regions = {n.fragment for n in walk(module.graph.nodes) if isinstance(n, Run)} - {
+            n.fragment for n in module.graph.nodes if isinstance(n, Run)}
         for name, fdef in module.fragments.items():
             role = policy.placement(fdef.role)
             replicas = policy.replicas(fdef.role)
@@ -46,20 +48,28 @@ class Place(Pass):
             if reason := env_workers_error(fdef, workers):
                 raise FragcError(reason)
             fragments[name] = fdef.replace(placement=Placement(role.group, replicas, role.lowering,
-                                                               _env_groups(fdef, replicas, policy), workers))
+                                                               _env_groups(fdef, replicas, policy, name in in_regions),
+                                                               workers))
         meshes = tuple(Mesh(g, tuple(d)) for g, d in policy.groups.items())
         module = module.replace(fragments=fragments, meshes=meshes, population=tuple(policy.population))
         return module.replace(graph=_place_values(module))
 
 
-def _env_groups(fdef: FragmentDef, replicas: int, policy: Policy) -> int:
+def _env_groups(fdef: FragmentDef, replicas: int, policy: Policy, in_region: bool) -> int:
     """The policy's environment groups for a fragment that steps host environments (0 for any other),
     checked: the groups divide each replica's environments and the body splits into a host loop. With
-    one group, a body that does not split (its host step nested in a jit, say) runs in-program (0), which
-    is synchronous too; with more, that is refused in one line."""
+    one group, a body that does not split (its host step nested in a jit, say), or one called only inside a
+    `for`/`if` region (a host loop is a node of the iteration's top level), runs in-program (0), which is
+    synchronous too; with more, that is refused in one line."""
     groups = policy.env_groups
     if not fdef.host_steps or not groups:
         return 0
+    if in_region:
+        if groups == 1:
+            return 0
+        raise FragcError(f"env_groups={groups}: fragment '{fdef.name}' steps host environments inside a for/if "
+                         "region, where its host loop cannot run (a host loop is a node of the iteration's top "
+                         "level); call it outside the region, or use env_groups 1 (host steps in-program)")
     n = fdef.batch_length()
     if n is not None and n % (replicas * groups):
         raise FragcError(f"env_groups={groups}: fragment '{fdef.name}' steps {n} environments, which do not split "

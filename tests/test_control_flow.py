@@ -2,6 +2,7 @@
 `const` nodes, compiled under each policy that applies, and checked against the reference interpreter (which runs
 regions trip by trip and by the branch index's value) and against `jax.jit` of the iteration itself."""
 
+import dataclasses
 import functools
 
 import chex
@@ -265,6 +266,28 @@ def test_unsupported_shapes_are_refused_in_one_line_naming_the_call(algo, words)
     assert "\n" not in message
     for w in words:
         assert w in message
+
+
+class HostRolloutInLoop(ppo.PPO):
+    """PPO on Gymnasium's CartPole whose rollout is called inside a scan (one trip)."""
+
+    def iteration(self, state):
+        def step(runner, _):
+            traj, runner, m = self.rollout(state.learner.params, runner)
+            return runner, (traj, m)
+
+        runner, (traj, m) = jax.lax.scan(step, state.runner, None, length=1)
+        learner, losses = self.update(state.learner, jax.tree.map(lambda x: x[0], traj))
+        return ppo.State(learner, runner), {**jax.tree.map(lambda x: x[0], m), **losses}
+
+
+def test_host_environments_inside_a_region_step_in_program_or_are_refused_in_one_line():
+    module = fragc.trace(HostRolloutInLoop(ppo.Config(env="gymnasium:CartPole-v1", num_envs=4, num_steps=4)))
+    one = run_pipeline(module, default_passes(dataclasses.replace(resolve("single", 1), env_groups=1), 4)).final
+    assert one.fragments["rollout"].placement.env_groups == 0  # synchronous, its host steps in the program
+    with pytest.raises(fragc.FragcError, match=r"env_groups=2: fragment 'rollout' steps host environments inside "
+                                               r"a for/if region, where its host loop cannot run"):
+        run_pipeline(module, default_passes(dataclasses.replace(resolve("single", 1), env_groups=2), 4))
 
 
 def test_keyword_call_equals_positional_call():
