@@ -126,9 +126,8 @@ def test_ppo_epochs_are_a_for_region_whose_collectives_count_every_epoch():
     assert loop.trips == 3 and fragments_run_in(loop.body.nodes) == ["learn"]
     assert not [n for n in loop.body.nodes if n.kind == "transfer"]
     runs = stage_fragments(module.graph, range(len(module.graph.nodes)))
-    assert runs.count("learn") == 3
-    per_call = fragment_collective_bytes(module.fragments["learn"])
-    assert per_call > 0 and sum(fragment_collective_bytes(module.fragments[f]) for f in runs if f == "learn") == 3 * per_call
+    assert runs.count("learn") == 3  # what Program.cost() sums collective bytes over (exact: test_policy_api)
+    assert fragment_collective_bytes(module.fragments["learn"]) > 0
 
 
 def test_the_fragment_that_reads_a_loop_constant_gets_it_moved_once():
