@@ -292,8 +292,20 @@ class Graph:
         return {v: i for i, node in enumerate(self.nodes) for v in node.outputs}
 
 
+class _StepBody:
+    """A node whose `body` graph takes three values: the loop's constants, its carry, one step's inputs."""
+
+    @property
+    def num_consts(self) -> int:
+        return len(self.body.inputs[0].type.leaves)
+
+    @property
+    def num_carry(self) -> int:
+        return len(self.body.inputs[1].type.leaves)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
-class Loop(Run):
+class Loop(_StepBody, Run):
     """A run of `fragment` whose time loop runs from the host (set by `lower_host_loops`).
 
     `prefix` (the fragment's inputs -> the time loop's operands and what `suffix` reads) and `suffix` (what
@@ -314,14 +326,6 @@ class Loop(Run):
 
     kind = "loop"
 
-    @property
-    def num_consts(self) -> int:
-        return len(self.body.inputs[0].type.leaves)
-
-    @property
-    def num_carry(self) -> int:
-        return len(self.body.inputs[1].type.leaves)
-
 
 class _Region:
     """What `For` and `If` share: operands are the inputs (their graphs read nothing from outside), `replace`,
@@ -341,7 +345,7 @@ class _Region:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class For(_Region):
+class For(_StepBody, _Region):
     """`lax.scan` (or `fori_loop` with a static trip count) around fragment calls: `body` runs `trips` times.
 
     `inputs` are the loop's constants, the carry's initial leaves and the scanned leaves, in that order; the
@@ -364,14 +368,6 @@ class For(_Region):
     @property
     def regions(self) -> tuple[Graph, ...]:
         return (self.body,)
-
-    @property
-    def num_consts(self) -> int:
-        return len(self.body.inputs[0].type.leaves)
-
-    @property
-    def num_carry(self) -> int:
-        return len(self.body.inputs[1].type.leaves)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
