@@ -169,7 +169,7 @@ class DQN:
 
         def step(runner: Runner, _: None) -> tuple[Runner, Transition]:
             keys = jax.vmap(lambda k: jax.random.split(k, 3))(runner.key)
-            greedy = jnp.argmax(self.network.apply(params, runner.obs), -1)
+            greedy = self.greedy_action(params, runner.obs)
             explore = jax.vmap(lambda k: jax.random.uniform(k) < eps)(keys[:, 0])
             random_action = jax.vmap(lambda k: jax.random.randint(k, (), 0, self.env.action_space.n))(keys[:, 1])
             action = jnp.where(explore, random_action, greedy)
@@ -236,3 +236,12 @@ class DQN:
         target = batch.reward + self.config.gamma * (1.0 - batch.terminated) * jax.lax.stop_gradient(q_next)
         q = jnp.take_along_axis(self.network.apply(params, batch.obs), batch.action[:, None], -1)[:, 0]
         return jnp.mean((q - target) ** 2)
+
+    # THE DETERMINISTIC POLICY: what evaluation episodes and videos act with
+    def policy_params(self, state: State) -> Any:
+        """The online Q-network's parameters (the actors' epsilon-greedy policy acts with them)."""
+        return state.learner.params
+
+    def greedy_action(self, params: Any, obs: jax.Array) -> jax.Array:
+        """argmax Q for each of `obs[n, obs_size]`."""
+        return jnp.argmax(self.network.apply(params, obs), -1)

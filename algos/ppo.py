@@ -311,3 +311,13 @@ class PPO:
 
         loss = actor_loss + c.vf_coef * value_loss - c.ent_coef * entropy
         return loss, {"loss": loss, "actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy}
+
+    # THE DETERMINISTIC POLICY: what evaluation episodes and videos act with
+    def policy_params(self, state: State) -> Any:
+        """The parameters the actors act with."""
+        return state.learner.params
+
+    def greedy_action(self, params: Any, obs: jax.Array) -> jax.Array:
+        """The most probable action for each of `obs[n, obs_size]`, as the environment's step takes it."""
+        logits, _ = self.network.apply(params, obs)
+        return self.env_action(jnp.argmax(logits, -1))

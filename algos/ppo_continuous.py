@@ -105,3 +105,8 @@ class PPOContinuous(ppo.PPO):
     def env_action(self, action: jax.Array) -> jax.Array:
         space = self.env.action_space
         return jnp.clip(action, space.low, space.high).reshape((action.shape[0],) + tuple(space.shape))
+
+    def greedy_action(self, params: Any, obs: jax.Array) -> jax.Array:
+        """The Gaussian's mean for each of `obs[n, obs_size]`, clipped to the action space as `env_action` does."""
+        (mean, _), _ = self.network.apply(params, obs)
+        return self.env_action(mean)
