@@ -13,7 +13,7 @@ from fragc.ir import (
     psum,
     trace,
 )
-from fragc import distributed
+from fragc import actions, distributed
 from fragc.api import compile
 from fragc.passes import Policy, RolePlacement, population
 from fragc.ir.interpreter import run_iterations
@@ -21,7 +21,7 @@ from fragc.runtime.program import Program
 from fragc.training import TrainResult, train
 
 __all__ = [
-    "Policy", "Program", "RolePlacement", "TrainResult", "compile", "distributed", "population", "run_iterations",
+    "Policy", "Program", "RolePlacement", "TrainResult", "actions", "compile", "distributed", "population", "run_iterations",
     "REPLICA", "FragcError", "FragmentError", "Module", "VerifyError", "fragment", "interpret", "pmean", "psum",
     "trace", "train",
 ]

@@ -1,19 +1,21 @@
 """`fragc.train`: the training driver around `Program.run`.
 
-`Program.run` runs iterations; a training run also resumes from a checkpoint,
-shows progress, writes metric lines and saves checkpoints. `train` does these
-for Python users and for `fragc run`, which only parses options, calls it and
-prints the result.
+`Program.run` runs iterations and calls periodic actions between dispatches
+(runtime/actions.py). A training run is a list of them, which `train` builds
+for Python users and for `fragc run` (which only parses options, calls it and
+prints the result):
 
-One run is a `_Training`, whose steps each have one method:
-- `resume`: the latest good checkpoint's state, delays and iteration count;
-- `on_metrics`: called with each dispatch's metrics as they arrive (progress
-  bar, metric lines, the last mean return);
-- `save`: called with host copies of the state at checkpoint boundaries;
-- `run`: `Program.run` from the resumed iteration to where this call stops.
+- `CheckFinite`: the first NaN or infinity in a metric or the state stops the run;
+- `StopOnSignal`: SIGINT, SIGTERM or SIGHUP stop it after the dispatch in flight;
+- `WriteMetrics`: one JSON line per dispatch;
+- `ShowProgress`: a progress bar on a terminal;
+- `SaveCheckpoints`: the whole state every `checkpoint_every` iterations and at the end;
+- the tracking sinks (`track=`) and the user's own (`actions=`).
 
-In a multi-process run every process calls `train` alike; process 0 alone
-writes checkpoints and metric lines and shows progress.
+Resuming is `train`'s own step, before the run: the latest good checkpoint's
+state, delays and iteration count. In a multi-process run every process calls
+`train` alike; process 0 alone writes checkpoints and metric lines and shows
+progress.
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ import json
 import os
 import sys
 import time
-from typing import Any, TextIO
+from typing import Any, Sequence, TextIO
 
 import numpy as np
 
 from fragc.ir.errors import FragcError
-from fragc.runtime.divergence import Diverged, StateNotFinite, check_metrics, check_state
-from fragc.runtime.multihost import to_host
-from fragc.runtime.stopping import GracefulStop, Stopped
+from fragc.runtime.actions import Action, Run, check_actions
+from fragc.runtime.divergence import CheckFinite, Diverged, check_state
+from fragc.runtime.program import steps_per_iteration
+from fragc.runtime.stopping import Stopped, StopOnSignal
 
 
 @dataclasses.dataclass
@@ -53,7 +56,8 @@ class TrainResult:
 
 def train(prog: Any, state: Any, iterations: int, *, checkpoint_dir: Any = None, checkpoint_every: int = 64,
           resume: bool = False, metrics: str | os.PathLike | None = None, progress: bool | TextIO = False,
-          stop_after: int | None = None, run_info: dict | None = None) -> TrainResult:
+          stop_after: int | None = None, run_info: dict | None = None, track: Any = None,
+          track_dir: str | os.PathLike | None = None, actions: Sequence[Action] = ()) -> TrainResult:
     """Train `prog` from `state` until `iterations` iterations have run in all.
 
     checkpoint_dir: a folder (or an open `fragc.runtime.checkpoint.Checkpointer`)
@@ -66,13 +70,18 @@ def train(prog: Any, state: Any, iterations: int, *, checkpoint_dir: Any = None,
     metrics: a JSON-lines file, one line per dispatch with the iteration, env
       steps, wall time and each metric's mean (when resuming, the lines after
       the checkpoint are dropped first: the file reads as one run's).
-
     progress: a text stream (or True for stderr) for progress: a line when
       resuming, and a progress bar if the stream is a terminal.
     stop_after: run at most this many iterations now (to be continued with
       `resume=True`).
     run_info: JSON-serialisable facts saved with each checkpoint (the CLI saves
       its algorithm name and seed).
+    track: tracking sinks ("tensorboard", "wandb", "mlflow"; a comma-separated
+      string or a list): every metric against the env step, with the run's
+      hyperparameters and IR header (fragc/tracking.py); `track_dir` is where
+      they write (default: the metrics file's folder, else the checkpoints',
+      else `runs`).
+    actions: your own periodic actions (fragc.actions), run after the built-in ones.
     With a checkpoint_dir, SIGINT, SIGTERM or SIGHUP stop the run after the
     dispatch in flight with a checkpoint, raising `fragc.runtime.stopping.Stopped`
     (a second signal stops at once); without one they stop it at once
@@ -85,10 +94,12 @@ def train(prog: Any, state: Any, iterations: int, *, checkpoint_dir: Any = None,
         raise FragcError(f"train: iterations must be a positive int, got {iterations!r}")
     if resume and checkpoint_dir is None:
         raise FragcError("train: resume=True needs checkpoint_dir")
+    own = check_actions(actions)
     checkpoints = _open_checkpoints(checkpoint_dir)
     try:
-        return _Training(prog, iterations, checkpoints, checkpoint_every, metrics, progress, run_info).run(
-            state, resume, stop_after)
+        training = _Training(prog, int(iterations), checkpoints, checkpoint_every, run_info, progress)
+        trackers = _trackers(track, track_dir, prog, run_info, metrics, checkpoints)
+        return training.run(state, resume, stop_after, metrics, trackers + own)
     finally:
         if checkpoints is not None and checkpoints is not checkpoint_dir:  # opened here: closed here
             checkpoints.close()
@@ -102,57 +113,63 @@ def _open_checkpoints(checkpoint_dir: Any) -> Any:
     return Checkpointer(os.fspath(checkpoint_dir))
 
 
+def _trackers(track: Any, track_dir: Any, prog: Any, run_info: dict | None, metrics: Any,
+              checkpoints: Any) -> list[Action]:
+    """The tracking sinks `track` names, as actions (fragc/tracking.py imports each client only when asked)."""
+    if not track:
+        return []
+    from fragc import tracking
+
+    if track_dir is None:
+        track_dir = (os.path.dirname(os.path.abspath(metrics)) if metrics is not None
+                     else checkpoints.directory if checkpoints is not None else "runs")
+    return tracking.trackers(track, os.fspath(track_dir), prog, run_info)
+
+
 class _Training:
-    """One call of `train`: the run's settings and what it has reached so far."""
+    """One call of `train`: its settings, the resumed starting point, and the actions of its run."""
 
     def __init__(self, prog: Any, iterations: int, checkpointer: Any, checkpoint_every: int,
-                 metrics: Any, progress: bool | TextIO, run_info: dict | None):
+                 run_info: dict | None, progress: bool | TextIO):
         import jax
 
-        self.prog, self.iterations, self.checkpointer = prog, int(iterations), checkpointer
+        self.prog, self.iterations, self.checkpointer = prog, iterations, checkpointer
         self.checkpoint_every = checkpoint_every
         self.lead = jax.process_index() == 0  # metrics, progress and checkpoints come from process 0
-        self.steps = steps_per_iteration(prog.algo)
         self.meta = _run_meta(prog, run_info)
-        self.metrics_path = metrics if self.lead else None
         self.out = (sys.stderr if progress is True else progress or None) if self.lead else None
-        self.start_at, self.last_return = 0, float("nan")
-        self.saved_at = None  # the iteration of the latest checkpoint, if any
+        self.start_at, self.resumed_return = 0, float("nan")
 
-    # ------------------------------------------------------------ the steps of a run
-
-    def run(self, state: Any, resume: bool, stop_after: int | None) -> TrainResult:
+    def run(self, state: Any, resume: bool, stop_after: int | None, metrics: Any,
+            extra: list[Action]) -> TrainResult:
         delays = None
         if resume:
             state, delays = self.resume(state)
         stop_at = min(self.iterations, self.start_at + stop_after) if stop_after else self.iterations
-        self.writer = _metrics_writer(self.metrics_path, resume_from=self.start_at if resume else None)
-        self.bar = _ProgressBar(self.iterations, self.steps, self.out) if self.out and _isatty(self.out) else None
-        self.start = time.perf_counter()
+        stop = StopOnSignal(graceful=self.checkpointer is not None)
+        saving = SaveCheckpoints(self.checkpointer, self.checkpoint_every, self.meta) if self.checkpointer else None
+        if saving is not None and self.start_at:
+            saving.saved_at = self.start_at  # the checkpoint resumed from
+        actions: list[Action] = [CheckFinite(), stop]
+        if metrics is not None and self.lead:
+            actions.append(WriteMetrics(os.fspath(metrics), resume_from=self.start_at if resume else None))
+        if self.out is not None and _isatty(self.out):
+            actions.append(ShowProgress(self.iterations, self.out))
+        actions += ([saving] if saving else []) + extra
+        start = time.perf_counter()
         history: dict[str, np.ndarray] = {}
-        self.asked, self.reached = 0, self.start_at
+        last = Run(self.prog, self.start_at, stop_at, 0, self.lead)
         try:
             if self.start_at < stop_at:
-                with GracefulStop(graceful=self.checkpointer is not None) as self.stop:
-                    state, history = self.prog.run(
-                        state, stop_at - self.start_at, callback=self.on_metrics, delays=delays,
-                        checkpoint=self.save if self.checkpointer else None,
-                        checkpoint_every=self.checkpoint_every, check_finite=True,
-                        stop=self.stop_requested if self.checkpointer else None)
-                if self.asked:
-                    raise Stopped(self.asked, self.reached)
-                if not self.checkpointer:  # else `save` checked the final state
-                    check_state(to_host(state), stop_at)
+                state, history = self.prog.run(state, stop_at - self.start_at, actions, delays=delays,
+                                                start=self.start_at)
+                last = self.prog.last_run
+                if stop.signum:
+                    raise Stopped(stop.signum, last.reached)
         except Diverged as err:
-            if isinstance(err, StateNotFinite):  # counted within this call of Program.run
-                err = err.shifted(self.start_at)
-            raise err.keeping(self.saved_at, self.checkpointer) from None
-        finally:
-            if self.writer is not None:
-                self.writer.close()
-            if self.bar is not None:
-                self.bar.close()
-        return TrainResult(state, history, stop_at, self.start_at, self.last_return, time.perf_counter() - self.start)
+            raise err.keeping(saving.saved_at if saving else None, self.checkpointer) from None
+        final_return = last.last.get("episode_return", self.resumed_return)
+        return TrainResult(state, history, stop_at, self.start_at, final_return, time.perf_counter() - start)
 
     def resume(self, fresh_state: Any) -> tuple[Any, Any]:
         """The latest good checkpoint's state and delays, placed on the program's devices."""
@@ -163,47 +180,51 @@ class _Training:
             return fresh_state, None
         state, delays, saved = self.checkpointer.restore_latest(fresh_state, prog.initial_delays(fresh_state),
                                                                 run=self.meta)
-        self.start_at = self.saved_at = int(saved["iteration"])
-        self.last_return = float(saved.get("last_return", float("nan")))
+        self.start_at = int(saved["iteration"])
+        self.resumed_return = float(saved.get("last_return", float("nan")))
         if self.out is not None:
             print(f"resumed from the checkpoint at iteration {self.start_at}", file=self.out)
         return prog.place_state(state), prog.place_delays(delays) if delays else None
 
-    def on_metrics(self, done: int, metrics: dict) -> None:
-        """Each dispatch's metrics as they arrive; `done` counts the iterations of this call."""
-        done += self.start_at
-        self.reached = done
-        if "episode_return" in metrics:
-            self.last_return = float(np.mean(np.asarray(metrics["episode_return"])[..., -1]))
-        now = time.perf_counter() - self.start
+
+class SaveCheckpoints(Action):
+    """The whole state (and delays) every `every` iterations and at the run's last iteration. Every
+    process holds the whole state on its host; process 0 writes it. A state that is not finite is
+    never saved."""
+
+    def __init__(self, checkpointer: Any, every: int, meta: dict):
+        self.checkpointer, self.every, self.meta = checkpointer, every, meta
+        self.saved_at: int | None = None  # the iteration of the latest checkpoint of this run, if any
+
+    def on_start(self, run: Run) -> None:
+        self.run = run
+
+    def on_state(self, iteration: int, state: Any, delays: dict) -> None:
+        check_state(state, iteration)
+        if self.run.lead:
+            self.checkpointer.save(iteration, state, delays, {**self.meta, "last_return": self.run.last_return})
+        self.saved_at = iteration
+
+
+class WriteMetrics(Action):
+    """One JSON line per dispatch: the iteration, env steps, wall time and each metric's mean
+    (runtime/reporting.py). A resumed run first drops the lines after its checkpoint."""
+
+    def __init__(self, path: str, resume_from: int | None = None):
+        self.path, self.resume_from, self.writer = path, resume_from, None
+
+    def on_start(self, run: Run) -> None:
+        from fragc.runtime.reporting import MetricsWriter
+
+        self.run = run
+        self.writer = MetricsWriter(self.path, resume_from=self.resume_from)
+
+    def on_metrics(self, iteration: int, metrics: dict, queued: Any) -> None:
+        self.writer.write(iteration, self.run.env_steps(iteration), self.run.wall_s, metrics)
+
+    def on_end(self, run: Run) -> None:
         if self.writer is not None:
-            self.writer.write(done, done * self.steps, now, metrics)
-        check_metrics(metrics, done, population=bool(self.prog.population))
-        if self.bar is not None:
-            self.bar.update(done, (done - self.start_at) * self.steps / max(now, 1e-9), self.last_return)
-
-    def save(self, done: int, host_state: Any, host_delays: dict) -> None:
-        """A checkpoint after `done` iterations of this call; every process holds the whole state
-        on its host, one writes it. A state that is not finite is never saved."""
-        check_state(host_state, self.start_at + done)
-        if self.lead:
-            self.checkpointer.save(self.start_at + done, host_state, host_delays,
-                                   {**self.meta, "last_return": self.last_return})
-        self.saved_at = self.start_at + done
-
-    def stop_requested(self) -> bool:
-        """Asked by `Program.run` after every dispatch (in every process alike: the processes agree
-        on it): a stop signal ends the run there, after a checkpoint when there is a folder."""
-        self.asked = self.stop.requested()
-        return bool(self.asked)
-
-
-def steps_per_iteration(algo: Any) -> int:
-    """Environment steps per iteration: the algorithm's or its config's `steps_per_iteration`, else 0
-    (unknown; metric lines then count 0 env steps)."""
-    steps = getattr(algo, "steps_per_iteration", None) or getattr(getattr(algo, "config", None),
-                                                                   "steps_per_iteration", None)
-    return int(steps or 0)
+            self.writer.close()
 
 
 def config_dict(algo: Any) -> dict | None:
@@ -226,36 +247,32 @@ def algo_meta(algo: Any, run_info: dict | None) -> dict:
     return json.loads(json.dumps(meta, default=str))
 
 
-def _metrics_writer(path: Any, resume_from: int | None) -> Any:
-    if path is None:
-        return None
-    from fragc.runtime.reporting import MetricsWriter
-
-    return MetricsWriter(os.fspath(path), resume_from=resume_from)
-
-
 def _isatty(stream: TextIO) -> bool:
     return bool(getattr(stream, "isatty", lambda: False)())
 
 
-class _ProgressBar:
+class ShowProgress(Action):
     """One terminal line, redrawn at most twice a second, shown once a run has lasted 2 seconds."""
 
-    def __init__(self, iterations: int, steps: int, out: TextIO):
-        self.iterations, self.steps, self.out = iterations, steps, out
-        self.start, self.last, self.shown = time.perf_counter(), 0.0, False
+    def __init__(self, iterations: int, out: TextIO):
+        self.iterations, self.out = iterations, out
+        self.last, self.shown = 0.0, False
 
-    def update(self, done: int, steps_per_s: float, recent_return: float) -> None:
-        now = time.perf_counter() - self.start
-        if now < 2.0 or (now - self.last < 0.5 and done < self.iterations):
+    def on_start(self, run: Run) -> None:
+        self.run = run
+
+    def on_metrics(self, iteration: int, metrics: dict, queued: Any) -> None:
+        run, now = self.run, self.run.wall_s
+        if now < 2.0 or (now - self.last < 0.5 and iteration < self.iterations):
             return
         self.last, self.shown = now, True
         width = 24
-        filled = int(width * done / self.iterations)
-        self.out.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.iterations} it  "
-                       f"{done * self.steps} env steps  {steps_per_s:,.0f} steps/s  return {recent_return:.1f}  ")
+        filled = int(width * iteration / self.iterations)
+        rate = run.env_steps(iteration - run.start) / max(now, 1e-9)
+        self.out.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {iteration}/{self.iterations} it  "
+                       f"{run.env_steps(iteration)} env steps  {rate:,.0f} steps/s  return {run.last_return:.1f}  ")
         self.out.flush()
 
-    def close(self) -> None:
+    def on_end(self, run: Run) -> None:
         if self.shown:
             self.out.write("\n")

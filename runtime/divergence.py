@@ -1,9 +1,9 @@
 """Stopping a run that diverged: the first non-finite metric or state value ends it (exit code 3).
 
-The checks cost no extra synchronisation: metrics reach the host one dispatch
-late anyway (`Program.run`'s callback); the state is reduced on its devices to
-one "all finite" flag per leaf after every dispatch, and the flags travel with
-that dispatch's metrics (`Program.run(check_finite=True)`); and the state is
+The checks cost no extra synchronisation (`CheckFinite`, a periodic action):
+metrics reach the host one dispatch late anyway; the state is reduced on its
+devices to one "all finite" flag per leaf after every dispatch, and the flags
+travel with that dispatch's metrics; and the state is
 checked again where it is already on the host, before a checkpoint is written,
 so a non-finite state is never saved as the latest checkpoint.
 """
@@ -13,9 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fragc.ir.errors import FragcError
+
+from .actions import Action, Run
 
 EXIT_CODE = 3
 """`fragc run`'s exit code for a run that diverged (2 is a usage error)."""
@@ -41,15 +44,48 @@ class Diverged(FragcError):
 
 
 class StateNotFinite(Diverged):
-    """`Program.run(check_finite=True)`'s stop: a state leaf is not finite after iteration
-    `iteration` of that call (a driver that resumed adds its starting iteration: `shifted`)."""
+    """`CheckFinite`'s stop: a state leaf is not finite after iteration `iteration`."""
 
     def __init__(self, leaf: str, iteration: int):
         super().__init__(f"the state's {leaf} is not finite", iteration, when="after")
         self.leaf = leaf
 
-    def shifted(self, by: int) -> "StateNotFinite":
-        return StateNotFinite(self.leaf, self.iteration + by)
+
+class CheckFinite(Action):
+    """Stop the run with `Diverged` at the first non-finite metric, or state leaf after a dispatch.
+
+    After each dispatch every floating-point state leaf is reduced to one "all finite" flag where it
+    lives (one small program per device set: one jit cannot read arrays on disjoint device sets); the
+    flags reach the host with that dispatch's metrics."""
+
+    def on_start(self, run: Run) -> None:
+        self.population = bool(run.program.population)
+        self.groups: list[list[int]] | None = None  # state leaf indices, by the device set they live on
+
+    def on_dispatch(self, iteration: int, state: Any) -> Any:
+        leaves = jax.tree.leaves(state)
+        if self.groups is None:
+            by_devices: dict[frozenset, list[int]] = {}
+            for i, x in enumerate(leaves):
+                if jnp.issubdtype(x.dtype, jnp.inexact):
+                    by_devices.setdefault(frozenset(x.sharding.device_set), []).append(i)
+            self.groups = list(by_devices.values())
+            self.names = [jax.tree_util.keystr(p, simple=True, separator=".")
+                          for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+        return [_all_finite([leaves[i] for i in idx]) for idx in self.groups]
+
+    def on_metrics(self, iteration: int, metrics: dict, queued: Any) -> None:
+        check_metrics(metrics, iteration, population=self.population)
+        bad = sorted(i for idx, ok in zip(self.groups or [], queued or []) for i, good in zip(idx, np.asarray(ok))
+                     if not good)
+        if bad:
+            raise StateNotFinite(self.names[bad[0]], iteration)
+
+
+@jax.jit
+def _all_finite(leaves: list[jax.Array]) -> jax.Array:
+    """bool[len(leaves)]: whether each leaf (of a population: of every member) is all finite."""
+    return jnp.stack([jnp.isfinite(x).all() for x in leaves])
 
 
 def check_metrics(metrics: dict[str, Any], done: int, population: bool = False) -> None:

@@ -29,7 +29,7 @@ from fragc.passes.pipeline import PipelineResult
 from fragc.passes.policy import Policy
 
 from .cost import fragment_collective_bytes, hlo_collective_bytes, host_bytes, transfer_bytes
-from .divergence import StateNotFinite
+from .actions import Action, OnMetrics, Run, check_actions
 from .fused import FusedProgram
 from .multihost import place, to_host
 from .seeds import check_seed
@@ -51,6 +51,7 @@ class Program:
         self.population = module.population
         self.k = module.schedule.iterations_per_dispatch
         self.last_delays: dict[int, list[Any]] | None = None
+        self.last_run: Run | None = None
         self._state_tree = module.graph.inputs[0].type.treedef
         t0 = time.perf_counter()
         self._init = jax.jit(self._init_fn())
@@ -141,30 +142,25 @@ class Program:
     def _place(self, leaves: list[Any]) -> Any:
         return jax.tree.unflatten(self._state_tree, [place(x, sh) for x, sh in zip(leaves, self._shardings)])
 
-    def run(self, state: Any, iterations: int, callback: Callable[[int, dict], None] | None = None,
-            checkpoint: Callable[[int, Any, dict], None] | None = None, checkpoint_every: int = 0,
-            delays: dict[int, list[Any]] | None = None,
-            check_finite: bool = False,
-            stop: Callable[[], bool] | None = None) -> tuple[Any, dict[str, np.ndarray]]:
+    def run(self, state: Any, iterations: int, actions: Sequence[Action] = (), *,
+            delays: dict[int, list[Any]] | None = None, start: int = 0,
+            callback: Callable[[int, dict], None] | None = None) -> tuple[Any, dict[str, np.ndarray]]:
         """Run `iterations` iterations -> (state, history: metric -> array with one row per iteration).
 
-        callback(done, metrics): called as each dispatch's metrics arrive.
-        checkpoint(done, state, delays): called with host copies after the dispatch that
-          completes each `checkpoint_every` iterations (and after the last one), before the
-          next dispatch reuses the buffers.
+        actions: what to do between dispatches (fragc.actions: metric lines, tracking, checkpoints,
+          the finite check, stops, your own), each called as runtime/actions.py describes.
         delays: a pipelined program's delay values to continue from (`last_delays` of an
           earlier run, or a checkpoint's); by default they start from `state`.
-        check_finite: after each dispatch, reduce every floating-point state leaf to one
-          "all finite" flag on its own devices; the flags travel to the host with that
-          dispatch's metrics (no extra synchronisation) and the first leaf that is not finite
-          stops the run with `StateNotFinite` (iterations counted within this call), after
-          `callback` has seen that dispatch's metrics.
-        stop(): asked after every dispatch; when true the run ends there, after a `checkpoint`
-          of the iterations done (if one is given), returning what it reached.
-        After the run, `last_delays` holds the delay values to continue with.
+        start: the iteration `state` has reached (a resumed run's), from which the actions count.
+        callback(iteration, metrics): shorthand for `actions=[OnMetrics(callback)]`.
+        After the run, `last_delays` holds the delay values to continue with, and `last_run` what the
+        run reached (`runtime.actions.Run`: its last iteration, the latest value of each metric).
         """
         if not isinstance(iterations, (int, np.integer)) or isinstance(iterations, bool) or iterations < 1:
             raise FragcError(f"iterations must be a positive int, got {iterations!r}")
+        if not isinstance(start, (int, np.integer)) or isinstance(start, bool) or start < 0:
+            raise FragcError(f"start must be a whole number of iterations, got {start!r}")
+        actions = check_actions(actions) + ([OnMetrics(callback)] if callback is not None else [])
         leaves = self._check_state(state, "run")
         if delays is not None:
             delays = self.place_delays(delays)
@@ -173,38 +169,56 @@ class Program:
         if self._executor.donates:  # the program donates its buffers; keep the caller's
             leaves = [jnp.copy(x) for x in leaves]
             delays = {i: [jnp.copy(x) for x in xs] for i, xs in delays.items()}
-        rows: list[dict] = []
-        pending, done, carry, saved = None, 0, (leaves, delays), 0
-        while done < iterations:
-            n = min(self.k, iterations - done)
-            carry, metrics = self._dispatch(carry, n)
-            if check_finite:
-                metrics = {**metrics, _FINITE: self._finite_flags(carry[0])}
-            if pending is not None:
-                self._collect(rows, *pending, callback)
-            done += n
-            pending = (metrics, n, done)
-            if checkpoint is not None and checkpoint_every and (done - saved >= checkpoint_every or done == iterations):
-                self._collect(rows, *pending, callback)
-                pending, saved = None, done
-                self._checkpoint(checkpoint, done, carry)
-            if done < iterations and stop is not None and stop():
-                if pending is not None:
-                    self._collect(rows, *pending, callback)
-                    pending = None
-                if checkpoint is not None and saved != done:
-                    self._checkpoint(checkpoint, done, carry)
-                break
-        if pending is not None:
-            self._collect(rows, *pending, callback)
+        run = Run(self, int(start), int(start) + int(iterations), steps_per_iteration(self.algo),
+                  jax.process_index() == 0)
+        self.last_run = run
+        started: list[Action] = []
+        try:
+            for action in actions:
+                action.on_start(run)
+                started.append(action)
+            carry, rows = self._drive(run, actions, (leaves, delays))
+        finally:
+            for action in reversed(started):
+                action.on_end(run)
         self.last_delays = carry[1]
         axis = 1 if self.population else 0
         history = {k: np.concatenate([r[k] for r in rows], axis=axis) for k in rows[0]}
         return jax.tree.unflatten(self._state_tree, carry[0]), history
 
-    def _checkpoint(self, checkpoint: Callable, done: int, carry: tuple) -> None:
-        """`checkpoint` with host copies, before the next dispatch reuses the buffers."""
-        checkpoint(done, jax.tree.unflatten(self._state_tree, to_host(carry[0])), to_host(carry[1] or {}))
+    def _drive(self, run: Run, actions: list[Action], carry: tuple) -> tuple[tuple, list[dict]]:
+        """The dispatch loop: dispatch, then hand the actions what they asked for (runtime/actions.py)."""
+        rows: list[dict] = []
+        pending, done, iterations = None, run.start, run.stop_at
+        handed = [run.start] * len(actions)  # the iteration of each action's latest `on_state`
+        while done < iterations:
+            n = min(self.k, iterations - done)
+            carry, metrics = self._dispatch(carry, n)
+            queued = [a.on_dispatch(done + n, self._tree(carry[0])) for a in actions]
+            if pending is not None:
+                self._collect(run, actions, rows, *pending)
+            done += n
+            pending = (metrics, queued, n, done)
+            due = [i for i, a in enumerate(actions) if a.every and (done - handed[i] >= a.every or done == iterations)]
+            stop = done < iterations and any([a.wants_stop() for a in actions])  # every action asked, in every process
+            if stop:
+                due = [i for i, a in enumerate(actions) if a.every and handed[i] != done]
+            if due or stop:
+                self._collect(run, actions, rows, *pending)
+                pending = None
+            if due:
+                state, delays = self._tree(to_host(carry[0])), to_host(carry[1] or {})
+                for i in due:
+                    actions[i].on_state(done, state, delays)
+                    handed[i] = done
+            if stop:
+                break
+        if pending is not None:
+            self._collect(run, actions, rows, *pending)
+        return carry, rows
+
+    def _tree(self, leaves: list[Any]) -> Any:
+        return jax.tree.unflatten(self._state_tree, leaves)
 
     def place_delays(self, delays: dict) -> dict[int, list[Any]]:
         """Delay values (from a checkpoint) on the devices their delay nodes live on."""
@@ -234,33 +248,16 @@ class Program:
         offsets = jnp.asarray(self.population, jnp.uint32)
         return lambda seed: jax.vmap(init)(seed + offsets)
 
-    def _collect(self, rows: list, metrics: Any, n: int, done: int, callback: Any) -> None:
+    def _collect(self, run: Run, actions: list[Action], rows: list, metrics: Any, queued: list, n: int,
+                 done: int) -> None:
+        """A dispatch's metrics (and what the actions queued with them) on the host, to the actions."""
         axis = 1 if self.population else 0
-        host = to_host(metrics)
-        finite = host.pop(_FINITE, None)
+        host, queued = to_host((metrics, queued))
         host = {k: np.take(np.asarray(v), np.arange(n), axis=axis) for k, v in host.items()}
         rows.append(host)
-        if callback is not None:
-            callback(done, host)
-        if finite is not None:
-            self._check_finite(finite, done)
-
-    def _finite_flags(self, leaves: list[Any]) -> list[jax.Array]:
-        """One "all finite" flag per floating-point state leaf, computed where the leaf lives: one
-        small program per device set, since one jit cannot read arrays on disjoint device sets."""
-        groups: dict[frozenset, list[int]] = {}
-        for i, x in enumerate(leaves):
-            if jnp.issubdtype(x.dtype, jnp.inexact):
-                groups.setdefault(frozenset(x.sharding.device_set), []).append(i)
-        return [(idx, _all_finite([leaves[i] for i in idx])) for idx in groups.values()]
-
-    def _check_finite(self, flags: list[tuple[list[int], np.ndarray]], done: int) -> None:
-        bad = sorted(i for idx, ok in flags for i, good in zip(idx, np.asarray(ok)) if not good)
-        if bad:
-            names = [jax.tree_util.keystr(p, simple=True, separator=".") for p, _ in
-                     jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(
-                         self._state_tree, range(self._state_tree.num_leaves)))[0]]
-            raise StateNotFinite(names[bad[0]], done)
+        run.record(done, host)
+        for action, q in zip(actions, queued):
+            action.on_metrics(done, host, q)
 
     def _expected_state(self) -> Any:
         """The program's state type as a pytree of `ShapeDtypeStruct`s (a population's with its member axis)."""
@@ -279,14 +276,12 @@ class Program:
                          f"{diff.text if diff else 'its structure differs'}; Program.init(seed) makes one that does")
 
 
-_FINITE = "__state_finite__"
-"""The key under which `run(check_finite=True)` carries the state's flags beside a dispatch's metrics."""
-
-
-@jax.jit
-def _all_finite(leaves: list[jax.Array]) -> jax.Array:
-    """bool[len(leaves)]: whether each leaf (of a population: of every member) is all finite."""
-    return jnp.stack([jnp.isfinite(x).all() for x in leaves])
+def steps_per_iteration(algo: Any) -> int:
+    """Environment steps per iteration: the algorithm's or its config's `steps_per_iteration`, else 0
+    (unknown; metric lines then count 0 env steps)."""
+    steps = getattr(algo, "steps_per_iteration", None) or getattr(getattr(algo, "config", None),
+                                                                   "steps_per_iteration", None)
+    return int(steps or 0)
 
 
 def _metrics_dict(metrics: Any) -> dict[str, Any]:

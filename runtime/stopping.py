@@ -19,6 +19,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from .actions import Action, Run
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -102,3 +104,23 @@ class GracefulStop:
         every = np.asarray(multihost_utils.process_allgather(np.asarray([self.signum], np.int32))).ravel()
         asked = every[every != 0]
         return int(asked[0]) if asked.size else 0
+
+
+class StopOnSignal(Action):
+    """A run's graceful stop as a periodic action: during the run the first stop signal asks the run to
+    end after the dispatch in flight (`wants_stop`, agreed by every process); `signum` says which."""
+
+    def __init__(self, graceful: bool = True) -> None:
+        self.stop, self.signum = GracefulStop(graceful), 0
+
+    def on_start(self, run: Run) -> None:
+        self.stop.__enter__()
+
+    def wants_stop(self) -> bool:
+        if not self.stop.graceful:  # nothing to save: the first signal stopped the run at once
+            return False
+        self.signum = self.stop.requested()
+        return bool(self.signum)
+
+    def on_end(self, run: Run) -> None:
+        self.stop.__exit__(None, None, None)

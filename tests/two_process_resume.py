@@ -36,11 +36,14 @@ def resumed_and_straight(policy: str, folder: str, config: dict) -> dict:
     checkpointer = Checkpointer(os.path.join(folder, policy))
     meta = {"algo": "ppo", "policy": policy}
 
-    def save(done, state, delays):
-        if jax.process_index() == 0:
-            checkpointer.save(done, state, delays, meta)
+    class Save(fragc.actions.Action):
+        every = 2
 
-    prog.run(prog.init(0), 2, checkpoint=save, checkpoint_every=2)
+        def on_state(self, done, state, delays):
+            if jax.process_index() == 0:
+                checkpointer.save(done, state, delays, meta)
+
+    prog.run(prog.init(0), 2, [Save()])
     multihost_utils.sync_global_devices(f"saved {policy}")  # process 1 reads what process 0 wrote
     fresh = prog.init(0)
     state, delays, saved = checkpointer.restore_latest(fresh, prog.initial_delays(fresh), run=meta)
