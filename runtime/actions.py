@@ -18,7 +18,9 @@ and Keras callbacks do. The driver calls, for every action in order:
   last iteration (its end, or a stop), before the next dispatch reuses the
   buffers; actions due at the same dispatch share one copy;
 - `wants_stop()` after every dispatch but the last: if any action says yes,
-  the run ends there (after `on_state` for every action with `every`);
+  the run ends there (after `on_state` for every action with `every`). A
+  stop decided from metrics ends the run one dispatch after them: they
+  arrive while the next dispatch runs;
 - `on_end(run)` once, last, also when the run fails (to close files).
 
 `iteration` is always the count of iterations the state has reached, counted
@@ -92,7 +94,9 @@ class Action:
 
     def on_dispatch(self, iteration: int, state: Any) -> Any:
         """Right after a dispatch reaching `iteration` is queued; the state is on its devices. What this
-        returns (device arrays, or None) reaches `on_metrics` on the host with that dispatch's metrics."""
+        returns (device arrays, or None) reaches `on_metrics` on the host with that dispatch's metrics:
+        return values computed from the state (a reduction, `x + 0`), never its leaves themselves, whose
+        buffers the next dispatch reuses."""
         return None
 
     def on_metrics(self, iteration: int, metrics: dict[str, np.ndarray], queued: Any) -> None:
