@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import warnings
 from typing import Any
 
@@ -127,6 +128,7 @@ class Checkpointer:
         except OSError as err:
             raise FragcError(f"cannot write checkpoints to '{directory}': {err.strerror}") from err
         self._ocp = ocp
+        self._quiet = _QuietFailedReads(self.directory)
         me = jax.process_index()
         self._primary = me == 0
         # In a multi-process run every process holds the whole state on its host (`Program.run` gathers it):
@@ -138,6 +140,7 @@ class Checkpointer:
     def close(self) -> None:
         """Stop orbax's manager (its threads and event loop); the checkpoints stay."""
         self._manager.close()
+        self._quiet.stop()
 
     def __enter__(self) -> "Checkpointer":
         return self
@@ -183,12 +186,14 @@ class Checkpointer:
         if not steps:
             raise FragcError(f"--resume: no checkpoint in '{self.directory}'")
         like = {"state": _like(like_state), "delays": {str(k): _like(v) for k, v in like_delays.items()}}
+        self._quiet.start()  # a damaged checkpoint's failed read leaves orbax's reader talking to a closed loop
         for step in reversed(steps):
             try:
                 meta = self._read_meta(step)
                 self._check_run(step, meta, run)
                 arrays = self._read_arrays(step, like, meta)
             except Damaged as err:
+                self._quiet.failed = True
                 warnings.warn(f"checkpoint {step} in '{self.directory}' is damaged ({str(err)[:200]}); "
                               f"{self._set_aside(step)}falling back to the previous one", stacklevel=2)
                 continue
@@ -258,6 +263,65 @@ class Checkpointer:
         finally:
             self._manager.reload()
         return f"moved to '{os.path.basename(target)}'; "
+
+
+class _QuietFailedReads:
+    """Silence what orbax's reader prints after a read fails: the first failure ends its event loop
+    while tensorstore's other reads of that checkpoint are in flight, and each of those, finishing
+    later on a tensorstore thread, reports `RuntimeError: Event loop is closed` as an unraisable
+    exception (a bare traceback on stderr, dozens of them); a task whose failure nobody awaited may
+    also be logged by asyncio at garbage collection. The warning of `restore_latest` says what
+    happened in one line instead.
+
+    Only those are dropped: an unraisable `RuntimeError('Event loop is closed')` raised in asyncio's
+    `_check_closed`, and asyncio's log records of an error that names this checkpoint folder;
+    everything else reaches the hook and the handlers that were there. Started when restoring,
+    stopped by `Checkpointer.close` (the late reads are done long before a run ends; the tasks
+    still uncollected are collected first)."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self.previous: Any = None
+        self.hook: Any = None
+        self.failed = False  # set by `restore_latest` when a read failed
+
+    def start(self) -> None:
+        if self.hook is not None:
+            return
+        self.previous = previous = sys.unraisablehook
+
+        def hook(unraisable: Any) -> None:
+            if not _closed_loop_noise(unraisable):
+                previous(unraisable)
+
+        self.hook = sys.unraisablehook = hook
+        logging.getLogger("asyncio").addFilter(self._asyncio_record)
+
+    def stop(self) -> None:
+        if self.hook is None:
+            return
+        if self.failed:  # the abandoned reads' tasks log when collected: collect them while filtered
+            import gc
+
+            gc.collect()
+        if sys.unraisablehook is self.hook:  # else someone replaced it since: theirs stays
+            sys.unraisablehook = self.previous
+        logging.getLogger("asyncio").removeFilter(self._asyncio_record)
+        self.hook = self.previous = None
+
+    def _asyncio_record(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not (error is not None and self.directory in str(error))
+
+
+def _closed_loop_noise(unraisable: Any) -> bool:
+    error = unraisable.exc_value
+    if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed" and unraisable.object is None):
+        return False
+    import traceback
+
+    frames = traceback.extract_tb(unraisable.exc_traceback)
+    return bool(frames) and frames[-1].name == "_check_closed" and "asyncio" in frames[-1].filename
 
 
 def _first_line(err: Exception) -> str:
