@@ -48,7 +48,7 @@ def run_name(prog: Any, run_info: dict | None) -> str:
     algo = str(info.get("algo") or type(prog.algo).__name__)
     algo = re.split(r"[:/\\]", algo)[-1].removesuffix(".py")
     name = f"{algo}-{prog.policy.name}" + (f"-seed{info['seed']}" if info.get("seed") is not None else "")
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
 
 
 def hyperparameters(prog: Any, run_info: dict | None, run: Run | None = None) -> dict[str, Any]:
@@ -270,7 +270,8 @@ class WandB(Sink):
 
 
 class MLflow(Sink):
-    """An MLflow run: params (the hyperparameters, values cut to 500 characters), metrics at step x,
+    """An MLflow run: params (the hyperparameters, values cut to 500 characters), metrics at step x (a
+    population member's as `metric.member_i`: in a file store `metric/member_i` would clash with `metric`),
     the IR header as the artifact `ir_header.txt` and the run's description. Store: MLFLOW_TRACKING_URI
     if set, else the file store `DIRECTORY/mlruns` (MLflow 3 keeps that store only with
     MLFLOW_ALLOW_FILE_STORE=true, which this sets while it opens the store if you have not set it).
@@ -308,7 +309,8 @@ class MLflow(Sink):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        metrics = [Metric(name, value, now, x) for x, values in rows for name, value in values.items()]
+        metrics = [Metric(name.replace("/member_", ".member_"), value, now, x)  # the file store makes `a/b` a
+                   for x, values in rows for name, value in values.items()]  # file in a folder `a`, clashing with `a`
         for i in range(0, len(metrics), 1000):  # MLflow's limit of metrics per batch
             self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
 

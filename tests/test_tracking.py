@@ -203,6 +203,23 @@ def test_population_members_and_unknown_steps():
     assert [x for x, _ in rows] == [10, 20] and tracking.THROUGHPUT in rows[1][1]
 
 
+def test_mlflow_population_members(tmp_path, monkeypatch):
+    """A population's members in MLflow as `metric.member_i` (its file store makes `metric/member_i` a file in a
+    folder `metric`, which clashes with the metric itself)."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    [sink] = tracking.trackers("mlflow", tmp_path, program(), RUN_INFO)
+    run = Run(types.SimpleNamespace(population=(0, 1)), start=0, stop_at=1, steps_per_iteration=STEPS, lead=True)
+    sink.on_start(run)
+    sink.on_metrics(1, {"loss": np.array([[1.0], [3.0]])}, None)
+    sink.on_end(run)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient((tmp_path / "mlruns").as_uri())
+    for name, value in [("loss", 2.0), ("loss.member_0", 1.0), ("loss.member_1", 3.0)]:
+        assert [(m.step, m.value) for m in client.get_metric_history(sink.run_id, name)] == [(STEPS, value)]
+
+
 def test_only_the_lead_process_writes(tmp_path):
     [sink] = tracking.trackers("tensorboard", tmp_path, None)
     run = Run(types.SimpleNamespace(population=()), start=0, stop_at=2, steps_per_iteration=10, lead=False)
