@@ -5,6 +5,7 @@ steps, the hyperparameters, and the IR header."""
 import contextlib
 import functools
 import glob
+import importlib.util
 import io
 import json
 import os
@@ -20,6 +21,10 @@ import fragc
 import fragc.algos
 from fragc import tracking
 from fragc.runtime.actions import Run
+
+CLIENTS = ("tensorboardX", "tensorboard", "wandb", "mlflow")
+pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in CLIENTS),
+                                reason=f"needs the tracking clients ({', '.join(CLIENTS)}): pip install 'fragc[track]'")
 
 ITERATIONS = 4  # 2 dispatches of 2
 STEPS = 4 * 8  # env steps per iteration: num_envs * num_steps
