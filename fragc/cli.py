@@ -33,6 +33,8 @@ def _config_options(parser: argparse.ArgumentParser, algo: str) -> None:
     for field in dataclasses.fields(config_cls):
         if not field.init:
             continue
+        if field.name == "iterations" and parser.prog == "fragc run":
+            continue  # fragc run's own --iterations (the run length) sets this field (_make_algo)
         kind, what = _option_type(field)
         flag = "--" + field.name.replace("_", "-")
         if flag in own:
@@ -191,8 +193,16 @@ def _algo_argument(parser: argparse.ArgumentParser) -> None:
                         f"listed by {parser.prog} ALGO --help")
 
 
+def _config_file_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="read options from a TOML or YAML file: the algorithm's config fields and fragc run's "
+                             "options, by name (lr, ent_coef, seed, policy, ...; fragc ir and bench take the config "
+                             "and the placement); options on the command line override it")
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     _algo_argument(parser)
+    _config_file_option(parser)
     parser.add_argument("--policy", default="single", help="distribution policy (default single)")
     parser.add_argument("--devices", type=_count, default=None, help="devices to use; simulated on CPU if needed")
     parser.add_argument("--env-groups", type=_groups, default=None, metavar="G",
@@ -235,6 +245,13 @@ def _parser(algo: str | None = None, parser_class: type = _Parser) -> argparse.A
     run = sub.add_parser("run", help="train an algorithm and print progress and the final mean return")
     _common(run)
     run.add_argument("--seed", type=_seed, default=0, help="PRNG seed, 0 to 2**32 - 1 (default 0)")
+    run.add_argument("--iterations", type=_count, default=None, metavar="N",
+                     help="train N iterations: sets the config's `iterations` field where it has one, else its "
+                          "total_steps to N iterations' env steps; for an algorithm without either (or without a "
+                          "config), the run length itself")
+    run.add_argument("--print-config", action="store_true",
+                     help="print the resolved configuration (these options and the algorithm's config) as a "
+                          "--config file, in the format of --config (default TOML), and exit without training")
     run.add_argument("--iterations-per-dispatch", type=_count, default=16, help="iterations scanned per dispatch")
     run.add_argument("--quiet", action="store_true", help="print only the final line")
     run.add_argument("--json", action="store_true", help="print a JSON summary on stdout (progress goes to stderr)")
@@ -257,6 +274,7 @@ def _parser(algo: str | None = None, parser_class: type = _Parser) -> argparse.A
     ir.add_argument("--bodies", action="store_true", help="print fragment bodies (jaxprs) too")
     bench = sub.add_parser("bench", help="compare distribution policies on one algorithm configuration")
     _algo_argument(bench)
+    _config_file_option(bench)
     bench.add_argument("--policies", default="single,anakin,gspmd,actor_learner,actor_learner_async",
                        help="comma-separated policies (default: all built-in)")
     bench.add_argument("--devices", type=_count, default=8, help="devices for the distributed policies (default 8)")
@@ -267,6 +285,11 @@ def _parser(algo: str | None = None, parser_class: type = _Parser) -> argparse.A
     if algo is not None:
         for command in (run, ir, bench):
             _config_options(command, algo)
+        if "--total-steps" not in run._option_string_actions:  # a config without total_steps, or none
+            run.add_argument("--total-steps", type=_count, default=None, metavar="N",
+                             help="train N env steps: N // steps_per_iteration iterations (where the algorithm "
+                                  "has steps_per_iteration)")
+    parser.commands = {"run": run, "ir": ir, "bench": bench}  # type: ignore[attr-defined]
     for name, what in (("policies", "built-in distribution policies"), ("algos", "algorithms"),
                        ("envs", "environment backends and the gymnax environments")):
         sub.add_parser(name, help=f"list the {what}, one line each")
@@ -284,20 +307,75 @@ def _parser(algo: str | None = None, parser_class: type = _Parser) -> argparse.A
 
 
 def _make_algo(args: argparse.Namespace) -> Any:
+    """The algorithm with the config options given. Under `fragc run`, `--iterations N` sets the config's
+    `iterations` field where it has one, else its `total_steps` to N iterations' env steps (so that the config
+    describes the run: PPO anneals its learning rate over `iterations`); `_run_length` reads it back."""
     from fragc import algos
 
     config = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_") and v is not None}
-    return algos.make(args.algo, **config)
+    iterations = getattr(args, "iterations", None) if args.command == "run" else None
+    if iterations is None:
+        return algos.make(args.algo, **config)
+    if config.get("total_steps") is not None or getattr(args, "total_steps", None) is not None:
+        raise FragcError("pass --iterations or --total-steps, not both")
+    fields = _config_fields(args.algo)
+    if "iterations" in fields:
+        return algos.make(args.algo, **config, iterations=iterations)
+    algo = algos.make(args.algo, **config)
+    steps = _steps_per_iteration(algo)
+    if "total_steps" in fields and steps:
+        algo = algos.make(args.algo, **config, total_steps=iterations * steps)
+    return algo
 
 
-def _run_length(algo: Any, name: str) -> int:
-    """How many iterations `fragc run` trains: the config's `iterations` (a field or property)."""
-    iterations = getattr(getattr(algo, "config", None), "iterations", None)
-    if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:
-        raise FragcError(f"{name}: fragc run needs the run length as a positive int `iterations` on the "
-                         f"algorithm's config (a field, or a property such as total_steps // steps_per_iteration); "
-                         f"got {iterations!r}")
-    return iterations
+def _config_fields(spec: str) -> list[str]:
+    """The names of the init fields of `spec`'s config (none without one)."""
+    from fragc import algos
+
+    config_cls = algos.load(spec)[1]
+    return [f.name for f in dataclasses.fields(config_cls) if f.init] if config_cls else []
+
+
+def _steps_per_iteration(algo: Any) -> int:
+    """Environment steps per iteration: the algorithm's or its config's `steps_per_iteration`, else 0 (unknown)."""
+    steps = getattr(algo, "steps_per_iteration", None) or getattr(getattr(algo, "config", None),
+                                                                   "steps_per_iteration", None)
+    return int(steps) if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else 0
+
+
+def _run_length(algo: Any, args: argparse.Namespace) -> tuple[int, list[str]]:
+    """How many iterations `fragc run` trains, and what to say about it (a --total-steps that is not a whole
+    number of iterations): `--iterations`, else `--total-steps` over the steps of an iteration, else the
+    config's `iterations` (a field, or a property such as total_steps // steps_per_iteration)."""
+    steps = _steps_per_iteration(algo)
+    asked = getattr(args, "iterations", None)
+    if asked is not None:
+        return asked, []
+    config = getattr(algo, "config", None)
+    own_total = getattr(args, "total_steps", None)  # the option of an algorithm whose config has no total_steps
+    if own_total is not None:
+        if not steps:
+            raise FragcError(f"{args.algo}: --total-steps needs the env steps of an iteration (steps_per_iteration on "
+                             f"the algorithm or its config); pass --iterations N")
+        iterations = max(1, own_total // steps)
+    else:
+        iterations = getattr(config, "iterations", None)
+        if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:
+            raise FragcError(f"{args.algo}: fragc run needs the run length: pass --iterations N (or --total-steps N "
+                             f"where the algorithm has steps_per_iteration), or give its config a positive int "
+                             f"`iterations` (a field, or a property such as total_steps // steps_per_iteration)"
+                             + (f"; got {iterations!r}" if config is not None else ""))
+    total = own_total if own_total is not None else getattr(args, "cfg_total_steps", None)
+    if total is None or not steps or iterations != max(1, total // steps):  # not given, or not what decides
+        return iterations, []
+    if total < steps:
+        return iterations, [f"--total-steps {total} is less than one iteration ({steps} env steps): running 1 "
+                            f"iteration ({steps} env steps)"]
+    if total % steps:
+        return iterations, [f"--total-steps {total} is not a whole number of iterations of {steps} env steps: "
+                            f"running {iterations} iteration{'s' if iterations > 1 else ''} ({iterations * steps} "
+                            "env steps)"]
+    return iterations, []
 
 
 def _env_name(algo: Any) -> str:
@@ -335,8 +413,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from fragc.runtime.reporting import enable_compilation_cache, params_fingerprint
     from fragc.runtime.stopping import Stopped
-    from fragc.training import algo_meta, steps_per_iteration, train
+    from fragc.training import algo_meta, train
 
+    if args.print_config:
+        algo = _make_algo(args)
+        _run_length(algo, args)  # a run it could not start is refused here too
+        print(_config_text(args, algo), end="")
+        return 0
     if args.resume and not args.checkpoint_dir:
         raise FragcError("--resume needs --checkpoint-dir")
     if args.stop_after and not args.checkpoint_dir:
@@ -346,18 +429,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     lead = jax.process_index() == 0  # progress and output come from process 0
     with _open_checkpoints(args.checkpoint_dir) as checkpoints:  # an unwritable folder fails before compiling
         run_info = {"algo": args.algo, "seed": args.seed}
+        length: list = []
 
-        def resumable(algo: Any) -> None:  # another configuration's checkpoint is refused before compiling
-            if args.resume:
+        def before_compiling(algo: Any) -> None:  # a run that cannot start is refused before compiling
+            length.extend(_run_length(algo, args))
+            if lead:
+                for note in length[1]:
+                    print(f"fragc: warning: {note}", file=sys.stderr)
+            if args.resume:  # and so is another configuration's checkpoint
                 checkpoints.check_run(algo_meta(algo, run_info))
 
-        algo, prog = _compile(args, check=resumable, iterations_per_dispatch=args.iterations_per_dispatch)
-        iterations, steps, env = _run_length(algo, args.algo), steps_per_iteration(algo), _env_name(algo)
+        algo, prog = _compile(args, check=before_compiling, iterations_per_dispatch=args.iterations_per_dispatch)
+        iterations, steps, env = length[0], _steps_per_iteration(algo), _env_name(algo)
+        if lead:
+            _write_run_records(args, algo)
         out = sys.stderr if args.json else sys.stdout
         progress = None if args.quiet or not lead else out
         if progress is not None:
-            print(f"fragc run {args.algo}: env {env}, policy {prog.policy.name}, {iterations} "
-                  f"iterations x {steps} env steps, compiled in {prog.compile_seconds:.1f} s", file=out)
+            what = [f"env {env}"] if env != "?" else []
+            what += [f"policy {prog.policy.name}",
+                     f"{iterations} iterations" + (f" x {steps} env steps" if steps else ""),
+                     f"compiled in {prog.compile_seconds:.1f} s"]
+            print(f"fragc run {args.algo}: {', '.join(what)}", file=out)
         try:
             result = train(prog, prog.init(args.seed), iterations, checkpoint_dir=checkpoints,
                            checkpoint_every=args.checkpoint_every, resume=args.resume, metrics=args.metrics,
@@ -369,20 +462,41 @@ def cmd_run(args: argparse.Namespace) -> int:
         fingerprint = params_fingerprint(result.state)  # on every process: it may gather across processes
         if not lead:
             return 0
-        env_steps = result.iterations * steps
+        env_steps = result.iterations * steps if steps else None  # unknown: not claimed
+        last = _last_metrics(result.history)
         if args.json:
             import json
 
             print(json.dumps({"final_return": _finite_or_none(result.final_return), "env_steps": env_steps,
                               "iterations": result.iterations, "wall_s": round(result.wall_s, 3),
                               "compile_s": round(prog.compile_seconds, 3), "policy": prog.policy.name,
-                              "devices": len(prog.devices), "algo": args.algo, "env": env, "seed": args.seed,
+                              "devices": len(prog.devices), "algo": args.algo, "env": None if env == "?" else env,
+                              "seed": args.seed,
                               "resumed_from": result.resumed_from, "processes": jax.process_count(),
-                              "params_fingerprint": fingerprint}))
+                              "params_fingerprint": fingerprint,
+                              "final_metrics": {k: _finite_or_none(v) for k, v in last.items()}}))
         else:
-            print(f"final mean episode return {result.final_return:.1f} after {env_steps} env steps "
-                  f"({result.wall_s:.1f} s)")
+            import math
+
+            after = f"{env_steps} env steps" if env_steps is not None else f"{result.iterations} iterations"
+            if "episode_return" in last or (not last and math.isfinite(result.final_return)):
+                print(f"final mean episode return {result.final_return:.1f} after {after} ({result.wall_s:.1f} s)")
+            else:  # an algorithm without an episode_return metric: the last value of each of its metrics
+                shown = ", ".join(f"{k} {v:.4g}" for k, v in last.items()) or "none (no iteration ran)"
+                print(f"final metrics: {shown} after {after} ({result.wall_s:.1f} s)")
         return 0
+
+
+def _last_metrics(history: dict) -> dict[str, float]:
+    """Each metric's mean over its last iteration (over replicas, environments, population members)."""
+    import numpy as np
+
+    last = {}
+    for name, rows in history.items():
+        rows = np.asarray(rows)
+        if rows.size and np.issubdtype(rows.dtype, np.number):
+            last[name] = float(np.mean(rows[-1]))
+    return last
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -390,6 +504,189 @@ def _finite_or_none(x: float) -> float | None:
     import math
 
     return x if math.isfinite(x) else None
+
+
+# ------------------------------------------------------------------ config files (fragc/config_files.py)
+
+COMMAND_LINE_ONLY = ("resume", "stop_after", "quiet", "json", "no_cache", "config", "print_config", "coordinator",
+                     "num_processes", "process_id", "help")
+"""Options of `fragc run` a config file does not hold: they say what this invocation does, not which run it is."""
+
+PLACEMENT = ("policy", "devices", "env_groups", "env_workers")
+"""The run options that `fragc ir` and `fragc bench` take from a config file too (where they have them)."""
+
+RUN_LENGTH = ("iterations", "total_steps", "cfg_total_steps")
+"""The options that set the run length: one of them on the command line overrides the file's."""
+
+
+def _file_keys(run: argparse.ArgumentParser, algo: str | None) -> dict[str, Any]:
+    """The keys a config file may hold: each long option of `fragc run ALGO` as a `config_files.Key`."""
+    from fragc import config_files
+
+    types = {}
+    if algo is not None:
+        from fragc import algos
+
+        config_cls = algos.load(algo)[1]
+        types = {f"cfg_{f.name}": str(f.type) for f in dataclasses.fields(config_cls)} if config_cls else {}
+        if "cfg_iterations" in types:
+            types["iterations"] = types["cfg_iterations"]
+    kinds = {_bool: "bool", _integer: "int", _count: "int", _groups: "int", _seed: "int", int: "int",
+             float: "float", str: "str", None: "str"}
+    keys = {}
+    for action in run._actions:
+        long = [o for o in action.option_strings if o.startswith("--")]
+        if not long or action.dest in COMMAND_LINE_ONLY:
+            continue
+        name = config_files.normalized(long[0][2:])
+        kind = kinds.get(action.type, "any")
+        if kind == "str" and not isinstance(action, argparse._StoreAction):  # a flag (store_true): none are keys
+            continue
+        keys[name] = config_files.Key(name, action.dest, kind, action.type if kind in ("int", "float") else None,
+                                      tuples="tuple" in types.get(action.dest, "").lower())
+    return keys
+
+
+def _given(argv: list[str], algo: str | None, parser_class: type | None = None) -> set[str]:
+    """The destinations of the options given on the command line (not left to their defaults)."""
+    parser = _parser(algo, parser_class or _Parser)
+    for command in parser.commands.values():
+        for action in command._actions:
+            if action.option_strings:
+                action.default = argparse.SUPPRESS
+    try:
+        given, _ = parser.parse_known_args([a for a in argv if a not in ("-h", "--help")])
+    except _Unparsed:
+        return set()
+    return set(vars(given))
+
+
+def _apply_config_file(args: argparse.Namespace, argv: list[str], parser: argparse.ArgumentParser) -> None:
+    """The options of `--config FILE` the command line does not give, set on `args`. Keys are the options of
+    `fragc run ALGO` (the file is a run's); `ir` and `bench` take the config fields and the placement."""
+    from fragc import config_files
+
+    path = args.config
+    table = config_files.read(path)
+    if config_files.RECORD_TABLE in table:
+        config_files.check_record(path, table.pop(config_files.RECORD_TABLE), args.algo)
+    keys = _file_keys(parser.commands["run"], args.algo)
+    given = _given(argv, args.algo)
+    length_given = any(dest in given for dest in RUN_LENGTH)
+    seen: dict[str, str] = {}
+    for key, value in table.items():
+        name = config_files.normalized(key)
+        spec = keys.get(name)
+        if spec is None:
+            if name in COMMAND_LINE_ONLY:
+                raise FragcError(f"{path}: '{key}' is an option of the command line only "
+                                 f"(--{name.replace('_', '-')}), not a config file's")
+            raise config_files.unknown_key(path, key, list(keys), f"the fields of {args.algo}'s config and fragc "
+                                           f"run's options (fragc run {args.algo} --help)")
+        if name in seen:
+            raise FragcError(f"{path}: '{seen[name]}' and '{key}' are the same key")
+        seen[name] = key
+        value = config_files.value_of(path, key, spec, value)
+        dest = _dest_in(args, spec.dest)
+        if dest is None or dest in given or (length_given and spec.dest in RUN_LENGTH):
+            continue
+        setattr(args, dest, value)
+
+
+def _dest_in(args: argparse.Namespace, dest: str) -> str | None:
+    """Where a `fragc run` option's value goes in `args` of another command (None: it has no such option)."""
+    if args.command == "run":
+        return dest
+    if dest == "iterations":  # fragc run's --iterations of a config with an iterations field is that field
+        dest = "cfg_iterations"
+    if dest.startswith("cfg_") or dest in PLACEMENT:
+        return dest if hasattr(args, dest) else None
+    return None
+
+
+def _early_config_file(early: argparse.Namespace, argv: list[str]) -> None:
+    """`devices` from the config file, for what acts before JAX starts (`_simulate_devices_early`, joining a
+    multi-process run); the whole file is read again once the algorithm's options are known."""
+    from fragc import config_files
+
+    path = getattr(early, "config", None)
+    if not path or getattr(early, "command", None) not in ALGO_COMMANDS:
+        return
+    table = config_files.read(path)
+    found = [(k, v) for k, v in table.items() if config_files.normalized(k) == "devices"]
+    if found and "devices" not in _given(argv, None, _EarlyParser):
+        key, value = found[0]
+        early.devices = config_files.value_of(path, key, config_files.Key("devices", "devices", "int", _count), value)
+
+
+def _config_format(args: argparse.Namespace) -> str:
+    from fragc import config_files
+
+    return config_files.format_of(args.config) if getattr(args, "config", None) else "toml"
+
+
+RUN_OPTIONS_SHOWN = ("policy", "devices", "env_groups", "env_workers", "seed", "iterations_per_dispatch",
+                     "iterations", "total_steps", "checkpoint_dir", "checkpoint_every", "metrics")
+"""The run options a printed config holds, in this order (after them, the algorithm's config)."""
+
+
+def _config_text(args: argparse.Namespace, algo: Any, record: dict | None = None) -> str:
+    """The resolved configuration as a config file: `fragc run ALGO --config FILE` runs it again."""
+    from fragc import config_files
+
+    fields = _config_fields(args.algo)
+    config = getattr(algo, "config", None)
+    run = {name: getattr(args, name, None) for name in RUN_OPTIONS_SHOWN}
+    if "iterations" in fields or ("total_steps" in fields and _steps_per_iteration(algo)):
+        run["iterations"] = None  # --iterations went into the config
+    keys = {spec.dest: spec.name for spec in _file_keys(_parser(args.algo).commands["run"], args.algo).values()}
+    sections = [(f"fragc run {args.algo}: the resolved configuration; fragc run {args.algo} --config FILE runs it "
+                 "again\n(options given on the command line override the file's)", run)]
+    if fields and config is not None:
+        values, unwritable = {}, []
+        for name in fields:
+            value = getattr(config, name, None)
+            key = "iterations" if name == "iterations" else keys.get(f"cfg_{name}", name)
+            if _plain(value):
+                values[key] = value
+            else:
+                unwritable.append(name)
+        cls = type(config)
+        comment = f"{args.algo}'s config ({cls.__module__}.{cls.__qualname__})"
+        if unwritable:
+            comment += f"\nnot written (not a plain value; the default is used): {', '.join(unwritable)}"
+        sections.append((comment, values))
+    return config_files.dumps(_config_format(args), sections, record)
+
+
+def _plain(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
+
+
+def _write_run_records(args: argparse.Namespace, algo: Any) -> None:
+    """The resolved config with where it came from (fragc's version, the command, the git revision of the
+    algorithm's file): `run.toml` in the checkpoint folder, `NAME.run.toml` beside a metrics file `NAME.jsonl`
+    (`.yaml` for a YAML --config); either runs again with --config."""
+    from fragc import config_files
+
+    paths = []
+    fmt = _config_format(args)
+    if args.checkpoint_dir:
+        paths.append(os.path.join(args.checkpoint_dir, f"run.{fmt}"))
+    if args.metrics:
+        paths.append(config_files.beside_metrics(args.metrics, fmt))
+    paths = [p for p in paths if p]
+    if not paths:
+        return
+    text = _config_text(args, algo, config_files.record(args.algo, type(algo), getattr(args, "command_line", None)))
+    for path in paths:
+        config_files.write(path, text)
 
 
 def _open_checkpoints(directory: str | None) -> Any:
@@ -585,6 +882,7 @@ def _one_line_warnings() -> Iterator[None]:
 def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     early = _first_look(argv)
+    _early_config_file(early, argv)
     if getattr(early, "command", None) != "launch" and _multiprocess(early):
         return _guarded(_multiprocess_command, early, argv)
     _simulate_devices_early(early)
@@ -592,18 +890,23 @@ def _main(argv: Sequence[str] | None) -> int:
         args = _parse(argv, getattr(early, "algo", None))
     except FragcError as err:
         return _usage_error(err)
+    args.command_line = argv
     return _guarded(COMMANDS[args.command], args)
 
 
 def _parse(argv: list[str], algo: str | None) -> argparse.Namespace:
-    """The whole command line, with the options of `algo` (whose module this imports)."""
-    args, unknown = _parser(algo).parse_known_args(argv)
+    """The whole command line, with the options of `algo` (whose module this imports), and those of its
+    `--config` file that the command line does not give."""
+    parser = _parser(algo)
+    args, unknown = parser.parse_known_args(argv)
     if unknown:
         options = [u for u in unknown if u.startswith("-")]
         if options and getattr(args, "algo", None):
             raise FragcError(f"{args.algo} has no option {', '.join(options)} "
                              f"(see fragc {args.command} {args.algo} --help)")
         raise FragcError(f"unrecognized arguments: {' '.join(unknown)} (see fragc --help)")
+    if getattr(args, "config", None):
+        _apply_config_file(args, argv, parser)
     return args
 
 
@@ -625,6 +928,7 @@ def _multiprocess_command(early: argparse.Namespace, argv: list[str]) -> int:
     _join(early)
     args = _parse(argv, early.algo)
     _check_same_options(args)
+    args.command_line = argv
     try:
         code = {"run": cmd_run, "bench": cmd_bench}[args.command](args)
         distributed.finish()  # a code returned (0, or a signal's after a graceful stop) is every process's
