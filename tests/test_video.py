@@ -1,0 +1,196 @@
+"""Videos of a policy (fragc/video.py): from a checkpoint to .mp4 and .gif, and CaptureVideo during a run.
+
+Frame counts are checked against episodes played here with plain gymnax (or Gymnasium) and the network's
+argmax: an episode of T steps is T + 1 frames (its first state and each state reached)."""
+
+import argparse
+import functools
+import importlib.util
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fragc
+import fragc.algos
+from fragc.ir.errors import FragcError
+from fragc.runtime.actions import Every
+
+iio = pytest.importorskip("imageio.v3", reason="videos need the video extra: pip install 'fragc[video]'")
+pytest.importorskip("imageio_ffmpeg", reason="mp4 needs the video extra: pip install 'fragc[video]'")
+if importlib.util.find_spec("pygame") is None:
+    pytest.skip("CartPole is drawn by Gymnasium's renderer, which needs pygame (the video extra)",
+                allow_module_level=True)
+
+from fragc import video  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # imageio reading through ffmpeg
+MAX_STEPS = 60
+"""Episodes are cut here: enough for the tiny run's policy to end one by itself (seed 1), few frames to draw."""
+
+CART, POLE = (0, 0, 0), (202, 152, 101)
+"""Colours Gymnasium draws CartPole's cart and pole in."""
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A tiny PPO CartPole run of 4 iterations, checkpointed, recording a video (one episode of at most 30
+    steps) every 2 iterations; the policy's parameters at each of those iterations."""
+    algo = fragc.algos.make("ppo", num_envs=4, num_steps=8, total_steps=128)
+    prog = fragc.compile(algo, "single", iterations_per_dispatch=2)
+    folder = tmp_path_factory.mktemp("run")
+    seen = {}
+    capture = video.CaptureVideo(2, folder, max_steps=30)
+    record = Every(2, lambda iteration, state: seen.setdefault(iteration, algo.policy_params(state)))
+    fragc.train(prog, prog.init(0), 4, checkpoint_dir=folder / "checkpoints", checkpoint_every=2,
+                run_info={"algo": "ppo", "seed": 0}, actions=[record, capture])
+    return algo, folder, seen, capture
+
+
+@pytest.fixture(scope="module")
+def rendered(run):
+    """The frames of one episode (seed 1) of the policy at iteration 4, cut after 20 steps."""
+    algo, _, seen, _ = run
+    return video.render_episodes(algo, seen[4], 1, 1, max_steps=20)
+
+
+@functools.cache
+def plain(algo):
+    """(gymnax's CartPole, its params, the network's argmax for one observation), made and compiled once."""
+    import gymnax
+
+    env, env_params = gymnax.make("CartPole-v1")
+    return env, env_params, jax.jit(lambda p, obs: jnp.argmax(algo.network.apply(p, obs.reshape(1, -1))[0][0]))
+
+
+def episode_lengths(algo, params, episodes, seed, max_steps=MAX_STEPS):
+    """Steps of each greedy episode, played with gymnax's own step (which resets itself: the flags say when
+    an episode ends) from the keys fragc/video.py documents."""
+    env, env_params, act = plain(algo)
+    lengths = []
+    for key in jax.random.split(jax.random.key(seed), episodes):
+        reset_key, carry = jax.random.split(key)
+        obs, state = env.reset(reset_key, env_params)
+        for t in range(1, max_steps + 1):
+            step_key, carry = jax.random.split(carry)
+            obs, state, _, terminated, truncated, _ = env.step(step_key, state, act(params, obs), env_params)
+            if terminated or truncated:
+                break
+        lengths.append(t)
+    return lengths
+
+
+def n_frames(lengths):
+    return sum(t + 1 for t in lengths)
+
+
+def test_video_from_checkpoint_mp4(run, rendered, tmp_path):
+    algo, folder, seen, _ = run
+    lengths = episode_lengths(algo, seen[4], 2, seed=1)
+    assert min(lengths) < MAX_STEPS  # an episode that ends by itself, not only cut ones
+    path, frames, size = video.video_from_checkpoint(folder / "checkpoints", tmp_path / "agent.mp4", episodes=2,
+                                                     seed=1, max_steps=MAX_STEPS)
+    assert frames == n_frames(lengths)
+    assert size == (600, 400)
+    written = iio.imread(path)
+    assert written.shape == (frames, 400, 600, 3)
+    # the first frames are a cart and a pole, as rendered
+    first = rendered[0]
+    assert (first == CART).all(-1).sum() > 1000 and (first == POLE).all(-1).sum() > 500
+    assert np.abs(written[:len(rendered)].astype(int) - rendered).mean() < 1  # H.264's loss
+
+
+def test_video_from_checkpoint_gif(run, rendered, tmp_path):
+    from PIL import Image
+
+    algo, folder, seen, _ = run
+    lengths = episode_lengths(algo, seen[4], 1, seed=1, max_steps=20)
+    path, frames, size = video.video_from_checkpoint(folder / "checkpoints", tmp_path / "agent.gif", episodes=1,
+                                                     seed=1, fps=20, max_steps=20)
+    assert (frames, size) == (n_frames(lengths), (600, 400)) == (len(rendered), (600, 400))
+    changes = sum(not np.array_equal(a, b) for a, b in zip(rendered, rendered[1:]))
+    with Image.open(path) as gif:
+        assert gif.size == (600, 400)
+        # Pillow keeps a run of identical frames as one, shown as long: the playing time is every frame's
+        assert gif.n_frames == 1 + changes
+        durations = []
+        for i in range(gif.n_frames):
+            gif.seek(i)
+            durations.append(gif.info["duration"])
+    assert sum(durations) == frames * 50
+
+
+def test_capture_video_during_training(run):
+    algo, folder, seen, capture = run
+    names = sorted(os.listdir(folder / "videos"))
+    assert names == ["iteration_0000002.mp4", "iteration_0000004.mp4"]
+    assert capture.written == [str(folder / "videos" / n) for n in names]
+    for iteration in (2, 4):
+        written = iio.imread(folder / "videos" / f"iteration_{iteration:07d}.mp4")
+        assert written.shape == (n_frames(episode_lengths(algo, seen[iteration], 1, seed=0, max_steps=30)), 400, 600, 3)
+    assert not np.array_equal(*[jax.tree.leaves(seen[i])[0] for i in (2, 4)])  # two policies
+
+
+def test_gymnasium_host_environment(run):
+    """A `gymnasium:` environment is drawn by a Gymnasium environment made with render_mode="rgb_array",
+    seeded from each episode's reset key as the host pools seed theirs."""
+    import gymnasium
+
+    from fragc.algos.host_envs import seeds_of
+
+    algo, _, seen, _ = run
+    host = fragc.algos.make("ppo", env="gymnasium:CartPole-v1", num_envs=4, num_steps=8)
+    frames = video.render_episodes(host, seen[4], 2, 5, max_steps=MAX_STEPS)
+    env = gymnasium.make("CartPole-v1")
+    act = plain(algo)[2]
+    expected = 0
+    for key in jax.random.split(jax.random.key(5), 2):
+        obs, _ = env.reset(seed=seeds_of(np.asarray(jax.random.key_data(jax.random.split(key)[0]))[None])[0])
+        for t in range(1, MAX_STEPS + 1):
+            obs, _, terminated, truncated, _ = env.step(int(act(seen[4], obs)))
+            if terminated or truncated:
+                break
+        expected += t + 1
+    assert len(frames) == expected
+    assert {f.shape for f in frames} == {(400, 600, 3)}
+
+
+def test_refusals(tmp_path):
+    def one_line(call, *words):
+        with pytest.raises(FragcError) as err:
+            call()
+        assert "\n" not in str(err.value) and all(w in str(err.value) for w in words), str(err.value)
+
+    frame = np.zeros((4, 6, 3), np.uint8)
+    one_line(lambda: video.write_video([frame], tmp_path / "agent.avi", 10), "agent.avi", ".mp4 or .gif", "'.avi'")
+    one_line(lambda: video.write_video([frame], tmp_path / "agent", 10), "without a suffix")
+    one_line(lambda: video.video_from_checkpoint(tmp_path, tmp_path / "a.mp4"), "no checkpoint in", str(tmp_path))
+    one_line(lambda: video.video_from_checkpoint(tmp_path / "missing", tmp_path / "a.gif"), "no checkpoint folder")
+    one_line(lambda: video.video_from_checkpoint(tmp_path / "missing", tmp_path / "a.webm"), "'.webm'")
+    unrenderable = fragc.algos.make("ppo", env="DeepSea-bsuite")
+    one_line(lambda: video.render_episodes(unrenderable, None, 1, 0), "cannot render DeepSea-bsuite", "CartPole-v1")
+    one_line(lambda: video.CaptureVideo(0, tmp_path), "every")
+    # odd sides are padded to even ones for H.264
+    assert video.write_video([np.full((5, 7, 3), 200, np.uint8)] * 3, tmp_path / "odd.mp4", 10) == (8, 6)
+    assert iio.imread(tmp_path / "odd.mp4").shape == (3, 6, 8, 3)
+
+
+def test_command(run, tmp_path, capsys):
+    """`fragc video` as the command line parses it (add_video_parser) and runs it (cmd_video)."""
+    _, folder, _, _ = run
+    parser = argparse.ArgumentParser(prog="fragc")
+    video.add_video_parser(parser.add_subparsers(dest="command"))
+    out = tmp_path / "agent.mp4"
+    args = parser.parse_args(["video", str(folder / "checkpoints"), "--episodes", "1", "--out", str(out),
+                              "--max-steps", "5", "--fps", "10"])
+    assert video.cmd_video(args) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"wrote {out}: 1 episode, ") and " frames of 600x400, " in line and line.endswith("KiB")
+    assert iio.imread(out).shape[0] == int(line.split(", ")[1].split()[0])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["video", "D", "--episodes", "0"])
+    args = parser.parse_args(["video", str(folder / "checkpoints"), "--member", "1", "--out", str(out)])
+    with pytest.raises(FragcError, match="--member 1: the checkpoint .* is of one run, not a population"):
+        video.cmd_video(args)
