@@ -675,18 +675,17 @@ def _write_run_records(args: argparse.Namespace, algo: Any) -> None:
     (`.yaml` for a YAML --config); either runs again with --config."""
     from fragc import config_files
 
-    paths = []
     fmt = _config_format(args)
+    paths = []  # (where, the metrics file it is beside)
     if args.checkpoint_dir:
-        paths.append(os.path.join(args.checkpoint_dir, f"run.{fmt}"))
-    if args.metrics:
-        paths.append(config_files.beside_metrics(args.metrics, fmt))
-    paths = [p for p in paths if p]
+        paths.append((os.path.join(args.checkpoint_dir, f"run.{fmt}"), None))
+    if args.metrics and (beside := config_files.beside_metrics(args.metrics, fmt)):
+        paths.append((beside, args.metrics))
     if not paths:
         return
     text = _config_text(args, algo, config_files.record(args.algo, type(algo), getattr(args, "command_line", None)))
-    for path in paths:
-        config_files.write(path, text)
+    for path, metrics in paths:
+        config_files.write(path, text, beside=metrics)
 
 
 def _open_checkpoints(directory: str | None) -> Any:

@@ -235,15 +235,18 @@ def _lists(value: Any) -> Any:
     return value
 
 
-def write(path: str, text: str) -> None:
-    """Write `text` to `path` whole (a temporary file renamed), or refuse in one line."""
+def write(path: str, text: str, beside: str | None = None) -> None:
+    """Write `text` to `path` whole (a temporary file renamed), or refuse in one line (naming the metrics file
+    `beside` which it goes, whose folder it shares)."""
     partial = f"{path}.{os.getpid()}.tmp"
     try:
         with open(partial, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(partial, path)
     except OSError as err:
-        raise FragcError(f"cannot write the run's config to '{path}': {err.strerror}") from None
+        what = f"metrics to '{beside}' (nor the run's config beside them, '{path}')" if beside else \
+            f"the run's config to '{path}'"
+        raise FragcError(f"cannot write {what}: {err.strerror}") from None
 
 
 def beside_metrics(metrics: str, fmt: str) -> str | None:
