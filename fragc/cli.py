@@ -11,6 +11,7 @@ import warnings
 from typing import Any, Iterator, Sequence
 
 from fragc.ir.errors import FragcError
+from fragc.runtime.program import steps_per_iteration
 
 
 def _config_options(parser: argparse.ArgumentParser, algo: str) -> None:
@@ -264,6 +265,16 @@ def _parser(algo: str | None = None, parser_class: type = _Parser) -> argparse.A
                      help="run at most K iterations now (checkpointed), to be continued with --resume")
     run.add_argument("--no-cache", action="store_true",
                      help="do not use the persistent compilation cache (default: on, in FRAGC_CACHE_DIR or ~/.cache/fragc)")
+    run.add_argument("--track", default=None, metavar="SINKS",
+                     help="log every metric against env steps to tensorboard, wandb and/or mlflow (comma-separated; "
+                          "pip install 'fragc[track]'; docs/tracking.md)")
+    run.add_argument("--track-dir", default=None, metavar="DIR",
+                     help="where the sinks write (default: the --metrics file's folder, else --checkpoint-dir, else runs)")
+    run.add_argument("--capture-video", action="store_true",
+                     help="record a greedy evaluation episode every --video-every evaluations (needs --eval-every; "
+                          "videos go to TRACK_DIR/videos; pip install 'fragc[video]')")
+    run.add_argument("--video-every", type=_count, default=5, metavar="K",
+                     help="evaluations between videos with --capture-video (default 5)")
     _process_options(run)
     ir = sub.add_parser("ir", help="print the traced module, or the module after a pass")
     _common(ir)
@@ -322,7 +333,7 @@ def _make_algo(args: argparse.Namespace) -> Any:
     if "iterations" in fields:
         return algos.make(args.algo, **config, iterations=iterations)
     algo = algos.make(args.algo, **config)
-    steps = _steps_per_iteration(algo)
+    steps = steps_per_iteration(algo)
     if "total_steps" in fields and steps:
         algo = algos.make(args.algo, **config, total_steps=iterations * steps)
     return algo
@@ -336,18 +347,10 @@ def _config_fields(spec: str) -> list[str]:
     return [f.name for f in dataclasses.fields(config_cls) if f.init] if config_cls else []
 
 
-def _steps_per_iteration(algo: Any) -> int:
-    """Environment steps per iteration: the algorithm's or its config's `steps_per_iteration`, else 0 (unknown)."""
-    steps = getattr(algo, "steps_per_iteration", None) or getattr(getattr(algo, "config", None),
-                                                                   "steps_per_iteration", None)
-    return int(steps) if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else 0
-
-
 def _run_length(algo: Any, args: argparse.Namespace) -> tuple[int, list[str]]:
-    """How many iterations `fragc run` trains, and what to say about it (a --total-steps that is not a whole
-    number of iterations): `--iterations`, else `--total-steps` over the steps of an iteration, else the
+    """How many iterations `fragc run` trains, and what to say about it (a --total-steps below one iteration): `--iterations`, else `--total-steps` over the steps of an iteration, else the
     config's `iterations` (a field, or a property such as total_steps // steps_per_iteration)."""
-    steps = _steps_per_iteration(algo)
+    steps = steps_per_iteration(algo)
     asked = getattr(args, "iterations", None)
     if asked is not None:
         return asked, []
@@ -371,11 +374,7 @@ def _run_length(algo: Any, args: argparse.Namespace) -> tuple[int, list[str]]:
     if total < steps:
         return iterations, [f"--total-steps {total} is less than one iteration ({steps} env steps): running 1 "
                             f"iteration ({steps} env steps)"]
-    if total % steps:
-        return iterations, [f"--total-steps {total} is not a whole number of iterations of {steps} env steps: "
-                            f"running {iterations} iteration{'s' if iterations > 1 else ''} ({iterations * steps} "
-                            "env steps)"]
-    return iterations, []
+    return iterations, []  # rounded down to whole iterations: the first and the last line say how many steps
 
 
 def _env_name(algo: Any) -> str:
@@ -440,7 +439,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 checkpoints.check_run(algo_meta(algo, run_info))
 
         algo, prog = _compile(args, check=before_compiling, iterations_per_dispatch=args.iterations_per_dispatch)
-        iterations, steps, env = length[0], _steps_per_iteration(algo), _env_name(algo)
+        iterations, steps, env = length[0], steps_per_iteration(algo), _env_name(algo)
         if lead:
             _write_run_records(args, algo)
         out = sys.stderr if args.json else sys.stdout
@@ -454,7 +453,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             result = train(prog, prog.init(args.seed), iterations, checkpoint_dir=checkpoints,
                            checkpoint_every=args.checkpoint_every, resume=args.resume, metrics=args.metrics,
-                           progress=progress, stop_after=args.stop_after, run_info=run_info)
+                           progress=progress, stop_after=args.stop_after, run_info=run_info, track=args.track,
+                           track_dir=args.track_dir, actions=_video_capture(args, algo))
         except Stopped as stop:
             if lead:
                 print(f"fragc: {stop}; its checkpoint continues with --resume", file=sys.stderr)
@@ -480,11 +480,28 @@ def cmd_run(args: argparse.Namespace) -> int:
 
             after = f"{env_steps} env steps" if env_steps is not None else f"{result.iterations} iterations"
             if "episode_return" in last or (not last and math.isfinite(result.final_return)):
-                print(f"final mean episode return {result.final_return:.1f} after {after} ({result.wall_s:.1f} s)")
+                evaluated = f", greedy evaluation {last['eval_return']:.1f}" if "eval_return" in last else ""
+                print(f"final mean episode return {result.final_return:.1f}{evaluated} after {after} "
+                      f"({result.wall_s:.1f} s)")
             else:  # an algorithm without an episode_return metric: the last value of each of its metrics
                 shown = ", ".join(f"{k} {v:.4g}" for k, v in last.items()) or "none (no iteration ran)"
                 print(f"final metrics: {shown} after {after} ({result.wall_s:.1f} s)")
         return 0
+
+
+def _video_capture(args: argparse.Namespace, algo: Any) -> list:
+    """`--capture-video`: a greedy episode recorded every `--video-every` evaluations (fragc/video.py)."""
+    if not args.capture_video:
+        return []
+    eval_every = getattr(getattr(algo, "config", None), "eval_every", 0)
+    if not eval_every:
+        raise FragcError("--capture-video records every K evaluations: give --eval-every N (iterations between "
+                         "evaluations) too")
+    from fragc.video import CaptureVideo
+
+    directory = args.track_dir or (os.path.dirname(os.path.abspath(args.metrics)) if args.metrics
+                                   else args.checkpoint_dir or "runs")
+    return [CaptureVideo(eval_every * args.video_every, directory)]
 
 
 def _last_metrics(history: dict) -> dict[str, float]:
@@ -637,7 +654,7 @@ def _config_text(args: argparse.Namespace, algo: Any, record: dict | None = None
     fields = _config_fields(args.algo)
     config = getattr(algo, "config", None)
     run = {name: getattr(args, name, None) for name in RUN_OPTIONS_SHOWN}
-    if "iterations" in fields or ("total_steps" in fields and _steps_per_iteration(algo)):
+    if "iterations" in fields or ("total_steps" in fields and steps_per_iteration(algo)):
         run["iterations"] = None  # --iterations went into the config
     keys = {spec.dest: spec.name for spec in _file_keys(_parser(args.algo).commands["run"], args.algo).values()}
     sections = [(f"fragc run {args.algo}: the resolved configuration; fragc run {args.algo} --config FILE runs it "

@@ -281,7 +281,7 @@ def steps_per_iteration(algo: Any) -> int:
     (unknown; metric lines then count 0 env steps)."""
     steps = getattr(algo, "steps_per_iteration", None) or getattr(getattr(algo, "config", None),
                                                                    "steps_per_iteration", None)
-    return int(steps or 0)
+    return int(steps) if isinstance(steps, (int, np.integer)) and not isinstance(steps, bool) and steps > 0 else 0
 
 
 def _metrics_dict(metrics: Any) -> dict[str, Any]:
