@@ -89,9 +89,9 @@ class EpisodeRenderer:
 
     @property
     def fps(self) -> int:
-        """The frame rate the environment's renderer plays at: Gymnasium's `metadata["render_fps"]` (over the
-        frames skipped between two of EnvPool's Atari steps), gymnax's `Visualizer`'s (20 frames a second for
-        classic control, 10 for the rest)."""
+        """The frame rate the environment's renderer plays at: Gymnasium's `metadata["render_fps"]` (classic
+        control too; over the frames skipped between two of EnvPool's Atari steps), else gymnax's `Visualizer`'s
+        (10 frames a second)."""
         return self.episodes.fps
 
     def render(self, params: Any, episodes: int, seed: int, max_steps: int | None = None) -> list[np.ndarray]:
@@ -174,8 +174,12 @@ class _GymnaxRenderer(_Renderer):
     def __init__(self, vec: Any, env_id: str):
         self.vec, self.env_id = vec, env_id
         self._reset, self._step = _gymnax_steps(vec)  # jitted once for every episode and video
-        self.drawer: Any = None
-        self.fps = 20 if env_id in CLASSIC_CONTROL else 10  # gymnax's Visualizer: 50 ms a frame, 100 ms
+        if env_id in CLASSIC_CONTROL:
+            self.drawer: Any = _ClassicControlDrawer(vec.env, vec.params, env_id)
+            self.fps = int(self.drawer.gym_env.metadata.get("render_fps") or DEFAULT_FPS)
+        else:
+            self.drawer = _VisualizerDrawer(vec.env, vec.params, env_id)
+            self.fps = 10  # gymnax's Visualizer: 100 ms a frame
 
     def episode(self, greedy: Any, params: Any, key: Any, max_steps: int | None) -> list[np.ndarray]:
         import jax
@@ -190,15 +194,11 @@ class _GymnaxRenderer(_Renderer):
             returns.append(total)
             if bool(done):
                 break
-        if self.drawer is None:
-            drawer = _ClassicControlDrawer if self.env_id in CLASSIC_CONTROL else _VisualizerDrawer
-            self.drawer = drawer(self.vec.env, self.vec.params, self.env_id)
         host = jax.device_get(states)
         return [self.drawer.draw(s, t, r) for t, (s, r) in enumerate(zip(host, returns))]
 
     def close(self) -> None:
-        if self.drawer is not None:
-            self.drawer.close()
+        self.drawer.close()
 
 
 def _gymnax_steps(vec: Any) -> tuple[Any, Any]:

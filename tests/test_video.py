@@ -86,15 +86,25 @@ def n_frames(lengths):
     return sum(t + 1 for t in lengths)
 
 
-def test_video_from_checkpoint_mp4(run, rendered, tmp_path):
+def parse(*argv):
+    """`fragc video ...` as `add_video_parser` parses it."""
+    parser = argparse.ArgumentParser(prog="fragc")
+    video.add_video_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["video", *argv])
+
+
+def test_command_writes_mp4(run, rendered, tmp_path, capsys):
+    """`fragc video D --out agent.mp4 ...` (cmd_video): the frames of the episodes played with plain gymnax."""
     algo, folder, seen, _ = run
     lengths = episode_lengths(algo, seen[4], 2, seed=1)
     assert min(lengths) < MAX_STEPS  # an episode that ends by itself, not only cut ones
-    path, frames, size = video.video_from_checkpoint(folder / "checkpoints", tmp_path / "agent.mp4", episodes=2,
-                                                     seed=1, max_steps=MAX_STEPS)
-    assert frames == n_frames(lengths)
-    assert size == (600, 400)
-    written = iio.imread(path)
+    out = tmp_path / "agent.mp4"
+    assert video.cmd_video(parse(str(folder / "checkpoints"), "--out", str(out), "--seed", "1", "--max-steps",
+                                 str(MAX_STEPS))) == 0
+    frames = n_frames(lengths)
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"wrote {out}: 2 episodes, {frames} frames of 600x400, ") and line.endswith(" KiB")
+    written = iio.imread(out)
     assert written.shape == (frames, 400, 600, 3)
     # the first frames are a cart and a pole, as rendered
     first = rendered[0]
@@ -177,20 +187,10 @@ def test_refusals(tmp_path):
     assert iio.imread(tmp_path / "odd.mp4").shape == (3, 6, 8, 3)
 
 
-def test_command(run, tmp_path, capsys):
-    """`fragc video` as the command line parses it (add_video_parser) and runs it (cmd_video)."""
+def test_command_refusals(run):
     _, folder, _, _ = run
-    parser = argparse.ArgumentParser(prog="fragc")
-    video.add_video_parser(parser.add_subparsers(dest="command"))
-    out = tmp_path / "agent.mp4"
-    args = parser.parse_args(["video", str(folder / "checkpoints"), "--episodes", "1", "--out", str(out),
-                              "--max-steps", "5", "--fps", "10"])
-    assert video.cmd_video(args) == 0
-    line = capsys.readouterr().out.strip()
-    assert line.startswith(f"wrote {out}: 1 episode, ") and " frames of 600x400, " in line and line.endswith("KiB")
-    assert iio.imread(out).shape[0] == int(line.split(", ")[1].split()[0])
-    with pytest.raises(SystemExit):
-        parser.parse_args(["video", "D", "--episodes", "0"])
-    args = parser.parse_args(["video", str(folder / "checkpoints"), "--member", "1", "--out", str(out)])
-    with pytest.raises(FragcError, match="--member 1: the checkpoint .* is of one run, not a population"):
-        video.cmd_video(args)
+    for bad in (["--episodes", "0"], ["--fps", "x"], ["--member", "-1"]):
+        with pytest.raises(SystemExit):
+            parse("D", *bad)
+    with pytest.raises(FragcError, match=r"^--member 1: the checkpoint in '.*' is of one run, not a population$"):
+        video.cmd_video(parse(str(folder / "checkpoints"), "--member", "1"))
