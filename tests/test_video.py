@@ -7,6 +7,7 @@ import argparse
 import functools
 import importlib.util
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -167,7 +168,7 @@ def test_gymnasium_host_environment(run):
     assert {f.shape for f in frames} == {(400, 600, 3)}
 
 
-def test_refusals(tmp_path):
+def test_refusals(tmp_path, monkeypatch):
     def one_line(call, *words):
         with pytest.raises(FragcError) as err:
             call()
@@ -182,6 +183,10 @@ def test_refusals(tmp_path):
     unrenderable = fragc.algos.make("ppo", env="DeepSea-bsuite")
     one_line(lambda: video.render_episodes(unrenderable, None, 1, 0), "cannot render DeepSea-bsuite", "CartPole-v1")
     one_line(lambda: video.CaptureVideo(0, tmp_path), "every")
+    with monkeypatch.context() as without:  # imageio not installed
+        without.setitem(sys.modules, "imageio", None)
+        without.setitem(sys.modules, "imageio.v3", None)
+        one_line(lambda: video.write_video([frame], tmp_path / "a.gif", 10), "needs imageio: pip install 'fragc[video]'")
     # odd sides are padded to even ones for H.264
     assert video.write_video([np.full((5, 7, 3), 200, np.uint8)] * 3, tmp_path / "odd.mp4", 10) == (8, 6)
     assert iio.imread(tmp_path / "odd.mp4").shape == (3, 6, 8, 3)
