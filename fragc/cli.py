@@ -314,6 +314,9 @@ def _parser(algo: str | None = None, parser_class: type = _Parser) -> argparse.A
     plot = sub.add_parser("plot", help="draw the learning curve of a --metrics file to PNG")
     plot.add_argument("file", help="a JSON-lines file written by fragc run --metrics")
     plot.add_argument("--out", default=None, help="the PNG to write (default: FILE with .png)")
+    from fragc.video import add_video_parser
+
+    add_video_parser(sub)
     return parser
 
 
@@ -865,8 +868,15 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return launch(args.num_processes, command)
 
 
+def cmd_video(args: argparse.Namespace) -> int:
+    """`fragc video`: fragc/video.py renders a checkpoint's policy."""
+    from fragc import video
+
+    return video.cmd_video(args)
+
+
 COMMANDS = {"run": cmd_run, "ir": cmd_ir, "policies": cmd_list, "algos": cmd_list, "envs": cmd_list,
-            "plot": cmd_plot, "bench": cmd_bench, "launch": cmd_launch}
+            "plot": cmd_plot, "bench": cmd_bench, "launch": cmd_launch, "video": cmd_video}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
