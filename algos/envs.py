@@ -181,7 +181,18 @@ class VecEnv:
 
         return isinstance(self.action_space, spaces.Discrete)
 
+    @property
+    def max_episode_steps(self) -> int | None:
+        """The environment's time limit: no episode lasts longer (None: the backend sets none)."""
+        raise NotImplementedError
+
     def reset(self, key: jax.Array, num_envs: int) -> Runner:
+        raise NotImplementedError
+
+    def reset_each(self, keys: jax.Array, index: jax.Array) -> Runner:
+        """Reset one environment per key: `keys[n]`, and `index[n]` (int32) the environments' places in
+        the backend's pool (a host pool's environments are named by index; gymnax's need none).
+        `reset(key, n)` is `reset_each(jax.random.split(key, n), jnp.arange(n))`."""
         raise NotImplementedError
 
     def step(self, runner: Runner, action: jax.Array, step_keys: jax.Array | None = None) -> tuple[Runner, Step]:
@@ -261,8 +272,14 @@ class GymnaxVecEnv(VecEnv):
         shape = self.env.observation_space(self.params).shape
         return int(np.prod(shape)) if shape else 1
 
+    @property
+    def max_episode_steps(self) -> int:
+        return int(self.params.max_steps_in_episode)
+
     def reset(self, key: jax.Array, num_envs: int) -> Runner:
-        keys = jax.random.split(key, num_envs)
+        return self.reset_each(jax.random.split(key, num_envs))
+
+    def reset_each(self, keys: jax.Array, index: jax.Array | None = None) -> Runner:
         reset_keys, carry_keys = jax.vmap(jax.random.split, out_axes=1)(keys)
         obs, env_state = jax.vmap(self.env.reset, in_axes=(0, None))(reset_keys, self.params)
         return self._new_runner(env_state, self._flat(obs), carry_keys)

@@ -60,6 +60,11 @@ class HostPool(abc.ABC):
     def spaces(cls, env_id: str) -> tuple[Any, Any]:
         """(observation space, action space) of one environment: Gymnasium or gymnax spaces."""
 
+    @classmethod
+    def max_episode_steps(cls, env_id: str) -> int | None:
+        """The environment's time limit (None: it has none, or the pool does not say)."""
+        return None
+
     worker_kind: str | None = None
     """What a worker count sets for this backend (`"threads"`), or None: it takes none (`env_workers`); a
     pool that takes one accepts `workers` as the third argument of `__init__`."""
@@ -119,6 +124,12 @@ class GymnasiumPool(HostPool):
             return env.observation_space, env.action_space
         finally:
             env.close()
+
+    @classmethod
+    def max_episode_steps(cls, env_id: str) -> int | None:
+        import gymnasium
+
+        return gymnasium.spec(env_id).max_episode_steps
 
     def __init__(self, env_id: str, num_envs: int):
         import gymnasium
@@ -182,6 +193,11 @@ class EnvPoolPool(HostPool):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return spec.observation_space, spec.action_space
+
+    @classmethod
+    def max_episode_steps(cls, env_id: str) -> int | None:
+        steps = _import_envpool().make_spec(env_id).config.max_episode_steps
+        return int(steps) if steps else None
 
     def __init__(self, env_id: str, num_envs: int, workers: int = 0):
         super().__init__(env_id, num_envs, workers)
@@ -299,13 +315,19 @@ class HostVecEnv(VecEnv):
     def obs_size(self) -> int:
         return self._obs_size
 
+    @property
+    def max_episode_steps(self) -> int | None:
+        return self.pool_type.max_episode_steps(self.env_id)
+
     def reset(self, key: jax.Array, num_envs: int) -> Runner:
-        keys = jax.random.split(key, num_envs)
+        return self.reset_each(jax.random.split(key, num_envs), jnp.arange(num_envs, dtype=jnp.int32))
+
+    def reset_each(self, keys: jax.Array, index: jax.Array) -> Runner:
         reset_keys, carry_keys = jax.vmap(jax.random.split, out_axes=1)(keys)
-        ids = jnp.arange(num_envs, dtype=jnp.int32)
-        obs, pool_step = host_call(f"{self.name} reset", self._host_reset, (self._obs_struct(num_envs), _counts(num_envs)),
-                                   ids, _key_data(reset_keys), resources=self)
-        return self._new_runner(HostEnvState(ids, pool_step), obs.astype(jnp.float32), carry_keys)
+        n = keys.shape[0]
+        obs, pool_step = host_call(f"{self.name} reset", self._host_reset, (self._obs_struct(n), _counts(n)),
+                                   index, _key_data(reset_keys), resources=self)
+        return self._new_runner(HostEnvState(index, pool_step), obs.astype(jnp.float32), carry_keys)
 
     def step(self, runner: Runner, action: jax.Array, step_keys: jax.Array | None = None) -> tuple[Runner, Step]:
         step_keys, carry_keys = self._keys(runner, step_keys)
