@@ -16,12 +16,13 @@ import optax
 
 import fragc
 from fragc.algos import ppo
+from fragc.algos.evaluation import EvalConfig
 from fragc.algos.run_length import RunLength
 from fragc.ir.errors import FragcError
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(RunLength):
+class Config(RunLength, EvalConfig):
     env: str = "CartPole-v1"
     """Environment: a gymnax id, or BACKEND:ID for a host backend (fragc envs); discrete actions."""
     num_envs: int = 8

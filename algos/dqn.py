@@ -22,12 +22,13 @@ from flax import struct
 
 import fragc
 from fragc.algos.envs import Runner, VecEnv
+from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
 from fragc.algos.run_length import RunLength
 from fragc.ir.errors import FragcError
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(RunLength):
+class Config(RunLength, EvalConfig):
     env: str = "CartPole-v1"
     """Environment: a gymnax id, or BACKEND:ID for a host backend (fragc envs); discrete actions."""
     num_envs: int = 8
@@ -108,12 +109,20 @@ class State:
     buffer: Buffer
 
 
+@struct.dataclass
+class EvalState(State):
+    """The state with evaluation on (`eval_every` > 0)."""
+
+    evaluator: EvaluatorState  # the evaluator's own (algos/evaluation.py)
+
+
 class DQN:
     """Deep Q-learning (Mnih et al. 2015), optionally double (van Hasselt et al. 2016)."""
 
     def __init__(self, config: Config = Config()):
         self.config = config
         self.steps_per_iteration = config.steps_per_iteration
+        self.evaluator = Evaluator(config.env, self.greedy_action, config.eval_every, config.eval_episodes)
 
     @functools.cached_property
     def env(self) -> VecEnv:
@@ -142,9 +151,11 @@ class DQN:
             obs=jnp.zeros((capacity, c.num_envs, self.env.obs_size)), action=jnp.zeros((capacity, c.num_envs), jnp.int32),
             reward=jnp.zeros((capacity, c.num_envs)), next_obs=jnp.zeros((capacity, c.num_envs, self.env.obs_size)),
             terminated=jnp.zeros((capacity, c.num_envs), bool))
-        return State(learner, runner, Buffer(empty, jnp.int32(0), jnp.int32(0)))
+        state = State(learner, runner, Buffer(empty, jnp.int32(0), jnp.int32(0)))
+        return self.evaluator.init(key, state, EvalState)
 
     def iteration(self, state: State) -> tuple[State, dict]:
+        state, eval_metrics = self.evaluator.maybe_evaluate(state, self.policy_params(state))  # when due
         traj, runner, metrics = self.rollout(state.learner.params, state.learner.env_steps, state.runner)
         buffer = self.insert(state.buffer, traj)
         key, sample_key = jax.random.split(state.learner.key)
@@ -155,7 +166,8 @@ class DQN:
         copy = learner.env_steps // interval > state.learner.env_steps // interval
         target = jax.lax.cond(copy, self.sync_target, lambda params, target: target,
                               learner.params, learner.target_params)
-        return State(learner.replace(target_params=target), runner, buffer), {**metrics, **losses}
+        state = state.replace(learner=learner.replace(target_params=target), runner=runner, buffer=buffer)
+        return state, {**metrics, **losses, **eval_metrics}
 
     def epsilon(self, env_steps: jax.Array) -> jax.Array:
         c = self.config

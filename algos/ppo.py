@@ -21,6 +21,7 @@ from flax import struct
 
 import fragc
 from fragc.algos.envs import Runner, VecEnv
+from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
 from fragc.algos.run_length import RunLength
 from fragc.ir.errors import FragcError
 
@@ -29,7 +30,7 @@ ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(RunLength):
+class Config(RunLength, EvalConfig):
     env: str = "CartPole-v1"
     """Environment: a gymnax id, or BACKEND:ID for a host backend (fragc envs); discrete actions."""
     num_envs: int = 4
@@ -137,6 +138,13 @@ class State:
 
 
 @struct.dataclass
+class EvalState(State):
+    """The state with evaluation on (`eval_every` > 0)."""
+
+    evaluator: EvaluatorState  # the evaluator's own (algos/evaluation.py)
+
+
+@struct.dataclass
 class Transition:
     obs: jax.Array
     action: jax.Array
@@ -185,6 +193,7 @@ class PPO:
     def __init__(self, config: Config = Config()):
         self.config = config
         self.steps_per_iteration = config.steps_per_iteration
+        self.evaluator = Evaluator(config.env, self.greedy_action, config.eval_every, config.eval_episodes)
 
     @functools.cached_property
     def env(self) -> VecEnv:
@@ -217,12 +226,14 @@ class PPO:
         k_params, k_env, k_learn = jax.random.split(key, 3)
         params = self.network.init(k_params, jnp.zeros((1, self.env.obs_size)))
         learner = Learner(params, self.optimizer.init(params), k_learn)
-        return State(learner, self.env.reset(k_env, self.config.num_envs))
+        state = State(learner, self.env.reset(k_env, self.config.num_envs))
+        return self.evaluator.init(key, state, EvalState)
 
     def iteration(self, state: State) -> tuple[State, dict]:
+        state, eval_metrics = self.evaluator.maybe_evaluate(state, self.policy_params(state))  # when due
         traj, runner, episode_metrics = self.rollout(state.learner.params, state.runner)
         learner, loss_metrics = self.update(state.learner, traj)
-        return State(learner, runner), {**episode_metrics, **loss_metrics}
+        return state.replace(learner=learner, runner=runner), {**episode_metrics, **loss_metrics, **eval_metrics}
 
     def update(self, learner: Learner, traj: Transition) -> tuple[Learner, dict]:
         """`update_epochs` passes over the rollout, one `learn` call each: a `for` region of the IR, so the

@@ -51,6 +51,7 @@ RANGES: dict[str, Range] = {
     "rho_bar": POSITIVE,
     "c_bar": POSITIVE,
     "learning_starts": NON_NEGATIVE,
+    "eval_every": NON_NEGATIVE,
     "hidden": Range(1, 46340),  # a hidden x hidden matrix within int32 elements (hidden=1e9 made XLA abort)
 }
 """Fields with a range; every other int field must be positive, every float finite."""
