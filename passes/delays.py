@@ -4,6 +4,10 @@ Every operand of an actor fragment that is a state leaf whose next value comes
 from another device group goes through `staleness` `delay` nodes. Rollout k+1
 then no longer waits for learn k, so the two overlap; the reference
 interpreter reproduces the delays exactly (`fragc.ir.interpreter.run_iterations`).
+So do the operands of a region on one group that runs evaluator fragments only
+(evaluation episodes, algos/evaluation.py, under `lax.cond`): an evaluation acts
+with the parameters the actors act with, and the actors' devices, which run it,
+need not wait for the learner either.
 """
 
 from __future__ import annotations
@@ -11,10 +15,11 @@ from __future__ import annotations
 import dataclasses
 
 from fragc.ir.errors import FragcError
-from fragc.ir.module import Delay, Module, Run, Use, Value
+from fragc.ir.module import REGION_KINDS, Delay, Module, Node, Run, Use, Value, walk
 from fragc.ir.types import TreeType
 
 from .pipeline import Pass
+from .policy import EVALUATOR
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,8 +37,8 @@ class InsertDelays(Pass):
         state = graph.inputs[0]
         nodes, delayed = [], {}
         for node in graph.nodes:
-            if isinstance(node, Run) and module.fragments[node.fragment].role == self.role:
-                group = module.fragments[node.fragment].placement.group
+            group = self._acting_group(module, node)
+            if group is not None:
                 stale = [u.value is state and u.type.group != group for u in node.inputs]
                 if any(stale):
                     uses = tuple(u for u, s in zip(node.inputs, stale) if s)
@@ -46,6 +51,18 @@ class InsertDelays(Pass):
             raise FragcError(f"insert_delays: no '{self.role}' fragment reads state produced on another device group; "
                              "nothing to pipeline")
         return module.replace(graph=graph.replace(nodes=tuple(nodes)))
+
+    def _acting_group(self, module: Module, node: Node) -> str | None:
+        """The group of a run of a `role` fragment, or of a region on one group whose runs are all evaluator
+        fragments; None for any other node."""
+        if isinstance(node, Run):
+            fdef = module.fragments[node.fragment]
+            return fdef.placement.group if fdef.role == self.role else None
+        if isinstance(node, REGION_KINDS):
+            roles = {module.fragments[n.fragment].role for g in node.regions for n in walk(g.nodes)
+                     if isinstance(n, Run)}
+            return module.group_of(node) if roles == {EVALUATOR} else None
+        return None
 
     def _delays(self, uses: tuple[Use, ...], group: str, nodes: list, n: int) -> Value:
         """A chain of `staleness` delays; the delayed values live on the consumer's group."""

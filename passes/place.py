@@ -23,7 +23,7 @@ from fragc.ir.replicas import check_divides
 from fragc.ir.time_loop import time_loop_error
 
 from .pipeline import Pass
-from .policy import Policy, check_roles
+from .policy import EVALUATOR, Policy, check_roles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,12 +60,13 @@ def _env_groups(fdef: FragmentDef, replicas: int, policy: Policy, in_region: boo
     checked: the groups divide each replica's environments and the body splits into a host loop. With
     one group, a body that does not split (its host step nested in a jit, say), or one called only inside a
     `for`/`if` region (a host loop is a node of the iteration's top level), runs in-program (0), which is
-    synchronous too; with more, that is refused in one line."""
+    synchronous too; with more, that is refused in one line, but for evaluation episodes (`EVALUATOR`), which
+    run in-program with any number."""
     groups = policy.env_groups
     if not fdef.host_steps or not groups:
         return 0
     if in_region:
-        if groups == 1:
+        if groups == 1 or fdef.role == EVALUATOR:
             return 0
         raise FragcError(f"env_groups={groups}: fragment '{fdef.name}' steps host environments inside a for/if "
                          "region, where its host loop cannot run (a host loop is a node of the iteration's top "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import numbers
 import re
 from typing import Callable, Mapping, Sequence
@@ -15,6 +16,15 @@ from typing import Callable, Mapping, Sequence
 from fragc.ir.errors import FragcError
 
 LOWERINGS = ("shard_map", "jit")
+
+EVALUATOR = "evaluator"
+"""The role of evaluation episodes (algos/evaluation.py). Host environments stepped by an evaluator inside an
+`if` region step in the program whatever the policy's `env_groups`: an evaluation plays whole episodes with
+no training inference to overlap, and the training rollout keeps its groups."""
+
+OPTIONAL_ROLES = frozenset({EVALUATOR})
+"""Roles a policy may place that an algorithm need not have: an algorithm without evaluation episodes
+compiles under a policy that says where they would run."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,22 +139,35 @@ def gspmd(num_devices: int) -> Policy:
     return Policy("gspmd", {"all": tuple(range(num_devices))}, {"*": RolePlacement("all", 1, "jit")})
 
 
-def actor_learner(num_devices: int, actors: int | None = None, staleness: int = 0) -> Policy:
-    """Actors on the first devices, the learner on the rest; trajectories and parameters move each iteration."""
-    if num_devices < 2:
-        raise FragcError("actor_learner needs at least 2 devices (actors and learner on different ones)")
-    actors = num_devices // 2 if actors is None else actors
-    if not 0 < actors < num_devices:
-        raise FragcError(f"actor_learner: actors must be between 1 and {num_devices - 1}, got {actors}")
-    name = "actor_learner_async" if staleness else "actor_learner"
-    groups = {"actors": tuple(range(actors)), "learner": tuple(range(actors, num_devices))}
-    roles = {"actor": RolePlacement("actors"), "*": RolePlacement("learner")}
+def actor_learner(num_devices: int, actors: int | None = None, staleness: int = 0, evaluators: int = 0) -> Policy:
+    """Actors on the first devices, the learner on the rest; trajectories and parameters move each iteration.
+
+    Evaluation episodes (role "evaluator") run on the actors' devices, or with `evaluators` E > 0 on a group
+    of E devices of their own between the actors and the learner (Sebulba's evaluators)."""
+    base = "actor_learner_async" if staleness else "actor_learner"
+    if not _is_count(evaluators, 0):
+        raise FragcError(f"{base}: evaluators must be an int from 0, got {evaluators!r}")
+    if num_devices < 2 + evaluators:
+        raise FragcError(f"{base} needs at least {2 + evaluators} devices (actors"
+                         f"{', evaluators' if evaluators else ''} and learner on different ones)")
+    trained = num_devices - evaluators  # the devices of the actors and the learner
+    actors = trained // 2 if actors is None else actors
+    if not _is_count(actors, 1) or actors >= trained:
+        raise FragcError(f"{base}: actors must be between 1 and {trained - 1}"
+                         f"{f' (with {evaluators} evaluator devices)' if evaluators else ''}, got {actors}")
+    groups = {"actors": tuple(range(actors))}
+    roles = {"actor": RolePlacement("actors"), EVALUATOR: RolePlacement("actors"), "*": RolePlacement("learner")}
+    if evaluators:
+        groups["evaluators"] = tuple(range(actors, actors + evaluators))
+        roles[EVALUATOR] = RolePlacement("evaluators")
+    groups["learner"] = tuple(range(actors + evaluators, num_devices))
+    name = f"{base}(evaluators={evaluators})" if evaluators else base
     return Policy(name, groups, roles, staleness=staleness)
 
 
-def actor_learner_async(num_devices: int) -> Policy:
+def actor_learner_async(num_devices: int, actors: int | None = None, evaluators: int = 0) -> Policy:
     """actor_learner with staleness 1: rollout k+1 overlaps learn k (Sebulba, IMPALA)."""
-    return actor_learner(num_devices, staleness=1)
+    return actor_learner(num_devices, actors, staleness=1, evaluators=evaluators)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,6 +200,7 @@ BUILTIN: dict[str, Callable[[int], Policy]] = {
     "actor_learner_async": actor_learner_async,
 }
 _POPULATION = re.compile(r"^population\((\w+),\s*(\d+)\)$")
+_WITH_PARAMETERS = re.compile(r"^(\w+)\((.*)\)$")
 
 
 def resolve(policy: "str | Policy | Population", num_devices: int) -> Policy:
@@ -187,6 +211,8 @@ def resolve(policy: "str | Policy | Population", num_devices: int) -> Policy:
         return policy.resolve(num_devices)
     if isinstance(policy, str) and (m := _POPULATION.match(policy)):
         return population(m.group(1), int(m.group(2))).resolve(num_devices)
+    if isinstance(policy, str) and (m := _WITH_PARAMETERS.match(policy.replace(" ", ""))) and m.group(1) in BUILTIN:
+        return _with_parameters(m.group(1), m.group(2), num_devices)
     if not isinstance(policy, str) or policy not in BUILTIN:
         close = difflib.get_close_matches(str(policy), BUILTIN, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -195,9 +221,30 @@ def resolve(policy: "str | Policy | Population", num_devices: int) -> Policy:
     return BUILTIN[policy](num_devices)
 
 
+def _with_parameters(name: str, text: str, num_devices: int) -> Policy:
+    """`NAME(key=int,...)`: a built-in policy with some of its parameters given, e.g.
+    `actor_learner(actors=3,evaluators=1)`."""
+    factory = BUILTIN[name]
+    accepted = list(inspect.signature(factory).parameters)[1:]  # after num_devices
+    usage = (f"policy '{name}(...)' takes {', '.join(f'{p}=INT' for p in accepted)}" if accepted
+             else f"policy '{name}' takes no parameters")
+    kwargs: dict[str, int] = {}
+    for item in filter(None, text.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or key not in accepted or not re.fullmatch(r"\d+", value):
+            raise FragcError(f"{usage}; got '{item}' in '{name}({text})'")
+        if key in kwargs:
+            raise FragcError(f"policy '{name}({text})' gives {key} twice")
+        kwargs[key] = int(value)
+    policy = factory(num_devices, **kwargs)
+    if not kwargs:
+        return policy
+    return dataclasses.replace(policy, name=f"{name}({','.join(f'{k}={v}' for k, v in kwargs.items())})")
+
+
 def check_roles(policy: Policy, roles: set[str]) -> None:
-    """Every role the policy names exists, and every role is placed."""
-    named = set(policy.roles) - {"*"}
+    """Every role the policy names exists (but those in `OPTIONAL_ROLES`), and every role is placed."""
+    named = set(policy.roles) - {"*"} - (OPTIONAL_ROLES - roles)
     extra = named - roles
     if extra:
         raise FragcError(
