@@ -58,9 +58,10 @@ EVAL_STREAM = 0x6576616C
 evaluation on leaves every key of training as it was."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class EvalConfig:
-    """Config mixin: the two fields that turn periodic evaluation on (`Evaluator`)."""
+    """Config mixin: the two fields that turn periodic evaluation on (`Evaluator`). Keyword-only, so that a
+    config's own fields keep their places as positional arguments."""
 
     eval_every: int = 0
     """Evaluate the deterministic policy every K iterations (iterations 0, K, 2K, ...), reported as eval_return;
