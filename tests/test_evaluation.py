@@ -1,12 +1,13 @@
 """Evaluation episodes (algos/evaluation.py): the `evaluate` fragment, role "evaluator", in an `if` region.
 
 Most checks run a toy whose weights act in CartPole (`EvaluatedRegression`: tests/toy_algos.py's
-regression, evaluated every 2 iterations), small enough to compile under three policies: its `eval_return`
+regression, evaluated every 2 iterations), small enough to compile under several policies: its `eval_return`
 against a plain gymnax loop outside fragc, the iterations that evaluate, the reference interpreter under
-`single`, `anakin` and `actor_learner`, and its training against the same toy without evaluation. PPO's
-first evaluation runs outside a program against the plain loop; its evaluator's placement is read from the
-placed IR (`-m slow` compiles it under `anakin` and `actor_learner` against the interpreter).
-Programs are compiled once each (module-level caches).
+`single`, `anakin` and `actor_learner` (`-m slow`: the pipelined module under `actor_learner_async`), and
+its training against the same toy without evaluation. PPO's first evaluation runs outside a program against
+the plain loop; its evaluator's placement and delays are read from the placed IR (`-m slow` compiles it
+under `anakin` and `actor_learner` against the interpreter, and with host environments). Programs are
+compiled once each (module-level caches).
 """
 
 import functools
@@ -24,6 +25,7 @@ from conftest import assert_trees_close
 from fragc.algos import dqn, ppo, ppo_continuous
 from fragc.algos.evaluation import Evaluator, EvaluatorState
 from fragc.ir.errors import FragcError
+from fragc.ir.module import Delay, If, Run
 from fragc.passes import default_passes, resolve, run_pipeline
 
 EVERY, EPISODES = 2, 8  # 8 episodes: one per replica under anakin on 8 devices, two under actor_learner
@@ -148,6 +150,7 @@ def test_equals_the_reference_interpreter(policy):
     np.testing.assert_array_equal(history["eval_return"][[0, 2]], toy_run("single", 5)[2]["eval_return"][[0, 2]])
 
 
+@pytest.mark.slow
 def test_under_actor_learner_async_an_evaluation_acts_with_the_actors_stale_weights():
     prog = toy_program("actor_learner_async")
     start, out, history, _ = toy_run("actor_learner_async", 3)
@@ -204,6 +207,18 @@ def test_without_evaluation_the_state_and_the_program_are_the_plain_ones():
     assert type(jax.eval_shape(algo.init, jax.random.key(0))) is ppo.State
     traced = fragc.trace(algo)
     assert "evaluate" not in traced.fragments and " if " not in str(traced)
+
+
+def test_under_actor_learner_async_evaluation_reads_the_parameters_the_rollout_reads():
+    """PPO: one delay feeds the rollout and the evaluation's `if` region, so neither waits for the learner."""
+    module = run_pipeline(fragc.trace(ppo_evaluating()), default_passes(resolve("actor_learner_async", 8), 1)).after(
+        "insert_delays")
+    (delay,) = [n for n in module.graph.nodes if isinstance(n, Delay)]
+    (branch,) = [n for n in module.graph.nodes if isinstance(n, If)]
+    (rollout,) = [n for n in module.graph.nodes if isinstance(n, Run) and n.fragment == "rollout"]
+    for node in (branch, rollout):
+        assert any(u.value is delay.outputs[0] for u in node.inputs)
+        assert not any(u.value is module.graph.inputs[0] and u.type.group == "learner" for u in node.inputs)
 
 
 def test_eval_episodes_that_the_replicas_do_not_divide_are_refused_in_one_line():
