@@ -77,7 +77,7 @@ def test_continuous_action_space_is_refused():
         fragc.trace(dqn.DQN(dqn.Config(env="Pendulum-v1")))
 
 
-@pytest.mark.parametrize("double", [False, True])
+@pytest.mark.parametrize("double", [pytest.param(False, marks=pytest.mark.slow), True])  # double DQN has no other test
 def test_short_run_return_rises(double):
     algo = dqn.DQN(dqn.Config(total_steps=30_000, learning_starts=5_000, eps_decay_steps=30_000, double_dqn=double))
     assert_return_rises(train_returns(algo, iterations_per_dispatch=64), early=slice(20, 60), late=slice(-20, None))
