@@ -314,9 +314,17 @@ def _parser(algo: str | None = None, parser_class: type = _Parser) -> argparse.A
     plot = sub.add_parser("plot", help="draw the learning curve of a --metrics file to PNG")
     plot.add_argument("file", help="a JSON-lines file written by fragc run --metrics")
     plot.add_argument("--out", default=None, help="the PNG to write (default: FILE with .png)")
-    from fragc.video import add_video_parser
-
-    add_video_parser(sub)
+    video = sub.add_parser("video", help="render the policy of a checkpoint folder to .mp4 or .gif",
+                           description="Play greedy episodes with the policy of the latest good checkpoint "
+                                       "in CHECKPOINT_DIR and write them as a video (docs/videos.md).")
+    video.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR", help="a folder fragc run --checkpoint-dir wrote")
+    video.add_argument("--out", default="agent.mp4", help="the video to write: .mp4 or .gif (default agent.mp4)")
+    video.add_argument("--episodes", type=_count, default=2, help="episodes, one after another (default 2)")
+    video.add_argument("--member", type=_groups, default=0, help="the population member to show (default 0)")
+    video.add_argument("--seed", type=_groups, default=0, help="the episodes' seed (default 0)")
+    video.add_argument("--fps", type=_count, default=None, help="frames per second (default: the environment's own rate)")
+    video.add_argument("--max-steps", type=_count, default=None,
+                       help="end each episode after this many steps (default: the environment's time limit)")
     return parser
 
 

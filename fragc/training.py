@@ -32,7 +32,6 @@ import numpy as np
 from fragc.ir.errors import FragcError
 from fragc.runtime.actions import Action, Run, check_actions
 from fragc.runtime.divergence import CheckFinite, Diverged, check_state
-from fragc.runtime.program import steps_per_iteration
 from fragc.runtime.stopping import Stopped, StopOnSignal
 
 

@@ -670,44 +670,6 @@ class CaptureVideo(Action):
 # ---------------------------------------------------------------- the command line
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got '{text}'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {value}")
-    return value
-
-
-def _index(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number 0 or more, got {value}")
-    return value
-
-
-def add_video_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """`fragc video CHECKPOINT_DIR [--out agent.mp4|.gif] [--episodes 2] [--member I] [--seed S] [--fps N]
-    [--max-steps N]` on `subparsers` (argparse's `add_subparsers()`); `cmd_video` runs it."""
-    video = subparsers.add_parser("video", help="render the policy of a checkpoint folder to .mp4 or .gif",
-                                  description="Play greedy episodes with the policy of the latest good checkpoint "
-                                              "in CHECKPOINT_DIR and write them as a video (docs/videos.md).")
-    video.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR", help="a folder fragc run --checkpoint-dir wrote")
-    video.add_argument("--out", default="agent.mp4", help="the video to write: .mp4 or .gif (default agent.mp4)")
-    video.add_argument("--episodes", type=_positive, default=2, help="episodes, one after another (default 2)")
-    video.add_argument("--member", type=_index, default=0, help="the population member to show (default 0)")
-    video.add_argument("--seed", type=_index, default=0, help="the episodes' seed (default 0)")
-    video.add_argument("--fps", type=_positive, default=None,
-                       help="frames per second (default: the environment's own rate)")
-    video.add_argument("--max-steps", type=_positive, default=None,
-                       help="end each episode after this many steps (default: the environment's time limit)")
-    return video
-
-
 def cmd_video(args: argparse.Namespace) -> int:
     """`fragc video`: one line saying what it wrote."""
     path, frames, (width, height) = video_from_checkpoint(args.checkpoint_dir, args.out, args.episodes,

@@ -3,7 +3,6 @@
 Frame counts are checked against episodes played here with plain gymnax (or Gymnasium) and the network's
 argmax: an episode of T steps is T + 1 frames (its first state and each state reached)."""
 
-import argparse
 import functools
 import importlib.util
 import os
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 
 import fragc
+import fragc.cli
 import fragc.algos
 from fragc.ir.errors import FragcError
 from fragc.runtime.actions import Every
@@ -88,10 +88,8 @@ def n_frames(lengths):
 
 
 def parse(*argv):
-    """`fragc video ...` as `add_video_parser` parses it."""
-    parser = argparse.ArgumentParser(prog="fragc")
-    video.add_video_parser(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["video", *argv])
+    """`fragc video ...` as the command line parses it."""
+    return fragc.cli._parser().parse_args(["video", *argv])
 
 
 def test_command_writes_mp4(run, rendered, tmp_path, capsys):
