@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import re
 from typing import Any, Callable, Sequence
 
 from jax.sharding import Mesh
@@ -28,6 +29,14 @@ def compile(
     transfers: str = "auto",
     env_groups: int | None = None,
     env_workers: int | None = None,
+    *,
+    auto_budget: float = 60.0,
+    auto_top: int = 3,
+    auto_candidates: Sequence[Any] | None = None,
+    auto_cache: bool = True,
+    memory_limit: int | None | str = "device",
+    run_iterations: int | None = None,
+    auto_log: Callable[[str], None] | None = None,
 ) -> Program:
     """Compile `algo` under `policy` on `devices` (a count, or the devices themselves) or the
     devices of `mesh`.
@@ -46,7 +55,24 @@ def compile(
       each replica's environments in G groups (G >= 2 pipelines inference with host stepping).
     env_workers: the policy's `env_workers` instead of its own: the workers of each host environment pool
       (EnvPool's threads), 0 for the backend's default.
+
+    policy="auto" (or population("auto", S)) searches the placement (fragc/auto.py, docs/auto.md): the
+    built-in policies, actor/learner splits, iterations per dispatch (`iterations_per_dispatch` is searched,
+    capped by `run_iterations`, the run length) and environment groups (unless `env_groups` is given), ranked
+    by a cost model, the best `auto_top` timed within `auto_budget` seconds; `auto_candidates` replaces the
+    space (`fragc.auto.Candidate`s), `memory_limit` (bytes per device; default: the device's own limit where
+    it reports one) prunes what does not fit, `auto_cache=False` ignores the decision cached on disk.
+    The result's `prog.auto` is the search's report (`prog.auto.table()`).
     """
+    seeds = _auto_seeds(policy)
+    if seeds is not None:
+        from fragc.auto import search
+
+        if mesh is not None:
+            raise FragcError("compile: policy='auto' takes devices, not a mesh")
+        return search(algo, devices, budget=auto_budget, top=auto_top, candidates=auto_candidates,
+                      memory_limit=memory_limit, iterations=run_iterations, seeds=seeds, env_groups=env_groups,
+                      env_workers=env_workers, transfers=transfers, cache=auto_cache, log=auto_log)
     pipeline, devs, resolved = run_passes(algo, policy, devices, mesh, iterations_per_dispatch, print_after_all,
                                           dump_dir, printer, transfers, env_groups, env_workers)
     # The 2-replica check is Python tracing and XLA compiles without the GIL: trace while XLA compiles, so
@@ -56,6 +82,19 @@ def compile(
         program = Program(algo, pipeline, devs, resolved)
         checked.result()
     return program
+
+
+def _auto_seeds(policy: Any) -> int | None:
+    """None unless `policy` asks for the search: 0 for "auto", S for population("auto", S)."""
+    if isinstance(policy, str) and policy.replace(" ", "") == "auto":
+        return 0
+    if isinstance(policy, Population) and policy.base == "auto":
+        if not isinstance(policy.seeds, int) or policy.seeds < 1:
+            raise FragcError("population('auto', S) needs a seed count S >= 1")
+        return policy.seeds
+    if isinstance(policy, str) and (m := re.fullmatch(r"population\(auto,(\d+)\)", policy.replace(" ", ""))):
+        return int(m.group(1))
+    return None
 
 
 def run_passes(

@@ -81,3 +81,18 @@ def host_bytes(module: Module) -> tuple[int, int]:
     iteration runs."""
     steps = [s for f in module.fragments.values() for s in f.host_steps]
     return sum(s.to_host for s in steps), sum(s.from_host for s in steps)
+
+
+def collective_calls(jaxpr: Any, times: int = 1) -> int:
+    """How many collectives over `replica` a per-replica body calls per run (the scans around them counted):
+    on CPUs and small payloads their latency, not their bytes, is what they cost."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name in _RECEIVED and REPLICA in _axes(eqn):
+            total += times
+            continue
+        trips = int(eqn.params.get("length", 1)) if name == "scan" else 1
+        for sub in jex.jaxprs_in_params(eqn.params):
+            total += collective_calls(sub, times * trips)
+    return total
