@@ -30,6 +30,7 @@ ALGOS = {
     "ppo_continuous": ("fragc.algos.ppo_continuous:PPOContinuous",
                        "PPO with a Gaussian policy for continuous actions (Pendulum-v1)"),
     "dqn": ("fragc.algos.dqn:DQN", "DQN with a target network and an on-device replay-buffer fragment"),
+    "pqn": ("fragc.algos.pqn:PQN", "PQN: Q(lambda) with a LayerNorm Q network, no replay buffer, no target network"),
     "impala": ("fragc.algos.impala:IMPALA", "actor-critic with V-trace off-policy correction"),
 }
 

@@ -48,10 +48,15 @@ RANGES: dict[str, Range] = {
     "vf_coef": NON_NEGATIVE,
     "eps_start": FRACTION,
     "eps_end": FRACTION,
+    "eps_finish": FRACTION,
+    "eps_decay": FRACTION,
+    "td_lambda": FRACTION,
+    "reward_scale": POSITIVE,
     "rho_bar": POSITIVE,
     "c_bar": POSITIVE,
     "learning_starts": NON_NEGATIVE,
     "eval_every": NON_NEGATIVE,
+    "num_layers": Range(1, 64),
     "hidden": Range(1, 46340),  # a hidden x hidden matrix within int32 elements (hidden=1e9 made XLA abort)
 }
 """Fields with a range; every other int field must be positive, every float finite."""
