@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from fragc.ir.errors import FragcError
+from fragc.ir.frontend import fragment as _fragment
 
 KS = (4, 16, 64)
 """Iterations per dispatch the search tries (capped by the run length)."""
@@ -235,7 +236,7 @@ def _by_size(table: dict, g: int, default: float) -> float:
     return float(below[-1]) if below else default
 
 
-def _best_time(fn: Callable[[], Any], repeats: int = 5) -> float:
+def _best_time(fn: Callable[[], Any], repeats: int = 9) -> float:
     import jax
 
     jax.block_until_ready(fn())
@@ -264,10 +265,10 @@ def measure_machine(devices: Sequence[Any], group_sizes: Sequence[int]) -> Machi
     t_mm = _best_time(lambda: f_mm(x))
     c_mm = jaxpr_cost(jax.make_jaxpr(matmuls)(x).jaxpr)
 
-    def elementwise(y):
-        return y * 1.0001 + 0.5
+    def elementwise(y):  # a cache-sized array, as an RL network's activations are
+        return jax.lax.scan(lambda c, _: (c * 1.0001 + 0.5, None), y, None, length=32)[0]
 
-    y = jax.device_put(jnp.ones((1 << 20,), jnp.float32), d0)
+    y = jax.device_put(jnp.ones((1 << 16,), jnp.float32), d0)
     f_ew = jax.jit(elementwise)
     t_ew = _best_time(lambda: f_ew(y))
     c_ew = jaxpr_cost(jax.make_jaxpr(elementwise)(y).jaxpr)
@@ -306,10 +307,7 @@ def measure_machine(devices: Sequence[Any], group_sizes: Sequence[int]) -> Machi
     tiny = jax.jit(lambda a: a + 1)
     a = jax.device_put(jnp.zeros((4,), jnp.float32), d0)
     tiny(a).block_until_ready()
-    t0 = time.perf_counter()
-    for _ in range(50):
-        np.asarray(tiny(a))
-    dispatch_s = (time.perf_counter() - t0) / 50
+    dispatch_s = _fragc_dispatch_s(d0)
     t0 = time.perf_counter()
     for _ in range(50):
         a = tiny(a)
@@ -336,6 +334,44 @@ def measure_machine(devices: Sequence[Any], group_sizes: Sequence[int]) -> Machi
     t_h = _best_time(lambda: f_h(a))
     return Machine(flops_per_s, bytes_per_s, speedup, trip_s, collective_s, dispatch_s, call_s, coll_bps,
                    transfer_bps, max(0.0, t_h - dispatch_s))
+
+
+class _Tiny:
+    """The smallest algorithm: one fragment, one metric (for `_fragc_dispatch_s`)."""
+
+    steps_per_iteration = 1
+
+    def init(self, key):
+        import jax.numpy as jnp
+
+        return {"x": jnp.zeros((2,), jnp.float32)}
+
+    def iteration(self, state):
+        x = _tiny_step(state["x"])
+        return {"x": x}, {"x0": x[0]}
+
+
+@_fragment(role="learner", in_axes=(None,), out_axes=(None,))
+def _tiny_step(x):
+    return x + 1
+
+
+def _fragc_dispatch_s(device: Any) -> float:
+    """What one more dispatch costs a fragc program (its Python driver, the metrics' fetch): a tiny program
+    run with k=1 and with k=32."""
+    import fragc
+
+    per = {}
+    for k in (1, 32):
+        prog = fragc.compile(_Tiny(), "single", devices=[device], iterations_per_dispatch=k)
+        state, _ = prog.run(prog.init(0), 32)
+        best = math.inf
+        for _ in range(3):
+            t0 = time.perf_counter()
+            state, _ = prog.run(state, 64)
+            best = min(best, time.perf_counter() - t0)
+        per[k] = best
+    return max(1e-6, (per[1] - per[32]) / (64 - 2))
 
 
 _FRAGMENT_COSTS: dict[tuple, dict] = {}
@@ -526,7 +562,7 @@ def machine_constants(devices: Sequence[Any], group_sizes: Sequence[int], cache:
     import jax
 
     key = {"kind": devices[0].device_kind, "platform": devices[0].platform, "count": len(devices),
-           "groups": sorted(set(group_sizes)), "jax": jax.__version__, "v": 2}
+           "groups": sorted(set(group_sizes)), "jax": jax.__version__, "v": 4}
     path = os.path.join(cache_folder(), f"machine-{_digest(key)}.json")
     if cache and (d := _read_json(path)):
         try:
@@ -556,7 +592,8 @@ def search(algo: Any, devices: int | Sequence[Any] | None = None, *, budget: flo
            candidates: Sequence[Candidate] | None = None, memory_limit: int | None | str = "device",
            iterations: int | None = None, seeds: int = 0, env_groups: int | None = None,
            env_workers: int | None = None, transfers: str = "auto", cache: bool = True,
-           log: Callable[[str], None] | None = None, timed_iterations: int = 16, repeats: int = 3) -> Any:
+           log: Callable[[str], None] | None = None, timed_iterations: int = 16, repeats: int = 3,
+           margin: float = 1.5) -> Any:
     """The search (module docstring) -> the chosen, compiled `Program`, with `prog.auto` its `AutoReport`.
 
     devices: a count or the devices (default: all); budget: seconds for the whole search, after which
@@ -564,7 +601,9 @@ def search(algo: Any, devices: int | Sequence[Any] | None = None, *, budget: flo
     (default `default_candidates`); memory_limit: bytes per device (default "device": the device's own
     limit where it reports one, none on CPU); iterations: the run length, which caps k; seeds: a population's
     seed count; timed_iterations, repeats: each timed candidate runs `repeats` alternating times for at
-    least `timed_iterations` iterations (whole dispatches)."""
+    least `timed_iterations` iterations (whole dispatches); margin: a candidate predicted more than `margin`
+    times slower than the best predicted is not timed. Only the best predicted k of each placement (policy,
+    environment groups) is timed: k changes only the dispatch term, which the model measures."""
     import jax
 
     import fragc
@@ -602,7 +641,7 @@ def search(algo: Any, devices: int | Sequence[Any] | None = None, *, budget: flo
     kind = f"{devs[0].platform}:{devs[0].device_kind}"
     key = {"algo": algo_key(algo), "device_kind": kind, "devices": n, "fragc": fragc.__version__,
            "space": [c.label for c in candidates], "top": top, "memory_limit": memory_limit,
-           "transfers": transfers, "env_workers": env_workers}
+           "transfers": transfers, "env_workers": env_workers, "search": 2}
     path = os.path.join(cache_folder(), f"choice-{_digest(key)}.json")
     if cache and (saved := _read_json(path)) and saved.get("key") == json.loads(json.dumps(key, default=str)):
         report = AutoReport.from_json(saved["report"])
@@ -648,19 +687,27 @@ def search(algo: Any, devices: int | Sequence[Any] | None = None, *, budget: flo
     if not live:
         reasons = "; ".join(sorted({r.pruned for r in rows}))[:400]
         raise FragcError(f"auto: no candidate can run on {n} devices: {reasons}")
-    say(f"auto: {len(rows)} candidates, {len(live)} can run; timing the best {min(top, len(live))} predicted")
+    say(f"auto: {len(rows)} candidates, {len(live)} can run, ranked in {time.perf_counter() - start:.1f} s")
     # 3. compile and time the best few, alternating
     timed: list[tuple[Row, Any, Any, int]] = []
     out_of_budget = False
     compiled = 0
+    placements: set = set()
     for row in live:
+        c = row.candidate
         if len(timed) >= top:
             break
+        if (c.policy, c.env_groups) in placements:
+            row.note = "not timed: a better k of this placement is"
+            continue
+        if timed and row.predicted_s > margin * live[0].predicted_s:
+            row.note = f"not timed: predicted over {margin:g}x the best"
+            continue
         if time.perf_counter() - start > budget and timed:
             out_of_budget = True
             row.note = "not timed: out of budget"
             break
-        c = row.candidate
+        placements.add((c.policy, c.env_groups))
         try:
             prog = fragc.compile(algo, c.policy_arg(), devices=devs, iterations_per_dispatch=c.k,
                                  env_groups=c.env_groups, env_workers=env_workers, transfers=transfers)
@@ -675,10 +722,10 @@ def search(algo: Any, devices: int | Sequence[Any] | None = None, *, budget: flo
                           f"{_mib(memory_limit)}")
             continue
         n_it = c.k * max(1, math.ceil(timed_iterations / c.k))
-        state, _ = prog.run(prog.init(0), c.k)  # warm-up: first dispatch, transfers
+        state, _ = prog.run(prog.init(0), 1)  # warm-up: init's program, the first dispatch, transfers
         jax.block_until_ready(state)
         timed.append((row, prog, state, n_it))
-        say(f"auto: compiled {c.label} ({prog.compile_seconds:.1f} s)")
+        say(f"auto: compiled {c.label} ({prog.compile_seconds:.1f} s; {time.perf_counter() - start:.1f} s in)")
     samples: dict[int, list[float]] = {id(t[0]): [] for t in timed}
     for r in range(repeats):
         if r > 0 and time.perf_counter() - start > budget:
@@ -693,8 +740,9 @@ def search(algo: Any, devices: int | Sequence[Any] | None = None, *, budget: flo
             COUNTERS.timed += 1
     for row, _, _, _ in timed:
         row.measured_s = statistics.median(samples[id(row)]) if samples[id(row)] else None
-    for row in live[len(timed):]:
-        if not row.note and not row.pruned:
+    timed_rows = {id(t[0]) for t in timed}
+    for row in live:
+        if id(row) not in timed_rows and not row.note and not row.pruned:
             row.note = "not timed" + (": out of budget" if out_of_budget else "")
     if timed:
         best_row, best_prog = min(((r, p) for r, p, _, _ in timed), key=lambda t: t[0].measured_s or math.inf)

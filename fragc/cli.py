@@ -214,6 +214,54 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         "the backend's own choice)")
 
 
+def _auto_options(parser: argparse.ArgumentParser, explain: bool = True) -> None:
+    """The options of the placement search (`--policy auto`, docs/auto.md)."""
+    if explain:
+        parser.add_argument("--explain", action="store_true",
+                            help="with --policy auto: print the search's whole table (candidate, predicted and measured "
+                                 "time per iteration, why pruned)")
+    parser.add_argument("--auto-budget", type=_seconds, default=60.0, metavar="SECONDS",
+                        help="with --policy auto: seconds the search may take (default 60)")
+    parser.add_argument("--auto-top", type=_count, default=3, metavar="N",
+                        help="with --policy auto: time the N best predicted candidates (default 3)")
+    parser.add_argument("--memory-limit", type=_mebibytes, default=None, metavar="MIB",
+                        help="with --policy auto: MiB per device a candidate may use (default: the device's own "
+                             "limit where it reports one, none on CPU)")
+    parser.add_argument("--no-auto-cache", action="store_true",
+                        help="with --policy auto: search again, ignoring the decision cached on disk")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _mebibytes(text: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of MiB, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of MiB, got {text!r}")
+    return int(value * 2**20)
+
+
+def _auto_kwargs(args: argparse.Namespace, iterations: int | None = None) -> dict:
+    """compile's arguments of the search, from the command line (nothing unless --policy auto)."""
+    from fragc.api import _auto_seeds
+
+    if _auto_seeds(args.policy) is None:
+        return {}
+    return {"auto_budget": args.auto_budget, "auto_top": args.auto_top, "auto_cache": not args.no_auto_cache,
+            "memory_limit": args.memory_limit if args.memory_limit is not None else "device",
+            "run_iterations": iterations, "auto_log": lambda line: print(line, file=sys.stderr)}
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (`fragc run: error: ...`) and exit code 2."""
 
@@ -253,7 +301,9 @@ def _parser(algo: str | None = None, parser_class: type = _Parser) -> argparse.A
     run.add_argument("--print-config", action="store_true",
                      help="print the resolved configuration (these options and the algorithm's config) as a "
                           "--config file, in the format of --config (default TOML), and exit without training")
-    run.add_argument("--iterations-per-dispatch", type=_count, default=16, help="iterations scanned per dispatch")
+    run.add_argument("--iterations-per-dispatch", type=_count, default=16, help="iterations scanned per dispatch "
+                     "(default 16; searched under --policy auto)")
+    _auto_options(run)
     run.add_argument("--quiet", action="store_true", help="print only the final line")
     run.add_argument("--json", action="store_true", help="print a JSON summary on stdout (progress goes to stderr)")
     run.add_argument("--metrics", default=None, metavar="FILE", help="write one JSON line per reporting interval")
@@ -292,6 +342,7 @@ def _parser(algo: str | None = None, parser_class: type = _Parser) -> argparse.A
     bench.add_argument("--iterations", type=_count, default=16, help="iterations per timed repeat (default 16)")
     bench.add_argument("--repeats", type=_count, default=3, help="alternating repeats (default 3)")
     bench.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png (default bench-out)")
+    _auto_options(bench, explain=False)
     _process_options(bench)
     if algo is not None:
         for command in (run, ir, bench):
@@ -406,6 +457,9 @@ def _compile(args: argparse.Namespace, check: Any = None, **kwargs: Any) -> Any:
     algo = _make_algo(args)
     if check is not None:
         check(algo)
+    if callable(kwargs.get("auto")):
+        kwargs.update(kwargs.pop("auto")())
+    kwargs.pop("auto", None)
     return algo, fragc.compile(algo, policy=args.policy, devices=chosen, env_groups=args.env_groups,
                                env_workers=args.env_workers, **kwargs)
 
@@ -449,8 +503,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             if args.resume:  # and so is another configuration's checkpoint
                 checkpoints.check_run(algo_meta(algo, run_info))
 
-        algo, prog = _compile(args, check=before_compiling, iterations_per_dispatch=args.iterations_per_dispatch)
+        algo, prog = _compile(args, check=before_compiling, iterations_per_dispatch=args.iterations_per_dispatch,
+                              auto=lambda: _auto_kwargs(args, length[0]))
         iterations, steps, env = length[0], steps_per_iteration(algo), _env_name(algo)
+        report = getattr(prog, "auto", None)
+        if report is not None and lead:
+            print(report.table() if args.explain else report.summary(), file=sys.stderr if args.json else sys.stdout)
+        elif args.explain:
+            raise FragcError("--explain explains --policy auto's choice; this run has --policy " + str(args.policy))
         if lead:
             _write_run_records(args, algo)
         out = sys.stderr if args.json else sys.stdout
@@ -481,6 +541,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(json.dumps({"final_return": _finite_or_none(result.final_return), "env_steps": env_steps,
                               "iterations": result.iterations, "wall_s": round(result.wall_s, 3),
                               "compile_s": round(prog.compile_seconds, 3), "policy": prog.policy.name,
+                              "iterations_per_dispatch": prog.k,
+                              "auto": report.chosen.label if report is not None else None,
                               "devices": len(prog.devices), "algo": args.algo, "env": None if env == "?" else env,
                               "seed": args.seed,
                               "resumed_from": result.resumed_from, "processes": jax.process_count(),
@@ -762,6 +824,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:
         raise FragcError("--policies names no policy")
+    if "auto" in policies:
+        if policies != ["auto"]:
+            raise FragcError("--policies auto runs the placement search on its own: name no other policy with it")
+        return _bench_auto(args)
     if _multiprocess(args):
         chosen = _devices_of_every_process(args) or None
         import jax
@@ -788,6 +854,32 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(format_table(rows))
     json_path, png_path = write_outputs(rows, config, args.out)
     print(f"wrote {json_path} and {png_path}")
+    return 0
+
+
+def _bench_auto(args: argparse.Namespace) -> int:
+    """`fragc bench ALGO --policies auto`: the search's table, and its report as JSON in --out."""
+    import json
+
+    from fragc.devices import devices
+
+    devices(args.devices)
+    args.policy = "auto"
+    _fit_env_count(args, ["anakin"], args.devices)
+    algo = _make_algo(args)
+    import fragc
+
+    prog = fragc.compile(algo, "auto", devices=args.devices, **{k: v for k, v in _auto_kwargs(args).items()
+                                                                 if k != "run_iterations"})
+    print(prog.auto.table())
+    try:
+        os.makedirs(args.out, exist_ok=True)
+        path = os.path.join(args.out, "auto.json")
+        with open(path, "w") as f:
+            json.dump(prog.auto.to_json(), f, indent=1, default=str)
+    except OSError as err:
+        raise FragcError(f"cannot write the search's report to '{args.out}': {err.strerror}") from err
+    print(f"wrote {path}")
     return 0
 
 
@@ -831,6 +923,11 @@ def cmd_ir(args: argparse.Namespace) -> int:
 
     if args.after and args.print_after_all:
         raise FragcError("pass --after or --print-after-all, not both")
+    from fragc.api import _auto_seeds
+
+    if _auto_seeds(args.policy) is not None:
+        raise FragcError("fragc ir --policy auto: the choice needs the search; run `fragc run ALGO --policy auto "
+                         "--explain` to see it, then `fragc ir ALGO --policy CHOSEN`")
     devices(args.devices)  # simulate CPU devices before JAX starts
     pipeline, _, _ = run_passes(_make_algo(args), policy=args.policy, devices=args.devices,
                                 print_after_all=args.print_after_all, dump_dir=args.dump_dir,
