@@ -588,12 +588,53 @@ class Counters:
 COUNTERS = Counters()
 
 
+def rank(algo: Any, devs: Sequence[Any], candidates: Sequence[Candidate], memory_limit: int | None = None, *,
+         env_workers: int | None = None, transfers: str = "auto", machine: Machine | None = None,
+         cache: bool = True) -> tuple[list[Row], Machine]:
+    """The search's first half, no XLA compilation: each candidate's row, pruned (the passes refuse it, its
+    state does not fit `memory_limit` bytes per device) or predicted (`predict`)."""
+    from fragc.api import run_passes
+
+    rows = [Row(c) for c in candidates]
+    # 1. the passes of each (policy, environment groups): one module serves every k
+    modules: dict[tuple, Any] = {}
+    for row in rows:
+        c = row.candidate
+        mkey = (c.policy, c.env_groups, c.seeds)
+        if mkey not in modules:
+            try:
+                pipeline, pdevs, _ = run_passes(algo, c.policy_arg(), devs, iterations_per_dispatch=c.k,
+                                                printer=lambda s: None, transfers=transfers,
+                                                env_groups=c.env_groups, env_workers=env_workers)
+                modules[mkey] = (pipeline.final, pdevs, None)
+            except FragcError as err:
+                modules[mkey] = (None, None, str(err))
+        module, pdevs, error = modules[mkey]
+        if error is not None:
+            row.pruned = error
+            continue
+        row.memory_bytes = state_bytes_per_device(module, pdevs)
+        if memory_limit is not None and row.memory_bytes > memory_limit:
+            row.pruned = f"state needs {_mib(row.memory_bytes)} per device, over the limit {_mib(memory_limit)}"
+    # 2. the model
+    sizes = sorted({len(m.devices) for module, _, _ in modules.values() if module is not None
+                    for m in module.meshes} | {1})
+    machine = machine or machine_constants(devs, sizes, cache=cache)
+    for row in rows:
+        if row.pruned:
+            continue
+        module = modules[(row.candidate.policy, row.candidate.env_groups, row.candidate.seeds)][0]
+        row.terms = predict(module, machine, row.candidate.k)
+        row.predicted_s = row.terms["total"]
+    return rows, machine
+
+
 def search(algo: Any, devices: int | Sequence[Any] | None = None, *, budget: float = 60.0, top: int = 3,
            candidates: Sequence[Candidate] | None = None, memory_limit: int | None | str = "device",
            iterations: int | None = None, seeds: int = 0, env_groups: int | None = None,
            env_workers: int | None = None, transfers: str = "auto", cache: bool = True,
            log: Callable[[str], None] | None = None, timed_iterations: int = 16, repeats: int = 3,
-           margin: float = 1.5) -> Any:
+           margin: float = 1.5, machine: Machine | None = None) -> Any:
     """The search (module docstring) -> the chosen, compiled `Program`, with `prog.auto` its `AutoReport`.
 
     devices: a count or the devices (default: all); budget: seconds for the whole search, after which
@@ -602,7 +643,8 @@ def search(algo: Any, devices: int | Sequence[Any] | None = None, *, budget: flo
     limit where it reports one, none on CPU); iterations: the run length, which caps k; seeds: a population's
     seed count; timed_iterations, repeats: each timed candidate runs `repeats` alternating times for at
     least `timed_iterations` iterations (whole dispatches); margin: a candidate predicted more than `margin`
-    times slower than the best predicted is not timed. Only the best predicted k of each placement (policy,
+    times slower than the best predicted is not timed; machine: the constants of the model (default:
+    measured once per device kind and count, cached). Only the best predicted k of each placement (policy,
     environment groups) is timed: k changes only the dispatch term, which the model measures."""
     import jax
 
@@ -652,37 +694,8 @@ def search(algo: Any, devices: int | Sequence[Any] | None = None, *, budget: flo
         report.search_s = time.perf_counter() - start
         return _attach(prog, report)
 
-    rows = [Row(c) for c in candidates]
-    # 1. the passes of each (policy, environment groups): one module serves every k
-    modules: dict[tuple, Any] = {}
-    for row in rows:
-        c = row.candidate
-        mkey = (c.policy, c.env_groups, c.seeds)
-        if mkey not in modules:
-            try:
-                pipeline, pdevs, _ = run_passes(algo, c.policy_arg(), devs, iterations_per_dispatch=c.k,
-                                                printer=lambda s: None, transfers=transfers,
-                                                env_groups=c.env_groups, env_workers=env_workers)
-                modules[mkey] = (pipeline.final, pdevs, None)
-            except FragcError as err:
-                modules[mkey] = (None, None, str(err))
-        module, pdevs, error = modules[mkey]
-        if error is not None:
-            row.pruned = error
-            continue
-        row.memory_bytes = state_bytes_per_device(module, pdevs)
-        if memory_limit is not None and row.memory_bytes > memory_limit:
-            row.pruned = f"state needs {_mib(row.memory_bytes)} per device, over the limit {_mib(memory_limit)}"
-    # 2. the model
-    sizes = sorted({len(m.devices) for module, _, _ in modules.values() if module is not None
-                    for m in module.meshes} | {1})
-    machine = machine_constants(devs, sizes, cache=cache)
-    for row in rows:
-        if row.pruned:
-            continue
-        module = modules[(row.candidate.policy, row.candidate.env_groups, row.candidate.seeds)][0]
-        row.terms = predict(module, machine, row.candidate.k)
-        row.predicted_s = row.terms["total"]
+    rows, machine = rank(algo, devs, candidates, memory_limit, env_workers=env_workers, transfers=transfers,
+                         machine=machine, cache=cache)
     live = sorted((r for r in rows if not r.pruned), key=lambda r: r.predicted_s)
     if not live:
         reasons = "; ".join(sorted({r.pruned for r in rows}))[:400]
