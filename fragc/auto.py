@@ -655,6 +655,9 @@ def search(algo: Any, devices: int | Sequence[Any] | None = None, *, budget: flo
     from fragc.runtime.program import steps_per_iteration
 
     say = log or (lambda line: None)
+    if jax.process_count() > 1:
+        raise FragcError("auto: the placement search runs in one process; search there (fragc run ... --policy auto "
+                         "--explain) and pass the chosen policy to the multi-process run")
     if not isinstance(budget, (int, float)) or isinstance(budget, bool) or not budget > 0:
         raise FragcError(f"auto: the search budget must be a positive number of seconds, got {budget!r}")
     if not isinstance(top, int) or isinstance(top, bool) or top < 1:
