@@ -241,14 +241,14 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _mebibytes(text: str) -> int:
+def _mebibytes(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of MiB, got {text!r}") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number of MiB, got {text!r}")
-    return int(value * 2**20)
+    return value
 
 
 def _auto_kwargs(args: argparse.Namespace, iterations: int | None = None) -> dict:
@@ -258,7 +258,7 @@ def _auto_kwargs(args: argparse.Namespace, iterations: int | None = None) -> dic
     if _auto_seeds(args.policy) is None:
         return {}
     return {"auto_budget": args.auto_budget, "auto_top": args.auto_top, "auto_cache": not args.no_auto_cache,
-            "memory_limit": args.memory_limit if args.memory_limit is not None else "device",
+            "memory_limit": max(1, int(args.memory_limit * 2**20)) if args.memory_limit is not None else "device",
             "run_iterations": iterations, "auto_log": lambda line: print(line, file=sys.stderr)}
 
 
@@ -622,7 +622,7 @@ def _file_keys(run: argparse.ArgumentParser, algo: str | None) -> dict[str, Any]
         if "cfg_iterations" in types:
             types["iterations"] = types["cfg_iterations"]
     kinds = {_bool: "bool", _integer: "int", _count: "int", _groups: "int", _seed: "int", int: "int",
-             float: "float", str: "str", None: "str"}
+             float: "float", _seconds: "float", _mebibytes: "float", str: "str", None: "str"}
     keys = {}
     for action in run._actions:
         long = [o for o in action.option_strings if o.startswith("--")]
