@@ -10,6 +10,13 @@ purejaxql's CartPole-v1 configuration (purejaxql/config/alg/pqn_cartpole.yaml:
 linearly, rewards scaled by 0.1, lambda 0.95, epsilon from 1 to 0.2 over the
 first fifth of the run, two hidden layers of 256). MinAtar games run the same
 network on the flattened observation, as purejaxql's pqn_gymnax.py does.
+
+It runs under every built-in policy. Under `actor_learner_async` the rollout
+acts, and computes its Q(lambda) targets, with parameters one iteration old:
+Q-learning's target does not depend on the behaviour policy, so acting
+stale only changes exploration, and bootstrapping from the previous
+iteration's Q is a target network one iteration behind (a milder lag than
+DQN's). The `-m slow` tests check that program against its pipelined module.
 """
 
 from __future__ import annotations
