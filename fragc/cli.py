@@ -484,6 +484,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         _run_length(algo, args)  # a run it could not start is refused here too
         print(_config_text(args, algo), end="")
         return 0
+    if args.explain and not _auto_kwargs(args):
+        raise FragcError(f"--explain explains --policy auto's choice; this run has --policy {args.policy}")
     if args.resume and not args.checkpoint_dir:
         raise FragcError("--resume needs --checkpoint-dir")
     if args.stop_after and not args.checkpoint_dir:
@@ -509,8 +511,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         report = getattr(prog, "auto", None)
         if report is not None and lead:
             print(report.table() if args.explain else report.summary(), file=sys.stderr if args.json else sys.stdout)
-        elif args.explain:
-            raise FragcError("--explain explains --policy auto's choice; this run has --policy " + str(args.policy))
         if lead:
             _write_run_records(args, algo)
         out = sys.stderr if args.json else sys.stdout
