@@ -30,6 +30,11 @@ from fragc.ir.frontend import fragment as _fragment
 KS = (4, 16, 64)
 """Iterations per dispatch the search tries (capped by the run length)."""
 
+MARGIN = 1.4
+"""The model's measured ranking error: in the calibration of docs/benchmarks.md (8 simulated CPU devices, PPO,
+DQN, IMPALA, Regression), a placement predicted up to 1.39x slower than another was measured faster than it,
+none predicted more. The search times a runner-up only when it is predicted within this factor of the best."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
@@ -217,6 +222,13 @@ class Machine:
     collective_bytes_per_s: float  # bytes one device receives from a psum, per second
     transfer_bytes_per_s: float  # device_put between devices
     host_call_s: float  # one round trip device -> host -> device
+    # what fragc's runtime pays per dispatch beyond `dispatch_s`, measured on tiny fragc programs
+    dispatch_leaf_s: float = 0.0  # per leaf of the state (the program's arguments, donated, and results)
+    dispatch_metric_s: float = 0.0  # per metric (its rows fetched to the host and sliced)
+    # a staged schedule's fixed costs, per group size (str) of the stage or of the transfer's destination
+    stage_call_s: dict = dataclasses.field(default_factory=dict)  # one stage program's launch
+    stage_leaf_s: dict = dataclasses.field(default_factory=dict)  # each argument leaf of that launch
+    put_leaf_s: dict = dataclasses.field(default_factory=dict)  # one leaf's device_put between groups
 
     def parallel(self, g: int) -> float:
         return _by_size(self.speedup, g, 1.0)
@@ -226,6 +238,15 @@ class Machine:
 
     def collective(self, g: int) -> float:
         return _by_size(self.collective_s, g, 0.0) if g > 1 else 0.0
+
+    def stage_call(self, g: int) -> float:
+        return _by_size(self.stage_call_s, g, self.call_s)
+
+    def stage_leaf(self, g: int) -> float:
+        return _by_size(self.stage_leaf_s, g, 0.0)
+
+    def put_leaf(self, g: int) -> float:
+        return _by_size(self.put_leaf_s, g, 0.0)
 
 
 def _by_size(table: dict, g: int, default: float) -> float:
@@ -304,17 +325,35 @@ def measure_machine(devices: Sequence[Any], group_sizes: Sequence[int]) -> Machi
         f_c = jax.jit(jax.shard_map(psums, mesh=mesh, in_specs=P("d"), out_specs=P("d")))
         collective_s[str(g)] = max(0.0, _best_time(lambda: f_c(zs)) / 64 - trip_s[str(g)])
 
+    # a staged schedule: a stage program's launch and each of its argument leaves, a leaf's device_put
+    stage_call_s, stage_leaf_s, put_leaf_s = {}, {}, {}
+    nd = len(devices)
+    for g in sorted(set(group_sizes) | {1}):
+        if g > nd:
+            continue
+        src = NamedSharding(Mesh(np.array(devices[:g]), ("d",)), P("d"))
+        dst_devs = devices[nd - g:] if 2 * g <= nd else devices[::-1][:g]  # every shard moves
+        dst = NamedSharding(Mesh(np.array(dst_devs), ("d",)), P("d"))
+        per_call = {}
+        for leaves in (1, 16):
+            xs = [jax.device_put(jnp.ones((g * 4,), jnp.float32), src) for _ in range(leaves)]
+            f_s = jax.jit(lambda *a: [x + 1 for x in a]).lower(*xs).compile()
+            per_call[leaves] = _best_time(lambda: _chain(f_s, xs, 32)) / 32
+        stage_leaf_s[str(g)] = max(0.0, (per_call[16] - per_call[1]) / 15)
+        stage_call_s[str(g)] = max(1e-7, per_call[1] - stage_leaf_s[str(g)])
+        if nd > 1:
+            put_leaf_s[str(g)] = _best_time(lambda: [jax.device_put(x, dst) for x in xs]) / len(xs)
+
     tiny = jax.jit(lambda a: a + 1)
     a = jax.device_put(jnp.zeros((4,), jnp.float32), d0)
     tiny(a).block_until_ready()
-    dispatch_s = _fragc_dispatch_s(d0)
+    dispatch_s, dispatch_leaf_s, dispatch_metric_s = _fragc_dispatch_s(d0)
     t0 = time.perf_counter()
     for _ in range(50):
         a = tiny(a)
     a.block_until_ready()
     call_s = (time.perf_counter() - t0) / 50
 
-    nd = len(devices)
     coll_bps = transfer_bps = 1e9
     if nd > 1:
         mesh = Mesh(np.array(devices), ("d",))
@@ -333,45 +372,64 @@ def measure_machine(devices: Sequence[Any], group_sizes: Sequence[int]) -> Machi
     f_h = jax.jit(host_round_trip)
     t_h = _best_time(lambda: f_h(a))
     return Machine(flops_per_s, bytes_per_s, speedup, trip_s, collective_s, dispatch_s, call_s, coll_bps,
-                   transfer_bps, max(0.0, t_h - dispatch_s))
+                   transfer_bps, max(0.0, t_h - dispatch_s), dispatch_leaf_s, dispatch_metric_s, stage_call_s,
+                   stage_leaf_s, put_leaf_s)
+
+
+def _chain(f: Any, xs: list[Any], n: int) -> list[Any]:
+    """`n` calls of `f`, each on the previous call's results (queued, as a staged iteration queues its stages)."""
+    for _ in range(n):
+        xs = f(*xs)
+    return xs
 
 
 class _Tiny:
-    """The smallest algorithm: one fragment, one metric (for `_fragc_dispatch_s`)."""
+    """The smallest algorithm with `leaves` state leaves and `metrics` metrics (for `_fragc_dispatch_s`)."""
 
     steps_per_iteration = 1
+
+    def __init__(self, leaves: int = 1, metrics: int = 1):
+        self.leaves, self.metrics = leaves, metrics
 
     def init(self, key):
         import jax.numpy as jnp
 
-        return {"x": jnp.zeros((2,), jnp.float32)}
+        return {"x": [jnp.zeros((2,), jnp.float32) for _ in range(self.leaves)]}
 
     def iteration(self, state):
-        x = _tiny_step(state["x"])
-        return {"x": x}, {"x0": x[0]}
+        xs = _tiny_step(state["x"])
+        return {"x": xs}, {f"m{i}": xs[i % self.leaves][0] for i in range(self.metrics)}
 
 
 @_fragment(role="learner", in_axes=(None,), out_axes=(None,))
-def _tiny_step(x):
-    return x + 1
+def _tiny_step(xs):
+    return [x + 1 for x in xs]
 
 
-def _fragc_dispatch_s(device: Any) -> float:
-    """What one more dispatch costs a fragc program (its Python driver, the metrics' fetch): a tiny program
-    run with k=1 and with k=32."""
+def _fragc_dispatch_s(device: Any) -> tuple[float, float, float]:
+    """What one more dispatch costs a fragc program through `Program.run` (its Python driver, the program's
+    launch with its arguments, the metrics' fetch and slicing): tiny programs of (state leaves, metrics) =
+    (1, 1), (33, 1), (1, 9), each run with k=1 and with k=32 -> (seconds per dispatch, per state leaf, per
+    metric). The difference of k=1 and k=32 over the dispatches saved is the cost of a dispatch."""
     import fragc
 
-    per = {}
-    for k in (1, 32):
-        prog = fragc.compile(_Tiny(), "single", devices=[device], iterations_per_dispatch=k)
-        state, _ = prog.run(prog.init(0), 32)
-        best = math.inf
-        for _ in range(3):
-            t0 = time.perf_counter()
-            state, _ = prog.run(state, 64)
-            best = min(best, time.perf_counter() - t0)
-        per[k] = best
-    return max(1e-6, (per[1] - per[32]) / (64 - 2))
+    def per_dispatch(leaves: int, metrics: int) -> float:
+        per = {}
+        for k in (1, 32):
+            prog = fragc.compile(_Tiny(leaves, metrics), "single", devices=[device], iterations_per_dispatch=k)
+            state, _ = prog.run(prog.init(0), 32)
+            best = math.inf
+            for _ in range(5):
+                t0 = time.perf_counter()
+                state, _ = prog.run(state, 64)
+                best = min(best, time.perf_counter() - t0)
+            per[k] = best
+        return max(1e-6, (per[1] - per[32]) / (64 - 2))
+
+    base = per_dispatch(1, 1)
+    leaf = max(0.0, (per_dispatch(33, 1) - base) / 32)
+    metric = max(0.0, (per_dispatch(1, 9) - base) / 8)
+    return max(1e-6, base - leaf - metric), leaf, metric
 
 
 _FRAGMENT_COSTS: dict[tuple, dict] = {}
@@ -416,9 +474,11 @@ def predict(module: Any, machine: Machine, k: int) -> dict[str, float]:
       that many devices; groups in sequence, or, with staleness (actor_learner_async), overlapped (the
       slowest group);
     collectives: bytes received per device / collective bandwidth + calls x a call's latency on the group;
-    transfers: bytes / transfer bandwidth plus
-      one call each; host: the host steps' round trips and bytes (overlapped with inference with G >= 2);
-    dispatch: one dispatch and fetch per k iterations, plus one call per stage and iteration when staged."""
+    transfers: bytes / transfer bandwidth, plus (staged) each leaf's device_put latency on its destination
+      group, or (one program) a call each; host: the host steps' round trips and bytes (overlapped with
+      inference with G >= 2);
+    stages (staged only): each stage program's launch on its group, plus a cost per argument leaf;
+    dispatch: one dispatch per k iterations: a base cost, plus one per state leaf and one per metric."""
     from fragc.ir.module import Delay, Loop, Run, Transfer, walk_counted
     from fragc.runtime.cost import host_bytes
 
@@ -450,18 +510,30 @@ def predict(module: Any, machine: Machine, k: int) -> dict[str, float]:
         group_s[fdef.placement.group] = group_s.get(fdef.placement.group, 0.0) + compute
     to_host, from_host = host_bytes(module)
     host += (to_host + from_host) / machine.transfer_bytes_per_s
-    transfers = [n for n, _ in walk_counted(module.graph.nodes) if isinstance(n, Transfer)]
     from fragc.runtime.cost import transfer_bytes
+    from fragc.runtime.stages import region_stages
 
-    transfer = transfer_bytes(module) / machine.transfer_bytes_per_s + len(transfers) * machine.call_s
     staged = module.schedule.shape == "staged"
-    calls = (len(module.stages) + len(transfers)) * machine.call_s if staged else 0.0
+    transfers = [(n, t) for n, t in walk_counted(module.graph.nodes) if isinstance(n, Transfer)]
+    transfer = transfer_bytes(module) / machine.transfer_bytes_per_s
+    stages = 0.0
+    if staged:  # each transfer is a device_put per leaf, each stage a program launched with its leaves
+        transfer += sum(t * len(n.outputs[0].type.leaves) * machine.put_leaf(sizes.get(n.dst, 1))
+                        for n, t in transfers)
+        runs = [(s, 1) for s in module.stages] + [(s, t) for s, _, t in region_stages(module.graph)]
+        for s, t in runs:
+            g = sizes.get(s.group, 1)
+            stages += t * (machine.stage_call(g) + len(s.inputs) * machine.stage_leaf(g))
+    else:  # inside the one program: a call's worth each
+        transfer += sum(t for _, t in transfers) * machine.call_s
     overlapped = staged and any(isinstance(n, Delay) for n in module.graph.nodes)
     compute = max(group_s.values(), default=0.0) if overlapped else sum(group_s.values())
-    dispatch = machine.dispatch_s / k + calls
-    total = compute + coll + transfer + host + dispatch
-    return {"compute": compute, "collectives": coll, "transfers": transfer, "host": host, "dispatch": dispatch,
-            "total": total}
+    leaves = len(module.graph.inputs[0].type.leaves)
+    metrics = max(0, len(module.graph.outputs) - leaves)
+    dispatch = (machine.dispatch_s + leaves * machine.dispatch_leaf_s + metrics * machine.dispatch_metric_s) / k
+    total = compute + coll + transfer + host + stages + dispatch
+    return {"compute": compute, "collectives": coll, "transfers": transfer, "host": host, "stages": stages,
+            "dispatch": dispatch, "total": total}
 
 
 def state_bytes_per_device(module: Any, devices: Sequence[Any]) -> int:
@@ -557,19 +629,32 @@ def _write_json(path: str, obj: dict) -> None:
         pass
 
 
-def machine_constants(devices: Sequence[Any], group_sizes: Sequence[int], cache: bool = True) -> Machine:
-    """`measure_machine`, cached on disk per device kind and count (and the group sizes measured)."""
+def group_sizes_of(num_devices: int) -> list[int]:
+    """The group sizes of the default space on `num_devices` devices: 1, the actor/learner splits, all."""
+    n = num_devices
+    return sorted({g for g in (1, n // 4, n // 2, (3 * n) // 4, n - n // 4, n - n // 2, n) if 1 <= g <= n})
+
+
+def machine_constants(devices: Sequence[Any], group_sizes: Sequence[int] = (), cache: bool = True) -> Machine:
+    """`measure_machine`, cached on disk per device kind and count. It measures the group sizes of the default
+    space (`group_sizes_of`) and any other asked for, so that every search on these devices reads the same
+    file; a size the file lacks measures again (all of them) and rewrites it."""
     import jax
 
-    key = {"kind": devices[0].device_kind, "platform": devices[0].platform, "count": len(devices),
-           "groups": sorted(set(group_sizes)), "jax": jax.__version__, "v": 4}
+    n = len(devices)
+    sizes = sorted(set(group_sizes_of(n)) | {g for g in group_sizes if 1 <= g <= n})
+    key = {"kind": devices[0].device_kind, "platform": devices[0].platform, "count": n, "jax": jax.__version__,
+           "v": 5}
     path = os.path.join(cache_folder(), f"machine-{_digest(key)}.json")
     if cache and (d := _read_json(path)):
         try:
-            return Machine(**d)
+            m = Machine(**d)
+            if {str(g) for g in sizes if g > 1} <= set(m.speedup):
+                return m
+            sizes = sorted(set(sizes) | {int(g) for g in m.speedup})
         except TypeError:
             pass
-    m = measure_machine(devices, group_sizes)
+    m = measure_machine(devices, sizes)
     if cache:
         _write_json(path, dataclasses.asdict(m))
     return m
@@ -590,12 +675,13 @@ COUNTERS = Counters()
 
 def rank(algo: Any, devs: Sequence[Any], candidates: Sequence[Candidate], memory_limit: int | None = None, *,
          env_workers: int | None = None, transfers: str = "auto", machine: Machine | None = None,
-         cache: bool = True) -> tuple[list[Row], Machine]:
+         cache: bool = True, traced: Any = None) -> tuple[list[Row], Machine]:
     """The search's first half, no XLA compilation: each candidate's row, pruned (the passes refuse it, its
     state does not fit `memory_limit` bytes per device) or predicted (`predict`)."""
-    from fragc.api import run_passes
+    from fragc.ir.frontend import trace
 
     rows = [Row(c) for c in candidates]
+    traced = traced or trace(algo)  # once for the whole search
     # 1. the passes of each (policy, environment groups): one module serves every k
     modules: dict[tuple, Any] = {}
     for row in rows:
@@ -603,10 +689,7 @@ def rank(algo: Any, devs: Sequence[Any], candidates: Sequence[Candidate], memory
         mkey = (c.policy, c.env_groups, c.seeds)
         if mkey not in modules:
             try:
-                pipeline, pdevs, _ = run_passes(algo, c.policy_arg(), devs, iterations_per_dispatch=c.k,
-                                                printer=lambda s: None, transfers=transfers,
-                                                env_groups=c.env_groups, env_workers=env_workers)
-                modules[mkey] = (pipeline.final, pdevs, None)
+                modules[mkey] = (_passes(traced, c, devs, transfers, env_workers), list(devs), None)
             except FragcError as err:
                 modules[mkey] = (None, None, str(err))
         module, pdevs, error = modules[mkey]
@@ -629,12 +712,29 @@ def rank(algo: Any, devs: Sequence[Any], candidates: Sequence[Candidate], memory
     return rows, machine
 
 
+def _passes(traced: Any, c: Candidate, devs: Sequence[Any], transfers: str, env_workers: int | None) -> Any:
+    """`fragc.api.run_passes` for one process, from a module traced once: the placed, scheduled module."""
+    from fragc.api import carrier
+    from fragc.passes import default_passes, resolve, run_pipeline
+
+    policy = resolve(c.policy_arg(), len(devs))
+    if c.env_groups is not None:
+        policy = dataclasses.replace(policy, env_groups=c.env_groups)
+    if env_workers is not None:
+        policy = dataclasses.replace(policy, env_workers=env_workers)
+    if policy.num_devices > len(devs):
+        raise FragcError(f"policy '{policy.name}' uses {policy.num_devices} devices but the program has {len(devs)}")
+    hosted = any(f.host_steps for f in traced.fragments.values())
+    passes = default_passes(policy, c.k, carrier(transfers, devs, hosted))
+    return run_pipeline(traced, passes, printer=lambda s: None).final
+
+
 def search(algo: Any, devices: int | Sequence[Any] | None = None, *, budget: float = 60.0, top: int = 3,
            candidates: Sequence[Candidate] | None = None, memory_limit: int | None | str = "device",
            iterations: int | None = None, seeds: int = 0, env_groups: int | None = None,
            env_workers: int | None = None, transfers: str = "auto", cache: bool = True,
            log: Callable[[str], None] | None = None, timed_iterations: int = 16, repeats: int = 3,
-           margin: float = 1.5, machine: Machine | None = None) -> Any:
+           margin: float = MARGIN, settle: float = 0.1, machine: Machine | None = None) -> Any:
     """The search (module docstring) -> the chosen, compiled `Program`, with `prog.auto` its `AutoReport`.
 
     devices: a count or the devices (default: all); budget: seconds for the whole search, after which
@@ -642,14 +742,15 @@ def search(algo: Any, devices: int | Sequence[Any] | None = None, *, budget: flo
     (default `default_candidates`); memory_limit: bytes per device (default "device": the device's own
     limit where it reports one, none on CPU); iterations: the run length, which caps k; seeds: a population's
     seed count; timed_iterations, repeats: each timed candidate runs `repeats` alternating times for at
-    least `timed_iterations` iterations (whole dispatches); margin: a candidate predicted more than `margin`
-    times slower than the best predicted is not timed; machine: the constants of the model (default:
+    least `timed_iterations` iterations (whole dispatches; one round when only one is timed: there is nothing
+    to compare; no more rounds once every other candidate's fastest round is over 1 + `settle` times the
+    leader's slowest: more rounds cannot change the choice by more than that); margin: a candidate predicted more than `margin` times slower than the best predicted is not
+    timed (default `MARGIN`, the model's measured ranking error); machine: the constants of the model (default:
     measured once per device kind and count, cached). Only the best predicted k of each placement (policy,
     environment groups) is timed: k changes only the dispatch term, which the model measures."""
     import jax
 
     import fragc
-    from fragc.api import run_passes
     from fragc.devices import devices as choose_devices
     from fragc.ir.frontend import trace
     from fragc.runtime.program import steps_per_iteration
@@ -686,7 +787,7 @@ def search(algo: Any, devices: int | Sequence[Any] | None = None, *, budget: flo
     kind = f"{devs[0].platform}:{devs[0].device_kind}"
     key = {"algo": algo_key(algo), "device_kind": kind, "devices": n, "fragc": fragc.__version__,
            "space": [c.label for c in candidates], "top": top, "memory_limit": memory_limit,
-           "transfers": transfers, "env_workers": env_workers, "search": 2}
+           "transfers": transfers, "env_workers": env_workers, "search": 3}
     path = os.path.join(cache_folder(), f"choice-{_digest(key)}.json")
     if cache and (saved := _read_json(path)) and saved.get("key") == json.loads(json.dumps(key, default=str)):
         report = AutoReport.from_json(saved["report"])
@@ -698,7 +799,7 @@ def search(algo: Any, devices: int | Sequence[Any] | None = None, *, budget: flo
         return _attach(prog, report)
 
     rows, machine = rank(algo, devs, candidates, memory_limit, env_workers=env_workers, transfers=transfers,
-                         machine=machine, cache=cache)
+                         machine=machine, cache=cache, traced=traced)
     live = sorted((r for r in rows if not r.pruned), key=lambda r: r.predicted_s)
     if not live:
         reasons = "; ".join(sorted({r.pruned for r in rows}))[:400]
@@ -709,6 +810,7 @@ def search(algo: Any, devices: int | Sequence[Any] | None = None, *, budget: flo
     out_of_budget = False
     compiled = 0
     placements: set = set()
+    first_state = None
     for row in live:
         c = row.candidate
         if len(timed) >= top:
@@ -738,12 +840,19 @@ def search(algo: Any, devices: int | Sequence[Any] | None = None, *, budget: flo
                           f"{_mib(memory_limit)}")
             continue
         n_it = c.k * max(1, math.ceil(timed_iterations / c.k))
-        state, _ = prog.run(prog.init(0), 1)  # warm-up: init's program, the first dispatch, transfers
+        try:  # the first program's initial state, placed: one init program compiled per search, not per candidate
+            state = prog.init(0) if first_state is None else prog.place_state(first_state)
+        except FragcError:
+            state = prog.init(0)
+        first_state = state if first_state is None else first_state
+        state, _ = prog.run(state, 1)  # warm-up: the first dispatch, transfers
         jax.block_until_ready(state)
         timed.append((row, prog, state, n_it))
         say(f"auto: compiled {c.label} ({prog.compile_seconds:.1f} s; {time.perf_counter() - start:.1f} s in)")
     samples: dict[int, list[float]] = {id(t[0]): [] for t in timed}
-    for r in range(repeats):
+    for r in range(repeats if len(timed) > 1 else 1):
+        if r > 0 and _decided(samples, settle):
+            break
         if r > 0 and time.perf_counter() - start > budget:
             out_of_budget = True
             break
@@ -769,6 +878,16 @@ def search(algo: Any, devices: int | Sequence[Any] | None = None, *, budget: flo
     if cache:
         _write_json(path, {"key": key, "report": report.to_json()})
     return _attach(best_prog, report)
+
+
+def _decided(samples: dict[int, list[float]], settle: float) -> bool:
+    """Whether more rounds cannot change the choice by more than `settle`: every other candidate's fastest
+    sample is over (1 + settle) x the leader's slowest."""
+    runs = [v for v in samples.values() if v]
+    if len(runs) < 2:
+        return True
+    leader = min(runs, key=min)
+    return all(min(v) > (1 + settle) * max(leader) for v in runs if v is not leader)
 
 
 def _mib(nbytes: int) -> str:

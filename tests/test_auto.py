@@ -3,6 +3,8 @@
 Fast by design: a toy algorithm, a handful of candidates, the model's machine constants given (no
 micro-benchmarks), at most two small programs compiled per test."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -95,3 +97,24 @@ def test_the_default_space():
 def test_bad_arguments_are_one_line(bad, match):
     with pytest.raises(fragc.FragcError, match=match):
         auto.search(Regression(num_envs=8), 8, machine=MACHINE, **bad)
+
+
+def test_the_model_charges_a_staged_schedule_its_stage_launches_and_leaf_transfers():
+    machine = dataclasses.replace(MACHINE, stage_call_s={"4": 1e-3}, stage_leaf_s={"4": 1e-5},
+                                  put_leaf_s={"4": 1e-4}, dispatch_leaf_s=1e-5, dispatch_metric_s=1e-4)
+    rows, _ = auto.rank(Regression(num_envs=8), jax.devices()[:8],
+                        [Candidate("actor_learner(actors=4)", 4), Candidate("anakin", 4), Candidate("anakin", 8)],
+                        machine=machine)
+    staged, fused, fused8 = rows
+    assert staged.terms["stages"] >= 2 * 1e-3  # two stages, each a launch (and its leaves)
+    assert staged.terms["transfers"] >= 2 * 1e-4  # at least a leaf each way
+    assert fused.terms["stages"] == 0 and fused.terms["transfers"] < 1e-4
+    # the dispatch term: a base, the state's leaves and the metrics, once per k iterations
+    assert fused.terms["dispatch"] > 1e-4 / 4 + 1e-4 / 4  # base + at least one metric
+    assert fused8.terms["dispatch"] == pytest.approx(fused.terms["dispatch"] / 2)
+
+
+def test_timing_stops_once_the_choice_is_settled():
+    assert auto._decided({1: [1.0, 1.02], 2: [1.2, 1.3]}, 0.1)
+    assert not auto._decided({1: [1.0, 1.05], 2: [1.1, 1.3]}, 0.1)
+    assert auto._decided({1: [1.0]}, 0.1)
