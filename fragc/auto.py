@@ -798,8 +798,9 @@ def search(algo: Any, devices: int | Sequence[Any] | None = None, *, budget: flo
         report.search_s = time.perf_counter() - start
         return _attach(prog, report)
 
+    # `cache` is the decision's: the machine constants are read from their own cache whatever it says
     rows, machine = rank(algo, devs, candidates, memory_limit, env_workers=env_workers, transfers=transfers,
-                         machine=machine, cache=cache, traced=traced)
+                         machine=machine, traced=traced)
     live = sorted((r for r in rows if not r.pruned), key=lambda r: r.predicted_s)
     if not live:
         reasons = "; ".join(sorted({r.pruned for r in rows}))[:400]
