@@ -6,7 +6,8 @@
 For each algorithm: (1) the exhaustive bench: every candidate of the default space (`fragc.auto.default_candidates`:
 the built-in policies, actor/learner splits, k in 4, 16, 64) compiled (what the passes refuse is skipped), warmed
 up, then timed alternately (`--repeats` rounds of >= 16 iterations, whole dispatches) -> the median seconds per
-iteration of each; (2) the search, `fragc.compile(algo, "auto")`, its decision cache off, on the same space.
+iteration of each; (2) the search, `fragc.auto.search`, its decision cache off, on the same space (run first, so
+that whatever one process keeps warm from one to the other helps the exhaustive bench, not the search).
 Printed: auto's choice, its measured env-steps/s relative to the exhaustive fastest, the search's time relative to
 the exhaustive bench's; and per candidate, predicted against measured time per iteration, with Spearman's rank
 correlation per algorithm. The persistent compilation cache is off for both. The machine constants of the
@@ -16,6 +17,7 @@ model are measured once before both (their time is reported apart: a machine pay
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -96,6 +98,7 @@ def main() -> None:
     import jax
 
     jax.config.update("jax_num_cpu_devices", args.devices)
+    jax.config.update("jax_enable_compilation_cache", False)  # both compile from scratch
     from fragc import auto
     from fragc.devices import devices as choose
     from fragc.ir.frontend import trace
@@ -104,22 +107,21 @@ def main() -> None:
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     devs = choose(args.devices)
     t0 = time.perf_counter()
-    auto.machine_constants(devs, sorted({1, args.devices // 4, args.devices // 2, (3 * args.devices) // 4,
-                                          args.devices - args.devices // 4, args.devices - args.devices // 2,
-                                          args.devices}))
+    machine = auto.machine_constants(devs)  # the sizes of the default space: what each search reads
     machine_s = time.perf_counter() - t0
     log(f"machine constants in {machine_s:.1f} s")
-    results = {"devices": args.devices, "backend": jax.default_backend(), "machine_s": machine_s, "algos": {}}
+    results = {"devices": args.devices, "backend": jax.default_backend(), "machine_s": machine_s,
+               "machine": dataclasses.asdict(machine), "algos": {}}
     for name in args.algos.split(","):
         algo = make_algo(name)
         hosted = any(f.host_steps for f in trace(algo).fragments.values())
         space = auto.default_candidates(args.devices, hosted, args.iterations)
         log(f"{name}: {len(space)} candidates")
-        measured, exhaustive_s = exhaustive(name, space, devs, args.repeats, 16, log)
         t0 = time.perf_counter()
         prog = auto.search(make_algo(name), devs, candidates=space, cache=False, repeats=args.repeats,
                            iterations=args.iterations, memory_limit=None, log=log)
         search_s = time.perf_counter() - t0
+        measured, exhaustive_s = exhaustive(name, space, devs, args.repeats, 16, log)
         report = prog.auto
         best = min(measured, key=measured.get)
         chosen = report.chosen.label
@@ -129,7 +131,7 @@ def main() -> None:
         steps = steps_per_iteration(algo)
         results["algos"][name] = {
             "candidates": len(space), "runnable": len(measured), "exhaustive_s": exhaustive_s, "search_s": search_s,
-            "auto_compiled": report.compiled, "chosen": chosen, "exhaustive_best": best,
+            "auto_compiled": report.compiled, "chosen": chosen, "auto_table": report.table(), "exhaustive_best": best,
             "chosen_vs_best": measured[best] / measured[chosen] if chosen in measured else None,
             "spearman": rho, "steps_per_iteration": steps,
             "calibration": {l: {"predicted_s": rows[l].predicted_s, "measured_s": measured[l],
