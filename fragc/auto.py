@@ -32,8 +32,10 @@ KS = (4, 16, 64)
 
 MARGIN = 1.4
 """The model's measured ranking error: in the calibration of docs/benchmarks.md (8 simulated CPU devices, PPO,
-DQN, IMPALA, Regression), a placement predicted up to 1.39x slower than another was measured faster than it,
-none predicted more. The search times a runner-up only when it is predicted within this factor of the best."""
+DQN, IMPALA, Regression), a placement predicted up to 1.31x slower than another was measured faster than it
+(DQN's actor_learner_async against anakin), none predicted more; against the earlier run's measured times
+(commit a3e294e) up to 1.39x. The search times a runner-up only when it is predicted within this factor of
+the best."""
 
 
 @dataclasses.dataclass(frozen=True)
