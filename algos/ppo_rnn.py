@@ -1,0 +1,326 @@
+"""Recurrent PPO (PureJaxRL's ppo_rnn.py design), as two fragments: `rollout` (actor) and `learn` (learner).
+
+A GRU (flax `nn.GRUCell` scanned over time) sits between an embedding layer and
+the actor and critic heads. Its hidden state lives per environment beside the
+runner, and is reset to zeros where the previous step ended an episode. Each
+rollout stores the hidden state it started from, and the learner replays whole
+environment sequences from it: minibatches split the environment axis, not time.
+
+`mask_velocity` removes CartPole's velocities (observation indices 1 and 3), the
+memory task: a feed-forward policy sees only positions and cannot solve it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+
+import fragc
+from fragc.algos.envs import Runner, Step, VecEnv
+from fragc.algos.evaluation import EvalConfig
+from fragc.algos.ppo import _take, dense, gae
+from fragc.algos.run_length import RunLength
+from fragc.ir.errors import FragcError
+
+CARTPOLE_VELOCITIES = (1, 3)
+"""CartPole's observation is (x, x_dot, theta, theta_dot): the velocities are indices 1 and 3."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(RunLength, EvalConfig):
+    env: str = "CartPole-v1"
+    """Environment: a gymnax id, or BACKEND:ID for a host backend (fragc envs); discrete actions."""
+    num_envs: int = 4
+    """Environments stepped in parallel."""
+    num_steps: int = 128
+    """Steps per environment in one rollout (the length of the sequences the GRU is trained on)."""
+    total_steps: int = 500_000
+    """Environment steps over the whole run; sets the learning-rate schedule and the CLI's run length."""
+    lr: float = 2.5e-4
+    """Adam learning rate (at the start, when annealed)."""
+    anneal_lr: bool = True
+    """Anneal the learning rate linearly to zero over `total_steps`."""
+    update_epochs: int = 4
+    """Passes over each rollout."""
+    num_minibatches: int = 4
+    """Minibatches per epoch, each a set of whole environment sequences (num_envs must divide by it)."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda."""
+    clip_eps: float = 0.2
+    """PPO ratio clip."""
+    ent_coef: float = 0.01
+    """Entropy bonus weight."""
+    vf_coef: float = 0.5
+    """Value loss weight."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    hidden: int = 128
+    """Width of the embedding, of the GRU's hidden state and of the actor's and critic's hidden layer."""
+    mask_velocity: bool = False
+    """Remove CartPole's velocities (observation indices 1 and 3): the memory task."""
+
+    def __post_init__(self) -> None:
+        self.check_fields()
+        if self.eval_every:
+            raise FragcError("ppo_rnn: eval_every must be 0: evaluation and videos act with greedy_action(params, "
+                             "obs), which cannot carry the GRU's hidden state")
+        if self.num_envs % self.num_minibatches:
+            raise FragcError(f"ppo_rnn: num_envs ({self.num_envs}) must divide by num_minibatches "
+                             f"({self.num_minibatches}): minibatches are whole environment sequences")
+
+
+# ---------------------------------------------------------------- masked observations
+
+
+class MaskedVelocity:
+    """A VecEnv whose observations lose the entries at `drop` (CartPole's velocities)."""
+
+    def __init__(self, env: VecEnv, drop: tuple[int, ...] = CARTPOLE_VELOCITIES):
+        self.env = env
+        self.keep = np.array([i for i in range(env.obs_size) if i not in drop])
+
+    def __getattr__(self, name: str) -> Any:  # action_space, is_discrete, max_episode_steps, ...
+        return getattr(self.env, name)
+
+    @property
+    def obs_size(self) -> int:
+        return len(self.keep)
+
+    def mask(self, obs: jax.Array) -> jax.Array:
+        return obs[..., self.keep]
+
+    def reset(self, key: jax.Array, num_envs: int) -> Runner:
+        runner = self.env.reset(key, num_envs)
+        return runner.replace(obs=self.mask(runner.obs))
+
+    def step(self, runner: Runner, action: jax.Array, step_keys: jax.Array | None = None) -> tuple[Runner, Step]:
+        runner, out = self.env.step(runner, action, step_keys)  # the step reads env_state, not obs
+        return runner.replace(obs=self.mask(runner.obs)), out.replace(final_obs=self.mask(out.final_obs))
+
+
+# ---------------------------------------------------------------- network
+
+
+class ScannedGRU(nn.Module):
+    """A GRU cell scanned over time (axis 0): inputs ([T, B, D] features, [T, B] resets), carry [B, H].
+
+    Where `resets[t]` is set, the hidden state is zeroed before step t: the step starts a new episode.
+    """
+
+    hidden: int
+
+    @functools.partial(nn.scan, variable_broadcast="params", in_axes=0, out_axes=0, split_rngs={"params": False})
+    @nn.compact
+    def __call__(self, carry: jax.Array, x: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        features, resets = x
+        carry = jnp.where(resets[:, None], jnp.zeros_like(carry), carry)
+        return nn.GRUCell(self.hidden)(carry, features)
+
+
+class ActorCritic(nn.Module):
+    """Embedding, GRU, then separate actor and critic heads on the GRU's output (PureJaxRL's ActorCriticRNN)."""
+
+    num_actions: int
+    hidden: int = 128
+
+    @nn.compact
+    def __call__(self, carry: jax.Array, obs: jax.Array, resets: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(carry [B, H], obs [T, B, D], resets [T, B]) -> (carry after T steps, logits [T, B, A], value [T, B])."""
+        x = nn.relu(dense(self.hidden, np.sqrt(2))(obs))
+        carry, x = ScannedGRU(self.hidden)(carry, (x, resets))
+        logits = dense(self.num_actions, 0.01)(nn.relu(dense(self.hidden, 2.0)(x)))
+        value = dense(1, 1.0)(nn.relu(dense(self.hidden, 2.0)(x)))
+        return carry, logits, jnp.squeeze(value, -1)
+
+
+# ---------------------------------------------------------------- state
+
+
+@struct.dataclass
+class Learner:
+    params: Any
+    opt_state: Any
+    key: jax.Array  # replicated: minibatch shuffling
+
+
+@struct.dataclass
+class Actor:
+    """Per-environment state (axis 0): the environments' runner, the GRU's hidden state, and whether the
+    last step ended an episode (the next step resets the hidden state)."""
+
+    runner: Runner
+    hidden: jax.Array  # [N, H]
+    done: jax.Array  # [N] bool
+
+
+@struct.dataclass
+class State:
+    learner: Learner
+    actor: Actor
+
+
+@struct.dataclass
+class Transition:
+    hidden: jax.Array  # the hidden state before step t (the learner replays from hidden[0], the rollout's start)
+    reset: jax.Array  # whether step t starts a new episode (the previous step's done)
+    obs: jax.Array
+    action: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
+    next_value: jax.Array  # V(s_{t+1}) under the acting parameters, from the hidden state after step t
+    reward: jax.Array
+    terminated: jax.Array
+    done: jax.Array  # terminated or truncated
+
+
+# ---------------------------------------------------------------- algorithm
+
+
+class PPORNN:
+    """Recurrent PPO with a GRU, PureJaxRL's ppo_rnn.py."""
+
+    def __init__(self, config: Config = Config()):
+        self.config = config
+        self.steps_per_iteration = config.steps_per_iteration
+
+    @functools.cached_property
+    def env(self) -> VecEnv | MaskedVelocity:
+        env = VecEnv(self.config.env)
+        if not env.is_discrete():
+            raise FragcError(f"ppo_rnn supports discrete action spaces; {self.config.env} has "
+                             f"{type(env.action_space).__name__}")
+        if self.config.mask_velocity:
+            if "CartPole" not in self.config.env or env.obs_size != 4:
+                raise FragcError(f"ppo_rnn: mask_velocity is for CartPole (velocities at observation indices 1 "
+                                 f"and 3), not {self.config.env}")
+            env = MaskedVelocity(env)
+        return env
+
+    @functools.cached_property
+    def network(self) -> ActorCritic:
+        return ActorCritic(self.env.action_space.n, self.config.hidden)
+
+    @functools.cached_property
+    def optimizer(self) -> optax.GradientTransformation:
+        c = self.config
+        lr = optax.linear_schedule(c.lr, 0.0, c.iterations * c.update_epochs * c.num_minibatches) \
+            if c.anneal_lr else c.lr
+        return optax.chain(optax.clip_by_global_norm(c.max_grad_norm), optax.adam(lr, eps=1e-5))
+
+    def init(self, key: jax.Array) -> State:
+        c = self.config
+        k_params, k_env, k_learn = jax.random.split(key, 3)
+        params = self.network.init(k_params, jnp.zeros((1, c.hidden)), jnp.zeros((1, 1, self.env.obs_size)),
+                                   jnp.zeros((1, 1), bool))
+        learner = Learner(params, self.optimizer.init(params), k_learn)
+        actor = Actor(self.env.reset(k_env, c.num_envs), jnp.zeros((c.num_envs, c.hidden)),
+                      jnp.zeros((c.num_envs,), bool))
+        return State(learner, actor)
+
+    def iteration(self, state: State) -> tuple[State, dict]:
+        traj, actor, episode_metrics = self.rollout(state.learner.params, state.actor)
+        learner, loss_metrics = self.update(state.learner, traj)
+        return state.replace(learner=learner, actor=actor), {**episode_metrics, **loss_metrics}
+
+    def update(self, learner: Learner, traj: Transition) -> tuple[Learner, dict]:
+        """`update_epochs` passes over the rollout, one `learn` call each (a `for` region of the IR)."""
+        learner, metrics = jax.lax.scan(lambda learner, _: self.learn(learner, traj), learner, None,
+                                        self.config.update_epochs)
+        return learner, jax.tree.map(jnp.mean, metrics)
+
+    # COLLECT TRAJECTORIES: one GRU step per environment step
+    @fragc.fragment(role="actor", in_axes=(None, 0), out_axes=(1, 0, None))
+    def rollout(self, params: Any, actor: Actor) -> tuple[Transition, Actor, dict]:
+        def step(actor: Actor, _: None) -> tuple[Actor, tuple]:
+            runner = actor.runner
+            keys = jax.vmap(lambda k: jax.random.split(k, 3))(runner.key)  # acting, environment step, carried
+            hidden, logits, value = self.network.apply(params, actor.hidden, runner.obs[None], actor.done[None])
+            logits, value = logits[0], value[0]
+            action = jax.vmap(jax.random.categorical)(keys[:, 0], logits)
+            log_prob = _take(jax.nn.log_softmax(logits), action)
+            new_runner, out = self.env.step(runner.replace(key=keys[:, 2]), action, keys[:, 1])
+            record = (actor.hidden, actor.done, runner.obs, action, log_prob, value, hidden, out.final_obs,
+                      out.reward, out.terminated, out.episode_done)
+            return Actor(new_runner, hidden, out.episode_done), record
+
+        actor, (h, reset, obs, action, log_prob, value, h_after, next_obs, reward, terminated, done) = \
+            jax.lax.scan(step, actor, None, self.config.num_steps)
+        # V(s_{t+1}) for every step at once: one GRU step from the hidden state after step t on the observation
+        # reached (before any reset), all T * N of them as one batch; a truncated episode bootstraps from it
+        T, N = reward.shape
+        _, _, next_value = self.network.apply(params, h_after.reshape(T * N, -1),
+                                              next_obs.reshape(1, T * N, -1), jnp.zeros((1, T * N), bool))
+        traj = Transition(h, reset, obs, action, log_prob, value, next_value.reshape(T, N), reward, terminated, done)
+        runner = actor.runner
+        completed = fragc.psum(jnp.sum(runner.has_return))
+        metrics = {
+            "episode_return": fragc.psum(jnp.sum(runner.last_return * runner.has_return)) / jnp.maximum(completed, 1),
+            "episodes": fragc.psum(jnp.sum(done)),
+        }
+        return traj, actor, metrics
+
+    # UPDATE NETWORK: one epoch, minibatches of whole environment sequences
+    @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None))
+    def learn(self, learner: Learner, traj: Transition) -> tuple[Learner, dict]:
+        c = self.config
+        T, N = traj.reward.shape
+        if N % c.num_minibatches:
+            raise FragcError(f"ppo_rnn: each replica's environments ({N}) must divide by num_minibatches "
+                             f"({c.num_minibatches}): use more environments or fewer minibatches")
+        advantages, targets = gae(traj, c.gamma, c.gae_lambda)  # from the rollout's values: the same every epoch
+
+        def minibatch_step(learner: Learner, mb: Any) -> tuple[Learner, dict]:
+            grads, metrics = jax.grad(self._loss, has_aux=True)(learner.params, *mb)
+            grads = fragc.pmean(grads)
+            updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
+            params = optax.apply_updates(learner.params, updates)
+            return learner.replace(params=params, opt_state=opt_state), metrics
+
+        key, perm_key = jax.random.split(learner.key)
+        # the same shuffle of its own environments on every replica, as ppo's shuffle of its own steps is; drawn
+        # as N + 1 uniforms, as a draw of exactly N from the replicated key reads as a per-environment stream
+        perm = jnp.argsort(jax.random.uniform(perm_key, (N + 1,))[:N])
+        # [T, N, ...] -> [M, T, N / M, ...]: the environments shuffled, each keeps its whole sequence
+        split = lambda x: jnp.swapaxes(x[:, perm].reshape((T, c.num_minibatches, -1) + x.shape[2:]), 0, 1)
+        shuffled = jax.tree.map(split, (traj, advantages, targets))
+        learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled)
+        return learner, jax.tree.map(lambda x: fragc.pmean(jnp.mean(x)), metrics)
+
+    def _loss(self, params: Any, traj: Transition, advantages: jax.Array, targets: jax.Array) -> tuple[jax.Array, dict]:
+        c = self.config
+        _, logits, value = self.network.apply(params, traj.hidden[0], traj.obs, traj.reset)  # replay from the start
+        log_probs = jax.nn.log_softmax(logits)
+        log_prob = _take(log_probs, traj.action)
+        entropy = jnp.mean(-jnp.sum(jnp.exp(log_probs) * log_probs, -1))
+
+        value_clipped = traj.value + jnp.clip(value - traj.value, -c.clip_eps, c.clip_eps)
+        value_loss = 0.5 * jnp.mean(jnp.maximum((value - targets) ** 2, (value_clipped - targets) ** 2))
+
+        ratio = jnp.exp(log_prob - traj.log_prob)
+        adv = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        actor_loss = -jnp.mean(jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - c.clip_eps, 1 + c.clip_eps) * adv))
+
+        loss = actor_loss + c.vf_coef * value_loss - c.ent_coef * entropy
+        return loss, {"loss": loss, "actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy}
+
+    # THE DETERMINISTIC POLICY. There is no `greedy_action(params, obs)`: a recurrent policy needs its hidden
+    # state, which evaluation and videos cannot carry (Config refuses eval_every > 0; `fragc video` says so).
+    def policy_params(self, state: State) -> Any:
+        """The parameters the actors act with."""
+        return state.learner.params
+
+    def recurrent_greedy_action(self, params: Any, hidden: jax.Array, obs: jax.Array,
+                                reset: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(hidden [n, H], obs [n, obs_size], reset [n]) -> (next hidden, the most probable action each)."""
+        hidden, logits, _ = self.network.apply(params, hidden, obs[None], reset[None])
+        return hidden, jnp.argmax(logits[0], -1)

@@ -1,0 +1,114 @@
+"""Recurrent PPO: the GRU's hidden state reset at episode ends, the masked CartPole observation, the reference
+interpreter under anakin, its config's one-line errors, and (-m slow) learning masked CartPole."""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fragc
+from conftest import assert_trees_close
+from fragc.algos import ppo_rnn
+
+ITERATIONS = 2
+
+
+@functools.cache
+def tiny() -> ppo_rnn.PPORNN:
+    """16 environments: 2 per replica on 8 devices, one whole sequence per minibatch."""
+    return ppo_rnn.PPORNN(ppo_rnn.Config(num_envs=16, num_steps=4, update_epochs=1, num_minibatches=2, hidden=8,
+                                         total_steps=320, mask_velocity=True))
+
+
+def test_the_scanned_gru_resets_its_hidden_state_where_an_episode_starts():
+    T, B, D, H = 6, 3, 5, 4
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(T, B, D)), jnp.float32)
+    resets = np.zeros((T, B), bool)
+    resets[3, 0] = resets[1, 2] = True  # a done in the middle of two sequences
+    carry = jnp.asarray(rng.normal(size=(B, H)), jnp.float32)
+    scanned = ppo_rnn.ScannedGRU(H)
+    params = scanned.init(jax.random.key(0), carry, (x, jnp.asarray(resets)))
+    final, ys = scanned.apply(params, carry, (x, jnp.asarray(resets)))
+
+    cell = nn.GRUCell(H)
+    cell_params = {"params": params["params"]["GRUCell_0"]}
+    want, h = [], np.asarray(carry)
+    for t in range(T):
+        h = np.where(resets[t][:, None], 0.0, h)
+        h, y = cell.apply(cell_params, jnp.asarray(h), x[t])
+        want.append(np.asarray(y))
+    np.testing.assert_allclose(ys, np.stack(want), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(final, h, rtol=1e-5, atol=1e-6)
+    # the reset matters: the sequence restarted at t=3 equals one started from zeros there
+    _, fresh = scanned.apply(params, jnp.zeros((1, H)), (x[3:, :1], jnp.zeros((T - 3, 1), bool)))
+    np.testing.assert_allclose(ys[3:, :1], fresh, rtol=1e-5, atol=1e-6)
+
+
+def test_the_masked_observation_has_no_velocities():
+    full = ppo_rnn.PPORNN(ppo_rnn.Config(num_envs=4))
+    masked = ppo_rnn.PPORNN(ppo_rnn.Config(num_envs=4, mask_velocity=True))
+    assert (full.env.obs_size, masked.env.obs_size) == (4, 2)
+    key = jax.random.key(3)
+    a, b = full.env.reset(key, 4), masked.env.reset(key, 4)
+    np.testing.assert_array_equal(b.obs, a.obs[:, [0, 2]])  # x and theta; x_dot and theta_dot gone
+    action = jnp.ones((4,), jnp.int32)
+    (a, sa), (b, sb) = full.env.step(a, action), masked.env.step(b, action)
+    np.testing.assert_array_equal(b.obs, a.obs[:, [0, 2]])
+    np.testing.assert_array_equal(sb.final_obs, sa.final_obs[:, [0, 2]])
+    assert not np.allclose(a.obs[:, [1, 3]], 0)  # the velocities the masked policy does not see
+
+
+def test_anakin_equals_interpreter():
+    """8 replicas: per-replica minibatches of whole sequences, the gradients' pmean, the return's psum."""
+    module = fragc.trace(tiny())
+    prog = fragc.compile(tiny(), "anakin", devices=8, iterations_per_dispatch=ITERATIONS)
+    state = prog.init(0)
+    out, history = prog.run(state, ITERATIONS)
+    ref = state
+    for i in range(ITERATIONS):
+        ref, metrics = fragc.interpret(module, ref, replicas=8)
+        for name in ("episode_return", "loss", "entropy"):
+            np.testing.assert_allclose(history[name][i], metrics[name], rtol=1e-4, atol=1e-5)
+    assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
+    assert out.actor.hidden.shape == (16, 8) and out.actor.runner.obs.shape == (16, 2)
+
+
+@pytest.mark.parametrize("config,message", [
+    ({"num_minibatches": 3}, "ppo_rnn: num_envs (4) must divide by num_minibatches (3): minibatches are whole "
+                             "environment sequences"),
+    ({"eval_every": 5}, "ppo_rnn: eval_every must be 0: evaluation and videos act with greedy_action(params, obs), "
+                        "which cannot carry the GRU's hidden state"),
+    ({"gae_lambda": 1.5}, "ppo_rnn: gae_lambda must be in [0, 1], got 1.5"),
+    ({"mask_velocity": 1}, "ppo_rnn: mask_velocity must be True or False, got 1"),
+])
+def test_a_bad_config_value_is_one_line(config, message):
+    with pytest.raises(fragc.FragcError) as err:
+        ppo_rnn.Config(**config)
+    assert str(err.value) == message
+
+
+def test_mask_velocity_is_for_cartpole_only():
+    with pytest.raises(fragc.FragcError, match="mask_velocity is for CartPole"):
+        ppo_rnn.PPORNN(ppo_rnn.Config(env="Acrobot-v1", mask_velocity=True)).env
+
+
+def test_the_command_line_lists_ppo_rnn(capsys):
+    from fragc.cli import main
+
+    assert main(["algos"]) == 0
+    assert "ppo_rnn" in capsys.readouterr().out
+    assert main(["run", "ppo_rnn", "--eval-every", "2"]) == 2
+    assert "eval_every must be 0" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_masked_cartpole_learns_with_memory():
+    """PureJaxRL's ppo_rnn CartPole setting on the memory task: the GRU gets well past a random policy (~22)."""
+    algo = ppo_rnn.PPORNN(ppo_rnn.Config(mask_velocity=True, num_envs=16, total_steps=300_000, lr=5e-4))
+    prog = fragc.compile(algo, "single", iterations_per_dispatch=algo.config.iterations)
+    _, history = prog.run(prog.init(0), algo.config.iterations)
+    assert float(np.asarray(history["episode_return"])[-1]) > 150
