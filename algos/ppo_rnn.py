@@ -38,8 +38,9 @@ CARTPOLE_VELOCITIES = (1, 3)
 class Config(RunLength, EvalConfig):
     env: str = "CartPole-v1"
     """Environment: a gymnax id, or BACKEND:ID for a host backend (fragc envs); discrete actions."""
-    num_envs: int = 4
-    """Environments stepped in parallel."""
+    num_envs: int = 16
+    """Environments stepped in parallel (PureJaxRL uses 4; 16 leaves each of up to 8 replicas whole sequences
+    for `num_minibatches`)."""
     num_steps: int = 128
     """Steps per environment in one rollout (the length of the sequences the GRU is trained on)."""
     total_steps: int = 500_000
@@ -50,7 +51,7 @@ class Config(RunLength, EvalConfig):
     """Anneal the learning rate linearly to zero over `total_steps`."""
     update_epochs: int = 4
     """Passes over each rollout."""
-    num_minibatches: int = 4
+    num_minibatches: int = 2
     """Minibatches per epoch, each a set of whole environment sequences (num_envs must divide by it)."""
     gamma: float = 0.99
     """Discount factor."""

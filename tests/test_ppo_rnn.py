@@ -78,7 +78,7 @@ def test_anakin_equals_interpreter():
 
 
 @pytest.mark.parametrize("config,message", [
-    ({"num_minibatches": 3}, "ppo_rnn: num_envs (4) must divide by num_minibatches (3): minibatches are whole "
+    ({"num_minibatches": 3}, "ppo_rnn: num_envs (16) must divide by num_minibatches (3): minibatches are whole "
                              "environment sequences"),
     ({"eval_every": 5}, "ppo_rnn: eval_every must be 0: evaluation and videos act with greedy_action(params, obs), "
                         "which cannot carry the GRU's hidden state"),
@@ -108,7 +108,7 @@ def test_the_command_line_lists_ppo_rnn(capsys):
 @pytest.mark.slow
 def test_masked_cartpole_learns_with_memory():
     """PureJaxRL's ppo_rnn CartPole setting on the memory task: the GRU gets well past a random policy (~22)."""
-    algo = ppo_rnn.PPORNN(ppo_rnn.Config(mask_velocity=True, num_envs=16, total_steps=300_000, lr=5e-4))
+    algo = ppo_rnn.PPORNN(ppo_rnn.Config(mask_velocity=True, total_steps=300_000, lr=5e-4))
     prog = fragc.compile(algo, "single", iterations_per_dispatch=algo.config.iterations)
     _, history = prog.run(prog.init(0), algo.config.iterations)
     assert float(np.asarray(history["episode_return"])[-1]) > 150
