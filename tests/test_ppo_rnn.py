@@ -107,8 +107,11 @@ def test_the_command_line_lists_ppo_rnn(capsys):
 
 @pytest.mark.slow
 def test_masked_cartpole_learns_with_memory():
-    """PureJaxRL's ppo_rnn CartPole setting on the memory task: the GRU gets well past a random policy (~22)."""
-    algo = ppo_rnn.PPORNN(ppo_rnn.Config(mask_velocity=True, total_steps=300_000, lr=5e-4))
+    """The memory task (positions only): the GRU gets far past a random policy (~22) in 5e5 steps; about 75 s on
+    2 CPU cores. 8 environments in 4 minibatches and lr 5e-4 (the defaults learn more slowly in this budget)."""
+    algo = ppo_rnn.PPORNN(ppo_rnn.Config(mask_velocity=True, total_steps=500_000, num_envs=8, num_minibatches=4,
+                                         lr=5e-4))
     prog = fragc.compile(algo, "single", iterations_per_dispatch=algo.config.iterations)
     _, history = prog.run(prog.init(0), algo.config.iterations)
-    assert float(np.asarray(history["episode_return"])[-1]) > 150
+    returns = np.asarray(history["episode_return"])
+    assert returns[-len(returns) // 4:].mean() > 150, returns[::20]
