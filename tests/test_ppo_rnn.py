@@ -11,7 +11,8 @@ import pytest
 
 import fragc
 from conftest import assert_trees_close
-from fragc.algos import ppo_rnn
+from fragc.algos import ppo, ppo_rnn
+from fragc.algos.envs import VecEnv
 
 ITERATIONS = 2
 
@@ -115,3 +116,19 @@ def test_masked_cartpole_learns_with_memory():
     _, history = prog.run(prog.init(0), algo.config.iterations)
     returns = np.asarray(history["episode_return"])
     assert returns[-len(returns) // 4:].mean() > 150, returns[::20]
+
+
+@pytest.mark.slow
+def test_feed_forward_ppo_does_not_solve_masked_cartpole():
+    """The same budget and settings without memory: ppo's MLP on the masked observation stays far below (~50)."""
+
+    class FeedForward(ppo.PPO):
+        @functools.cached_property
+        def env(self):
+            return ppo_rnn.MaskedVelocity(VecEnv(self.config.env))
+
+    algo = FeedForward(ppo.Config(total_steps=500_000, num_envs=8, num_minibatches=4, lr=5e-4))
+    prog = fragc.compile(algo, "single", iterations_per_dispatch=algo.config.iterations)
+    _, history = prog.run(prog.init(0), algo.config.iterations)
+    returns = np.asarray(history["episode_return"])
+    assert returns[-len(returns) // 4:].mean() < 100, returns[::20]
