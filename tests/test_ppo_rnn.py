@@ -63,10 +63,15 @@ def test_the_masked_observation_has_no_velocities():
     assert not np.allclose(a.obs[:, [1, 3]], 0)  # the velocities the masked policy does not see
 
 
+@functools.cache
+def anakin_program() -> fragc.Program:
+    return fragc.compile(tiny(), "anakin", devices=8, iterations_per_dispatch=ITERATIONS)
+
+
 def test_anakin_equals_interpreter():
     """8 replicas: per-replica minibatches of whole sequences, the gradients' pmean, the return's psum."""
     module = fragc.trace(tiny())
-    prog = fragc.compile(tiny(), "anakin", devices=8, iterations_per_dispatch=ITERATIONS)
+    prog = anakin_program()
     state = prog.init(0)
     out, history = prog.run(state, ITERATIONS)
     ref = state
@@ -76,6 +81,19 @@ def test_anakin_equals_interpreter():
             np.testing.assert_allclose(history[name][i], metrics[name], rtol=1e-4, atol=1e-5)
     assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
     assert out.actor.hidden.shape == (16, 8) and out.actor.runner.obs.shape == (16, 2)
+
+
+def test_checkpoint_and_exact_resume(tmp_path):
+    """Stopped after its first checkpoint and resumed, a run equals an uninterrupted one bit for bit: the GRU's
+    hidden state and done flags per environment are part of the checkpointed state (the program above)."""
+    prog = anakin_program()
+    whole = fragc.train(prog, prog.init(0), 3 * ITERATIONS)
+    fragc.train(prog, prog.init(0), 3 * ITERATIONS, checkpoint_dir=tmp_path, checkpoint_every=ITERATIONS,
+                stop_after=ITERATIONS)
+    resumed = fragc.train(prog, prog.init(0), 3 * ITERATIONS, checkpoint_dir=tmp_path, resume=True)
+    assert resumed.resumed_from == ITERATIONS
+    assert not np.allclose(np.asarray(whole.state.actor.hidden), 0)  # a hidden state that resuming must restore
+    assert_trees_close(resumed.state, whole.state, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("config,message", [
