@@ -291,3 +291,12 @@ class GymnaxVecEnv(VecEnv):
         )
         return self._advance(runner, env_state, self._flat(obs), carry_keys, reward, terminated, truncated,
                              self._flat(info["final_observation"]))
+
+
+def discrete_env(name: str, algo: str, hint: str = "") -> "VecEnv":
+    """`VecEnv(name)` for an algorithm that needs discrete actions; another action space is refused in one
+    line naming `algo` (and `hint`, e.g. the algorithm to use instead)."""
+    env = VecEnv(name)
+    if not env.is_discrete():
+        raise FragcError(f"{algo} supports discrete action spaces; {name} has {type(env.action_space).__name__}{hint}")
+    return env

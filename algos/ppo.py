@@ -20,7 +20,7 @@ import optax
 from flax import struct
 
 import fragc
-from fragc.algos.envs import Runner, VecEnv
+from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
 from fragc.algos.run_length import RunLength
 from fragc.ir.errors import FragcError
@@ -197,12 +197,7 @@ class PPO:
 
     @functools.cached_property
     def env(self) -> VecEnv:
-        env = VecEnv(self.config.env)
-        if not env.is_discrete():
-            raise FragcError(
-                f"ppo supports discrete action spaces; {self.config.env} has {type(env.action_space).__name__}"
-            )
-        return env
+        return discrete_env(self.config.env, "ppo")
 
     @functools.cached_property
     def network(self) -> ActorCritic:

@@ -24,7 +24,7 @@ import optax
 from flax import struct
 
 import fragc
-from fragc.algos.envs import Runner, Step, VecEnv
+from fragc.algos.envs import Runner, Step, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig
 from fragc.algos.ppo import _take, dense, gae
 from fragc.algos.run_length import RunLength
@@ -196,10 +196,7 @@ class PPORNN:
 
     @functools.cached_property
     def env(self) -> VecEnv | MaskedVelocity:
-        env = VecEnv(self.config.env)
-        if not env.is_discrete():
-            raise FragcError(f"ppo_rnn supports discrete action spaces; {self.config.env} has "
-                             f"{type(env.action_space).__name__}")
+        env = discrete_env(self.config.env, "ppo_rnn")
         if self.config.mask_velocity:
             if "CartPole" not in self.config.env or env.obs_size != 4:
                 raise FragcError(f"ppo_rnn: mask_velocity is for CartPole (velocities at observation indices 1 "

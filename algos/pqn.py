@@ -32,7 +32,7 @@ import optax
 from flax import struct
 
 import fragc
-from fragc.algos.envs import Runner, VecEnv
+from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
 from fragc.algos.run_length import RunLength
 from fragc.ir.errors import FragcError
@@ -167,11 +167,7 @@ class PQN:
 
     @functools.cached_property
     def env(self) -> VecEnv:
-        env = VecEnv(self.config.env)
-        if not env.is_discrete():
-            raise FragcError(f"pqn supports discrete action spaces; {self.config.env} has "
-                             f"{type(env.action_space).__name__} (use ppo_continuous)")
-        return env
+        return discrete_env(self.config.env, "pqn", " (use ppo_continuous)")
 
     @functools.cached_property
     def network(self) -> QNetwork:
