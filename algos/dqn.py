@@ -2,10 +2,10 @@
 
 Three roles: `actor` (act epsilon-greedily, step the environments), `buffer`
 (insert a rollout, sample a batch) and `learner` (Q-learning steps). The
-buffer is batched over environments (axis 1), so a policy can keep it beside
-the actors or beside the learner, and split it over replicas like any other
-batched state. Double DQN is an option. Defaults follow PureJaxRL's CartPole DQN (10k transitions, batch 128,
-one update per vector step), with 8 environments (not 10: divisible by every built-in policy's replicas) and lr 2e-4.
+buffer (algos/replay.py, shared with SAC) is batched over environments (axis 1),
+so a policy can keep it beside the actors or beside the learner, and split it
+over replicas like any other batched state. Double DQN is an option. Defaults
+follow PureJaxRL's CartPole DQN (10k transitions, batch 128, one update per vector step), with 8 environments (not 10: divisible by every built-in policy's replicas) and lr 2e-4.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from flax import struct
 import fragc
 from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
+from fragc.algos.replay import Buffer, ReplayBuffer, Transition
 from fragc.algos.run_length import RunLength
 from fragc.ir.errors import FragcError
 
@@ -78,22 +79,6 @@ class QNetwork(nn.Module):
 
 
 @struct.dataclass
-class Transition:
-    obs: jax.Array
-    action: jax.Array
-    reward: jax.Array
-    next_obs: jax.Array  # the observation reached, before any reset
-    terminated: jax.Array
-
-
-@struct.dataclass
-class Buffer:
-    data: Transition  # [capacity per env, num_envs, ...]
-    position: jax.Array  # next time slot to write (replicated)
-    size: jax.Array  # time slots written so far, at most the capacity
-
-
-@struct.dataclass
 class Learner:
     params: Any
     target_params: Any
@@ -116,7 +101,7 @@ class EvalState(State):
     evaluator: EvaluatorState  # the evaluator's own (algos/evaluation.py)
 
 
-class DQN:
+class DQN(ReplayBuffer):
     """Deep Q-learning (Mnih et al. 2015), optionally double (van Hasselt et al. 2016)."""
 
     def __init__(self, config: Config = Config()):
@@ -142,12 +127,10 @@ class DQN:
         params = self.network.init(k_params, jnp.zeros((1, self.env.obs_size)))
         learner = Learner(params, params, self.optimizer.init(params), k_learn, jnp.int32(0))
         runner = self.env.reset(k_env, c.num_envs)
-        capacity = c.buffer_size // c.num_envs
-        empty = Transition(
-            obs=jnp.zeros((capacity, c.num_envs, self.env.obs_size)), action=jnp.zeros((capacity, c.num_envs), jnp.int32),
-            reward=jnp.zeros((capacity, c.num_envs)), next_obs=jnp.zeros((capacity, c.num_envs, self.env.obs_size)),
-            terminated=jnp.zeros((capacity, c.num_envs), bool))
-        state = State(learner, runner, Buffer(empty, jnp.int32(0), jnp.int32(0)))
+        obs = jax.ShapeDtypeStruct((c.num_envs, self.env.obs_size), jnp.float32)
+        scalar = lambda dtype: jax.ShapeDtypeStruct((c.num_envs,), dtype)  # noqa: E731
+        step = Transition(obs, scalar(jnp.int32), scalar(jnp.float32), obs, scalar(bool))
+        state = State(learner, runner, self.empty_buffer(step))
         return self.evaluator.init(key, state, EvalState)
 
     def iteration(self, state: State) -> tuple[State, dict]:
@@ -191,26 +174,10 @@ class DQN:
                    / jnp.maximum(completed, 1), "epsilon": eps}
         return traj, runner, metrics
 
-    # REPLAY BUFFER
-    @fragc.fragment(role="buffer", in_axes=(Buffer(1, None, None), 1), out_axes=Buffer(1, None, None))
-    def insert(self, buffer: Buffer, traj: Transition) -> Buffer:
-        capacity = buffer.data.reward.shape[0]
-        steps = traj.reward.shape[0]
-        slots = (buffer.position + jnp.arange(steps)) % capacity
-        data = jax.tree.map(lambda d, x: d.at[slots].set(x), buffer.data, traj)
-        return Buffer(data, (buffer.position + steps) % capacity, jnp.minimum(buffer.size + steps, capacity))
-
-    @fragc.fragment(role="buffer", in_axes=(Buffer(1, None, None), None), out_axes=1)
-    def sample(self, buffer: Buffer, key: jax.Array) -> Transition:
-        """[num_steps, batch] transitions from written slots only; each replica samples its share of the batch."""
-        c = self.config
-        local_envs = buffer.data.reward.shape[1]
-        per_update = c.batch_size * local_envs // c.num_envs
-        k_time, k_env = jax.random.split(key)
-        shape = (c.num_steps, per_update)
-        t = jax.random.randint(k_time, shape, 0, buffer.size)
-        e = jax.random.randint(k_env, shape, 0, local_envs)
-        return jax.tree.map(lambda d: d[t, e], buffer.data)
+    # REPLAY BUFFER: `insert` and `sample` (algos/replay.py), one batch per vector step
+    @property
+    def batches_per_iteration(self) -> int:
+        return self.config.num_steps
 
     # UPDATE NETWORK
     @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None))
