@@ -3,44 +3,92 @@
     python bench/results.py [--seeds 0-9] [--only ppo,a2c] [--out bench/results] [--steps N]
     python bench/results.py --seeds 0 --only ppo_breakout_minatar,ppo_spaceinvaders_minatar,...
 
-Per run: the final return (mean over environments of each one's last
-completed episode, at the end of training). Per algorithm: every seed's
-final return, how many reach the algorithm's threshold, the interquartile
-mean (IQM) over seeds and its 95% percentile-bootstrap confidence interval
-(the rliable convention: Agarwal et al. 2021, 2,000 resamples of the seeds).
+Needs rliable (`pip install -e '.[sweep]'`, in the test extra). Per run: the final return (mean over environments
+of each one's last completed episode, at the end of training). Per algorithm: every seed's final return, how many
+reach the algorithm's threshold, the interquartile mean (IQM) over seeds and its 95% stratified-bootstrap
+confidence interval (2,000 replications, seed 0), computed by `fragc.stats` with rliable (Agarwal et al. 2021);
+before rliable this file had its own percentile bootstrap of the same statistic (docs/results.md says which rows
+were computed with which). Each run also writes OUT/NAME.png: the learning curves (IQM over seeds at each
+iteration, 95% bands).
 
-The MinAtar runs are PPO with PureJaxRL's MinAtar configuration (1e7 steps
-each), a bench with no threshold, run only when named with `--only`.
+Each row's configuration, step budget and threshold come from a named public reference (the comments beside RUNS;
+docs/results.md cites them with the references' numbers), fixed before the ten-seed runs. The MinAtar rows (PPO
+with PureJaxRL's MinAtar configuration, PQN with purejaxql's, 1e7 steps each) are a bench with no threshold, run
+only when named with `--only`.
 
-Algorithms whose policy is `single` run all seeds at once as one
-`population(single, seeds)` program (member i starts from seed i, the same
-run as `--seed i` alone); the others run seed by seed.
+Algorithms whose policy is `single` run all seeds at once as one `population(single, seeds)` program (member i
+starts from seed i, the same run as `--seed i` alone); the others run seed by seed.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import time
 
 import numpy as np
 
+PUREJAXRL_PPO_RNN = {  # PureJaxRL's ppo_rnn.py (its __main__ config: 4 envs x 128 steps, 4 epochs x 4 minibatches of
+    "num_envs": 4, "num_steps": 64, "num_minibatches": 2,  # one environment's sequence, lr 2.5e-4 annealed, 5e5
+    "total_steps": 500_000, "lr": 2.5e-4, "anneal_lr": True, "update_epochs": 4, "gamma": 0.99,  # steps), except
+    "gae_lambda": 0.95, "clip_eps": 0.2, "ent_coef": 0.01, "vf_coef": 0.5, "max_grad_norm": 0.5,  # 64 x 2: fragc
+}  # traces every fragment at 2 replicas, where 2 environments do not split into 4 minibatches; 4 x 64 in 2 keeps
+# PureJaxRL's minibatch (128 transitions) and gradient steps per environment step (16 per 512), on 64-step sequences
+ZOO_PPO_LSTM_NOVEL = {  # RL Baselines3 Zoo's RecurrentPPO on CartPoleNoVel-v1 (hyperparams/ppo_lstm.yml): 8 envs x 32
+    "num_envs": 8, "num_steps": 32, "total_steps": 100_000, "lr": 1e-3, "update_epochs": 20,  # steps, batch 256
+    "num_minibatches": 1, "gamma": 0.98, "gae_lambda": 0.8, "ent_coef": 0.0,  # (one minibatch), 20 epochs, 1e5 steps;
+}  # its clip range is annealed from 0.2 (fragc's stays 0.2) and its policy an LSTM of 256 (fragc: GRU of 128)
 RUNS = [  # (name, algorithm, policy, devices, threshold on the final return, config overrides)
     ("ppo", "ppo", "single", 1, 475.0, {}),
     ("a2c", "a2c", "single", 1, 400.0, {}),
     ("dqn", "dqn", "single", 1, 400.0, {}),
     ("impala", "impala", "actor_learner_async", 2, 400.0, {}),  # one actor device, one learner device
     ("ppo_continuous", "ppo_continuous", "single", 1, -200.0, {}),
+    # purejaxql's pqn_cartpole.yaml (= pqn's defaults): 5e5 steps; 475 is CartPole-v1's reward threshold
+    ("pqn", "pqn", "single", 1, 475.0, {}),
+    # CartPole without velocities (positions only), PureJaxRL's ppo_rnn.py configuration and 5e5-step budget; the
+    # feed-forward baseline is ppo with the same values on the same masked observation
+    ("ppo_rnn_masked_cartpole", "ppo_rnn", "single", 1, 475.0, {"mask_velocity": True, **PUREJAXRL_PPO_RNN}),
+    ("ppo_masked_cartpole", "ppo_masked_velocity", "single", 1, 475.0, dict(PUREJAXRL_PPO_RNN)),
+    ("ppo_rnn_masked_cartpole_zoo", "ppo_rnn", "single", 1, 475.0, {"mask_velocity": True, **ZOO_PPO_LSTM_NOVEL}),
 ]
 MINATAR = {  # PureJaxRL's MinAtar PPO configuration (examples/brax_minatar.ipynb)
     "num_envs": 64, "num_steps": 128, "total_steps": 10_000_000, "lr": 5e-3, "update_epochs": 4,
     "num_minibatches": 8, "activation": "relu",
 }
+PQN_MINATAR = {  # purejaxql's purejaxql/config/alg/pqn_minatar.yaml (no REW_SCALE: 1; pqn_gymnax.py's MLP: 2 x 128)
+    "num_envs": 128, "num_steps": 32, "total_steps": 10_000_000, "lr": 5e-4, "lr_linear_decay": True,
+    "num_epochs": 2, "num_minibatches": 32, "gamma": 0.99, "td_lambda": 0.65, "eps_start": 1.0, "eps_finish": 0.05,
+    "eps_decay": 0.1, "max_grad_norm": 10.0, "reward_scale": 1.0, "hidden": 128, "num_layers": 2,
+}
+GAMES = ("Breakout", "SpaceInvaders", "Asterix", "Freeway")
 RUNS += [(f"ppo_{game.lower()}_minatar", "ppo", "single", 1, None, {"env": f"{game}-MinAtar", **MINATAR})
-         for game in ("Breakout", "SpaceInvaders", "Asterix", "Freeway")]
+         for game in GAMES]
+RUNS += [(f"pqn_{game.lower()}_minatar", "pqn", "single", 1, None, {"env": f"{game}-MinAtar", **PQN_MINATAR})
+         for game in GAMES]
 """MinAtar rows have no threshold (a bench, not a check): run them with `--only ppo_breakout_minatar,...`."""
-DEFAULT = ("ppo", "a2c", "dqn", "impala", "ppo_continuous")
+DEFAULT = ("ppo", "a2c", "dqn", "impala", "ppo_continuous", "pqn", "ppo_masked_cartpole")
+
+
+def make_algorithm(algo: str, overrides: dict):
+    """A built-in algorithm with its config overridden, or `ppo_masked_velocity`: feed-forward ppo on CartPole
+    with the velocities removed from the observation (ppo_rnn's `MaskedVelocity` wrapper, as in
+    tests/test_ppo_rnn.py's contrast test; ppo itself has no mask option)."""
+    from fragc import algos
+
+    if algo == "ppo_masked_velocity":
+        from fragc.algos import ppo, ppo_rnn
+        from fragc.algos.envs import discrete_env
+
+        class MaskedPPO(ppo.PPO):
+            @functools.cached_property
+            def env(self):
+                return ppo_rnn.MaskedVelocity(discrete_env(self.config.env, "ppo"))
+
+        return MaskedPPO(ppo.Config(**overrides))
+    return algos.make(algo, **overrides)
 
 
 def seed_list(text: str) -> list[int]:
@@ -49,22 +97,6 @@ def seed_list(text: str) -> list[int]:
         lo, hi = (int(x) for x in text.split("-"))
         return list(range(lo, hi + 1))
     return [int(x) for x in text.split(",")]
-
-
-def iqm(x: np.ndarray) -> float:
-    """Mean of the middle 50% (rliable's interquartile mean: trim 25% each side)."""
-    x = np.sort(np.asarray(x, np.float64))
-    n = len(x)
-    cut = int(np.floor(0.25 * n))
-    return float(x[cut: n - cut].mean()) if n - 2 * cut > 0 else float(x.mean())
-
-
-def bootstrap_ci(x: np.ndarray, stat=iqm, resamples: int = 2000, level: float = 0.95, seed: int = 0) -> tuple:
-    """Percentile bootstrap confidence interval of `stat` over runs."""
-    rng = np.random.default_rng(seed)
-    x = np.asarray(x, np.float64)
-    stats = [stat(x[rng.integers(0, len(x), len(x))]) for _ in range(resamples)]
-    return float(np.quantile(stats, (1 - level) / 2)), float(np.quantile(stats, (1 + level) / 2))
 
 
 class Progress:
@@ -95,25 +127,28 @@ def run_length(algo, max_steps: int | None) -> int:
 
 
 def final_returns(algo, policy: str, devices: int, seeds: list[int], iterations: int,
-                  progress: Progress) -> list[float]:
+                  progress: Progress) -> tuple[list[float], np.ndarray]:
+    """Each seed's final return, and the returns of every iteration [seeds, iterations]."""
     import fragc
 
     if policy == "single" and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
         prog = fragc.compile(algo, fragc.population("single", len(seeds)), devices=1, iterations_per_dispatch=32)
         _, history = prog.run(prog.init(seeds[0]), iterations, callback=progress)
-        return [float(r) for r in history["episode_return"][:, -1]]  # [seeds, iterations]
-    out = []
+        curves = np.asarray(history["episode_return"], np.float64)  # [seeds, iterations]
+        return [float(r) for r in curves[:, -1]], curves
+    out, curves = [], []
     prog = fragc.compile(algo, policy, devices=devices, iterations_per_dispatch=32)
     for seed in seeds:
         _, history = prog.run(prog.init(seed), iterations, callback=progress)
         out.append(float(history["episode_return"][-1]))
-    return out
+        curves.append(np.asarray(history["episode_return"], np.float64))
+    return out, np.stack(curves)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0", help="'0-9' or '0,1,2'")
-    parser.add_argument("--only", default="", help="comma-separated run names (default: the five algorithms)")
+    parser.add_argument("--only", default="", help="comma-separated run names (default: the DEFAULT rows)")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--steps", type=int, default=None,
                         help="stop each run after its first STEPS environment steps (a partial run: the learning-rate "
@@ -122,7 +157,7 @@ def main() -> None:
     import jax
 
     jax.config.update("jax_num_cpu_devices", 8)
-    from fragc import algos
+    from fragc import stats
 
     seeds = seed_list(args.seeds)
     only = set(filter(None, args.only.split(",")))
@@ -130,19 +165,19 @@ def main() -> None:
     for name, algo, policy, devices, threshold, overrides in RUNS:
         if name not in (only or DEFAULT):
             continue
-        algorithm = algos.make(algo, **overrides)
+        algorithm = make_algorithm(algo, overrides)
         iterations = run_length(algorithm, args.steps)
         steps = iterations * algorithm.steps_per_iteration
         configured_steps = algorithm.config.iterations * algorithm.steps_per_iteration
         progress = Progress(name, algorithm.steps_per_iteration)
         start = time.perf_counter()
-        returns = final_returns(algorithm, policy, devices, seeds, iterations, progress)
+        returns, curves = final_returns(algorithm, policy, devices, seeds, iterations, progress)
         wall = time.perf_counter() - start
-        lo, hi = bootstrap_ci(returns)
-        reached = None if threshold is None else int(sum(r >= threshold for r in returns))
+        point, lo, hi = stats.interval_estimates({name: np.array(returns)})[name]
+        reached = None if threshold is None else stats.seeds_at_threshold(returns, threshold)
         row = {"run": name, "algo": algo, "policy": policy, "config": overrides, "seeds": seeds,
                "threshold": threshold, "final_returns": [round(r, 1) for r in returns], "at_threshold": reached,
-               "iqm": round(iqm(returns), 1), "iqm_ci95": [round(lo, 1), round(hi, 1)], "wall_s": round(wall, 1),
+               "iqm": round(point, 1), "iqm_ci95": [round(lo, 1), round(hi, 1)], "wall_s": round(wall, 1),
                "env_steps": steps, "configured_env_steps": configured_steps,
                "env_steps_per_s": round(len(seeds) * steps / wall),  # compile included: wall clock, not a bench
                "returns_by_steps": progress.rows}
@@ -152,6 +187,8 @@ def main() -> None:
         print(f"{name:22} {policy:20} {partial}{check}IQM {row['iqm']:.1f} [{lo:.1f}, {hi:.1f}]  {wall:.0f} s  "
               f"returns {row['final_returns']}", flush=True)
         os.makedirs(args.out, exist_ok=True)
+        stats.curves_png({name: curves}, (np.arange(curves.shape[1]) + 1) * algorithm.steps_per_iteration,
+                         os.path.join(args.out, f"{name}.png"), title=f"{name} ({policy}, {len(seeds)} seeds)")
         with open(os.path.join(args.out, "results.json"), "w") as f:  # after each run: a stopped job keeps them
             json.dump(rows, f, indent=2)
 
