@@ -30,6 +30,8 @@ ALGOS = {
     "ppo_continuous": ("fragc.algos.ppo_continuous:PPOContinuous",
                        "PPO with a Gaussian policy for continuous actions (Pendulum-v1)"),
     "dqn": ("fragc.algos.dqn:DQN", "DQN with a target network and an on-device replay-buffer fragment"),
+    "sac": ("fragc.algos.sac:SAC", "soft actor-critic: twin Q networks, automatic entropy temperature, a replay buffer "
+                                   "(Pendulum-v1)"),
     "pqn": ("fragc.algos.pqn:PQN", "PQN: Q(lambda) with a LayerNorm Q network, no replay buffer, no target network"),
     "ppo_rnn": ("fragc.algos.ppo_rnn:PPORNN", "recurrent PPO: a GRU policy, hidden state reset at episode ends"),
     "impala": ("fragc.algos.impala:IMPALA", "actor-critic with V-trace off-policy correction"),
