@@ -203,8 +203,9 @@ class PPO:
     def network(self) -> ActorCritic:
         return ActorCritic(self.env.action_space.n, self.config.hidden, self.config.activation)
 
-    @functools.cached_property
+    @property
     def optimizer(self) -> optax.GradientTransformation:
+        """Built where it is used, not cached: a hyperparameter sweep traces it with each member's values."""
         return optax.chain(
             optax.clip_by_global_norm(self.config.max_grad_norm),
             optax.adam(self._learning_rate(), eps=1e-5),

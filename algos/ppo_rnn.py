@@ -208,8 +208,9 @@ class PPORNN:
     def network(self) -> ActorCritic:
         return ActorCritic(self.env.action_space.n, self.config.hidden)
 
-    @functools.cached_property
+    @property
     def optimizer(self) -> optax.GradientTransformation:
+        """Built where it is used, not cached: a hyperparameter sweep traces it with each member's values."""
         c = self.config
         lr = optax.linear_schedule(c.lr, 0.0, c.iterations * c.update_epochs * c.num_minibatches) \
             if c.anneal_lr else c.lr

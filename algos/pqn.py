@@ -173,8 +173,9 @@ class PQN:
     def network(self) -> QNetwork:
         return QNetwork(self.env.action_space.n, self.config.hidden, self.config.num_layers)
 
-    @functools.cached_property
+    @property
     def optimizer(self) -> optax.GradientTransformation:
+        """Built where it is used, not cached: a hyperparameter sweep traces it with each member's values."""
         c = self.config
         lr = c.lr
         if c.lr_linear_decay:  # purejaxql decays to 1e-20, not 0

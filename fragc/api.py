@@ -7,11 +7,13 @@ import dataclasses
 import re
 from typing import Any, Callable, Sequence
 
+import jax
 from jax.sharding import Mesh
 
 from fragc.devices import devices as choose_devices
 from fragc.ir.errors import FragcError
 from fragc.ir.frontend import check_per_replica, trace
+from fragc.ir.sweep import check_grid, explain_shape_field, swept
 from fragc.passes import Policy, Population, PipelineResult, default_passes, resolve, run_pipeline
 from fragc.runtime.multihost import halves_by_process, spans_processes
 from fragc.runtime.program import Program
@@ -134,13 +136,38 @@ def run_passes(
             f"pass devices={resolved.num_devices}"
         )
     devs = _local_copy_if_it_fits(devs, resolved)
-    traced = trace(algo)
+    traced = trace_for(algo, resolved)
     hosted = any(f.host_steps for f in traced.fragments.values())
     if hosted and spans_processes(devs[: resolved.num_devices]) and mesh is None:
         devs = halves_by_process(devs)  # Sebulba: every process's actors feed its own learner devices
     passes = default_passes(resolved, iterations_per_dispatch, carrier(transfers, devs, hosted))
     pipeline = run_pipeline(traced, passes, print_after_all=print_after_all, dump_dir=dump_dir, printer=printer)
     return pipeline, devs, resolved
+
+
+def trace_for(algo: Any, policy: Policy) -> Any:
+    """`algo` traced, as a `SweptAlgorithm` when the policy's population varies config fields (ir/sweep.py)."""
+    if not policy.hyperparameters:
+        return trace(algo)
+    grid = tuple((f, tuple(dict.fromkeys(v))) for f, v in policy.hyperparameters)
+    check_grid(algo, grid)
+    fields = [f for f, _ in grid]
+    name = type(algo).__name__.lower()
+    try:
+        return trace(swept(algo, fields), name)
+    except (jax.errors.ConcretizationTypeError, TypeError) as err:
+        culprits = [f for f in fields if not _traces(swept(algo, [f]), name)] or fields
+        raise explain_shape_field(err, culprits, type(algo).__name__) from None
+
+
+def _traces(algo: Any, name: str) -> bool:
+    try:
+        trace(algo, name)
+        return True
+    except (jax.errors.ConcretizationTypeError, TypeError):
+        return False
+    except FragcError:
+        return True  # traced as far as the sweep goes: a swept value did not break it
 
 
 TRANSFERS = ("auto", "device_put", "collective")

@@ -21,7 +21,7 @@ import numpy as np
 from jax.extend import core as jex
 from jax.interpreters import ad, batching
 
-from . import traps
+from . import sweep, traps
 from .traps import caller, short_location
 from .collectives import pmean, psum  # noqa: F401  (re-exported: `fragc.pmean`)
 from .errors import FragcError, FragmentError
@@ -88,6 +88,9 @@ class Fragment:
         return f"<fragment {self.name} role={self.role}>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if (sweeping := sweep.active()) is not None:  # the swept hyperparameters as one more argument
+            bound = self._bind(args, kwargs)
+            return sweeping[0].fragment(self, len(bound))(*bound, sweeping[1])
         args = _as_arrays(self._bind(args, kwargs))
         ctx = _TRACING.get()
         if ctx is not None and ctx.defining:
@@ -132,6 +135,31 @@ class Fragment:
             params = []
         names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         return tuple(names[i] if i < len(names) else f"arg{i}" for i in range(count))
+
+
+class SweptFragment(Fragment):
+    """A fragment called under a hyperparameter sweep (ir/sweep.py): its last argument,
+    `hyperparameters`, holds the member's values, and its body reads them through `self.config`."""
+
+    def __init__(self, frag: Fragment, sweeping: "sweep.Sweep", nargs: int):
+        @functools.wraps(frag.fn)
+        def body(*args: Any) -> Any:
+            with sweeping.values(args[-1]):
+                return frag.fn(*args[:-1])
+
+        in_axes = frag.in_axes if isinstance(frag.in_axes, tuple) else (frag.in_axes,) * nargs
+        super().__init__(body, frag.role, in_axes + (None,), frag.out_axes)
+        self.name, self.original = frag.name, frag
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        token = sweep._ACTIVE.set(None)  # this call is the swept one
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            sweep._ACTIVE.reset(token)
+
+    def arg_names(self, count: int) -> tuple[str, ...]:
+        return self.original.arg_names(count - 1) + ("hyperparameters",)
 
 
 def _as_arrays(args: tuple) -> tuple:
@@ -290,8 +318,11 @@ def _trace_body(frag: Fragment, in_tree: Any, leaf_types: list[LeafType]) -> tup
                                   _split_types(in_tree, leaf_types), err)
         raise
     if any(isinstance(c, jax.core.Tracer) for c in body.consts):
+        hint = (" (under a hyperparameter sweep: an object built once from the config, such as an optimizer in a "
+                "cached_property, keeps the value it was built with; build it where it is used: docs/sweeps.md)"
+                if isinstance(frag, SweptFragment) else "")
         raise FragmentError(
-            f"fragment '{frag.name}' closes over a value traced outside it; pass that value as an argument"
+            f"fragment '{frag.name}' closes over a value traced outside it; pass that value as an argument{hint}"
         )
     return body, out_tree_cell[0], flat_fn
 
@@ -369,6 +400,10 @@ def trace(algo: Any, name: str | None = None) -> Module:
         closed = jax.make_jaxpr(flat_iteration)(*state_leaves)
     finally:
         _TRACING.reset(token)
+    if isinstance(algo, sweep.SweptAlgorithm):  # SweepState's leaves: the algorithm's, then hyper's (sorted)
+        fields = sorted(algo.sweep.fields)
+        sweep.check_reads(closed.jaxpr, closed.jaxpr.invars[-len(fields):], fields, ctx.defs_by_name,
+                          fragment_call_p, type(algo).__name__)
     traps.check_state_round_trip(algo, state_tree, out_tree_cell[0], state_leaves, closed)
     traps.refuse_effects_outside_fragments(algo, closed.jaxpr, fragment_call_p)
     graph = build_graph(closed, fragment_call_p, TreeType.of(state), out_tree_cell[0], ctx.defs_by_name)

@@ -515,6 +515,10 @@ class Module:
     meshes: the device groups (set by `place`).
     population: seed offsets of independent runs vectorised over a leading axis
       of the state (empty: one run; set by `place`).
+    hyperparameters: for a population that varies config fields (ir/sweep.py), per
+      field each member's value (set by `place`).
+    member_loop: a population's members run one after another on each device (each
+      bit for bit its single run), not vectorised.
     carrier: how transfers move values (one of `CARRIERS`; set by
       `insert_transfers`, from when on every operand lives where it is read).
     stages: the compiled subgraphs (set by `fuse`).
@@ -528,6 +532,8 @@ class Module:
     meshes: tuple[Mesh, ...] = ()
     population: tuple[int, ...] = ()
     carrier: str | None = None
+    hyperparameters: tuple[tuple[str, tuple], ...] = ()
+    member_loop: bool = False
     stages: tuple[Stage, ...] = ()
     schedule: Schedule | None = None
 

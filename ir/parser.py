@@ -260,7 +260,8 @@ class _Parser:
         self.bodies = bodies
         self.types = _Types()
         self.values = _Values()
-        self.fields: dict[str, Any] = {"meshes": [], "population": (), "carrier": None, "schedule": None}
+        self.fields: dict[str, Any] = {"meshes": [], "population": (), "carrier": None, "schedule": None,
+                                       "hyperparameters": (), "member_loop": False}
         self.fragments: dict[str, FragmentDef] = {}
 
     def module(self) -> Module:
@@ -273,14 +274,19 @@ class _Parser:
             line = self.header_line(line)
         graph, stages = self.func(line)
         return Module(name, self.fragments, graph, label, tuple(self.fields["meshes"]), self.fields["population"],
-                      self.fields["carrier"], tuple(stages), self.fields["schedule"])
+                      self.fields["carrier"], self.fields["hyperparameters"], self.fields["member_loop"],
+                      tuple(stages), self.fields["schedule"])
 
     def header_line(self, line: str) -> str:
         """One top-level line (and the lines that belong to it) -> the next top-level line."""
         if m := re.match(r"^mesh @(\w+) = devices\[(.*)\]$", line):
             self.fields["meshes"].append(Mesh(m[1], _ranges(m[2])))
-        elif m := re.match(r"^population seeds=\[(.*)\]$", line):
-            self.fields["population"] = tuple(int(x) for x in m[1].split(","))
+        elif m := re.match(r"^population( loop)? seeds=\[([^\]]*)\]((?: \w+=\[[^\]]*\])*)$", line):
+            self.fields["member_loop"] = bool(m[1])
+            self.fields["population"] = tuple(int(x) for x in m[2].split(","))
+            self.fields["hyperparameters"] = tuple(
+                (name, tuple(_number(x) for x in values.split(",")))
+                for name, values in re.findall(r" (\w+)=\[([^\]]*)\]", m[3]))
         elif m := re.match(r"^transfers via (\w+)$", line):
             self.fields["carrier"] = m[1]
         elif m := re.match(r"^schedule (\w+) iterations_per_dispatch=(\d+)$", line):
@@ -507,3 +513,9 @@ def _ranges(text: str) -> tuple[int, ...]:
         a, b = text.split("..")
         return tuple(range(int(a), int(b) + 1))
     return tuple(int(x) for x in text.split(","))
+
+
+def _number(text: str) -> int | float:
+    """A hyperparameter value as the printer wrote it (`repr` of an int or a float)."""
+    text = text.strip()
+    return int(text) if re.fullmatch(r"-?\d+", text) else float(text)

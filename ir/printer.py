@@ -76,7 +76,8 @@ def format_module(module: Module, bodies: bool = False) -> str:
     header = [f"// fragc.ir · {module.name} · after {module.label}"]
     header += [f"mesh @{m.name} = devices[{_ranges(m.devices)}]" for m in module.meshes]
     if module.population:
-        header.append(f"population seeds=[{', '.join(map(str, module.population))}]")
+        header.append(f"population{' loop' if module.member_loop else ''} seeds=[{', '.join(map(str, module.population))}]"
+                      + "".join(f" {name}=[{', '.join(map(repr, values))}]" for name, values in module.hyperparameters))
     if module.carrier is not None:
         header.append(f"transfers via {module.carrier}")
     if module.schedule is not None:

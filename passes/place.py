@@ -51,7 +51,9 @@ class Place(Pass):
                                                                _env_groups(fdef, replicas, policy, name in in_regions),
                                                                workers))
         meshes = tuple(Mesh(g, tuple(d)) for g, d in policy.groups.items())
-        module = module.replace(fragments=fragments, meshes=meshes, population=tuple(policy.population))
+        module = module.replace(fragments=fragments, meshes=meshes, population=tuple(policy.population),
+                                hyperparameters=tuple(policy.hyperparameters),
+                                member_loop=policy.member_loop)
         return module.replace(graph=_place_values(module))
 
 

@@ -51,6 +51,10 @@ class Policy:
     """Iterations by which the actor's parameters lag the learner's (0: synchronous)."""
     population: tuple[int, ...] = ()
     """Seed offsets of independent runs vectorised in one program (empty: one run)."""
+    hyperparameters: tuple[tuple[str, tuple], ...] = ()
+    """For a population that varies config fields: per field, each member's value (ir/sweep.py)."""
+    member_loop: bool = False
+    """A population's members one after another on each device, each bit for bit its single run (`exact`)."""
     env_groups: int = 1
     """For fragments that step host environments: their time loop runs from the host with each replica's
     environments in this many groups, inference of one group overlapping the host stepping of another
@@ -172,24 +176,51 @@ def actor_learner_async(num_devices: int, actors: int | None = None, evaluators:
 
 @dataclasses.dataclass(frozen=True)
 class Population:
-    """`population(policy, seeds)`: independent runs of `policy`, vectorised over seeds."""
+    """`population(policy, seeds, **grid)`: independent runs of `policy`, vectorised over seeds and, with a
+    grid, over hyperparameter values (every configuration of the grid with every seed)."""
 
     base: "str | Policy"
     seeds: int | tuple[int, ...]
+    grid: tuple[tuple[str, tuple], ...] = ()
+    exact: bool = False
 
     def resolve(self, num_devices: int) -> Policy:
+        from fragc.ir.sweep import grid_members
+
         offsets = tuple(range(self.seeds)) if isinstance(self.seeds, int) else tuple(self.seeds)
         if not offsets or (isinstance(self.seeds, int) and self.seeds < 1):
             raise FragcError(f"population needs at least one seed, got {self.seeds!r}")
         base = resolve(self.base, num_devices)
         if base.population:
             raise FragcError("population of a population: pass the seeds to one population(...)")
-        return dataclasses.replace(base, name=f"population({base.name},{len(offsets)})", population=offsets)
+        if len(base.groups) > 1:
+            raise FragcError(f"population({base.name},...): a population vectorises one program over its members, "
+                             f"and {base.name} splits the iteration over {len(base.groups)} device groups; use "
+                             f"population(single,S), which spreads its members over the devices given")
+        members, values = grid_members(offsets, self.grid)
+        return dataclasses.replace(base, name=f"population({base.name},{len(members)})", population=members,
+                                   hyperparameters=values, member_loop=self.exact)
 
 
-def population(policy: "str | Policy", seeds: int | Sequence[int]) -> Population:
-    """Independent runs of `policy`: `seeds` runs (seed offsets 0..S-1) or the given seed offsets."""
-    return Population(policy, seeds if isinstance(seeds, int) else tuple(seeds))
+def population(policy: "str | Policy", seeds: int | Sequence[int], *, exact: bool = False,
+               **grid: Sequence[float]) -> Population:
+    """Independent runs of `policy`: `seeds` runs (seed offsets 0..S-1) or the given seed offsets; with
+    `grid` (config field -> values, e.g. `lr=[1e-4, 3e-4]`), every configuration of the grid with every
+    seed, configuration-major: member i has configuration i // len(seeds) and seed i % len(seeds).
+
+    Members are vectorised (`vmap`) and spread over the devices. XLA then sums over a batched axis in
+    another order than the single run does, so a member differs from its single run in the last bits;
+    `exact=True` runs each device's members one after another instead, each bit for bit its single run
+    (slower: no vectorisation)."""
+    if not isinstance(exact, bool):
+        raise FragcError(f"population: exact must be True or False, got {exact!r}")
+    axes = []
+    for field, values in grid.items():
+        values = (values,) if isinstance(values, (int, float)) else tuple(values)
+        if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            raise FragcError(f"population: {field} must be a number or a list of numbers, got {values!r}")
+        axes.append((field, values))
+    return Population(policy, seeds if isinstance(seeds, int) else tuple(seeds), tuple(axes), exact)
 
 
 BUILTIN: dict[str, Callable[[int], Policy]] = {

@@ -16,7 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fragc.ir.module import Module
+from jax.extend import core as jex
+
+from fragc.ir.module import REPLICA, Module
 
 from .lower import Lowered, leaf_sharding, lower_fragment, lower_fragments
 from .stages import whole_iteration
@@ -31,8 +33,12 @@ class FusedProgram:
         self.module, self.devices = module, devices
         self.k = module.schedule.iterations_per_dispatch
         population = module.population
-        frags = ({name: lower_fragment(f, None) for name, f in module.callable_fragments().items()} if population
-                 else lower_fragments(module, devices))
+        if population and module.member_loop:  # the single run's bodies, under `_member_loop`'s replica axis
+            frags = {name: _replica_body(f) for name, f in module.callable_fragments().items()}
+        elif population:
+            frags = {name: lower_fragment(f, None) for name, f in module.callable_fragments().items()}
+        else:
+            frags = lower_fragments(module, devices)
         self.body = Lowered(module, frags)
         self.state_shardings = self._state_shardings()
         lowered = self._lower()
@@ -47,12 +53,18 @@ class FusedProgram:
 
     def _state_shardings(self) -> list[NamedSharding]:
         leaves = self.module.graph.inputs[0].type.leaves
-        seeds = len(self.module.population)
-        if not seeds:
+        if not self.module.population:
             return [self.leaf_sharding(t) for t in leaves]
-        devices = self.devices if seeds % len(self.devices) == 0 else self.devices[:1]
-        mesh = Mesh(np.array(devices), ("population",))
-        return [NamedSharding(mesh, P("population")) for _ in leaves]
+        return [NamedSharding(self.population_mesh, P("population")) for _ in leaves]
+
+    @property
+    def population_mesh(self) -> Mesh:
+        """The devices a population's members are spread over: as many of the program's devices as divide
+        the member count (all of them when they do), members in equal contiguous blocks."""
+        devices = self.devices[:population_devices(len(self.module.population), len(self.devices))]
+        if self.module.member_loop:  # and a replica axis of one, as the single run's shard_map has
+            return Mesh(np.array(devices).reshape(len(devices), 1), ("population", REPLICA))
+        return Mesh(np.array(devices), ("population",))
 
     def _iteration(self, leaves: list[Any]) -> tuple[list[Any], list[Any]]:
         outs, _ = self.body.iteration(leaves)
@@ -61,7 +73,12 @@ class FusedProgram:
     def _lower(self) -> Any:
         k = self.k
         structs = [t.struct() for t in self.module.graph.inputs[0].type.leaves]
-        _, metrics_shape = jax.eval_shape(self._iteration, structs)
+        if self.module.member_loop:  # its bodies need the replica axis: shapes from a vmap naming it
+            _, metrics_shape = jax.eval_shape(jax.vmap(self._iteration, in_axes=None, axis_name=REPLICA, axis_size=1),
+                                              structs)
+            metrics_shape = [jax.ShapeDtypeStruct(s.shape[1:], s.dtype) for s in metrics_shape]
+        else:
+            _, metrics_shape = jax.eval_shape(self._iteration, structs)
 
         def chunk(leaves: list[Any], n: jax.Array) -> tuple[list[Any], Any]:
             # A loop of n <= k iterations (n known at run time) writing each iteration's metrics into
@@ -76,9 +93,36 @@ class FusedProgram:
             rows = [jnp.zeros((k,) + s.shape, s.dtype) for s in metrics_shape]
             return jax.lax.fori_loop(0, n, body, (leaves, rows))
 
-        if self.module.population:
+        if self.module.population and self.module.member_loop:
+            chunk = self._member_loop(chunk)
+            structs = [jax.ShapeDtypeStruct((len(self.module.population),) + s.shape, s.dtype) for s in structs]
+        elif self.module.population:
             chunk = jax.vmap(chunk, in_axes=(0, None), out_axes=(0, 0))  # metrics [seeds, k]
             structs = [jax.ShapeDtypeStruct((len(self.module.population),) + s.shape, s.dtype) for s in structs]
         structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) for s, sh in zip(structs, self.state_shardings)]
         return jax.jit(chunk, donate_argnums=0, out_shardings=(self.state_shardings, None)).lower(
             structs, jax.ShapeDtypeStruct((), jnp.int32))
+
+    def _member_loop(self, chunk: Any) -> Any:
+        """Members one after another on each device (`lax.map` inside a `shard_map` over the member axis):
+        each member runs the single run's own program, so it is that run bit for bit. Vectorised members
+        (`vmap`) are faster but XLA reduces over a batched axis in another order: last-bit differences."""
+        mesh = self.population_mesh
+
+        def local(leaves: list[Any], n: jax.Array) -> tuple[list[Any], list[Any]]:
+            return jax.lax.map(lambda member: chunk(member, n), leaves)
+
+        return jax.shard_map(local, mesh=mesh, in_specs=(P("population"), P()), out_specs=P("population"),
+                             check_vma=False)
+
+
+def _replica_body(fdef: Any) -> Any:
+    """A fragment's one-replica body as the single run's shard_map runs it (collectives over a replica
+    axis of one), for `_member_loop`."""
+    body = jex.jaxpr_as_fun(fdef.body_for(1))
+    return lambda *xs: tuple(body(*xs))
+
+
+def population_devices(members: int, devices: int) -> int:
+    """The most devices, up to `devices`, that `members` members divide over evenly."""
+    return max(d for d in range(1, devices + 1) if members % d == 0)

@@ -25,6 +25,7 @@ from fragc.ir.host import apply_env_workers
 from fragc.ir.errors import FragcError
 from fragc.ir.module import Delay, Transfer
 from fragc.ir.printer import format_module
+from fragc.ir.sweep import swept
 from fragc.passes.pipeline import PipelineResult
 from fragc.passes.policy import Policy
 
@@ -246,7 +247,11 @@ class Program:
         if not self.population:
             return init
         offsets = jnp.asarray(self.population, jnp.uint32)
-        return lambda seed: jax.vmap(init)(seed + offsets)
+        if not self.module.hyperparameters:
+            return lambda seed: jax.vmap(init)(seed + offsets)
+        algo = swept(self.algo, [f for f, _ in self.module.hyperparameters])
+        table = {f: jnp.asarray(v, algo.sweep.dtype(f)) for f, v in self.module.hyperparameters}
+        return lambda seed: jax.vmap(lambda s, h: algo.init(jax.random.key(s), h))(seed + offsets, table)
 
     def _collect(self, run: Run, actions: list[Action], rows: list, metrics: Any, queued: list, n: int,
                  done: int) -> None:

@@ -100,7 +100,9 @@ def test_policy_with_an_unknown_group():
 
 
 def test_population_of_a_staged_policy_is_refused():
-    with pytest.raises(fragc.FragcError, match="population runs need a policy whose iteration is one stage"):
+    with pytest.raises(fragc.FragcError, match=r"^population\(actor_learner,\.\.\.\): a population vectorises one "
+                                               r"program over its members, and actor_learner splits the iteration "
+                                               r"over 2 device groups; use population\(single,S\)"):
         fragc.compile(Regression(), fragc.population("actor_learner", 2), devices=2)
 
 

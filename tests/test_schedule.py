@@ -1,5 +1,7 @@
 """Stages, transfers and schedules as the passes decide them (no XLA compile), and `prog.k`."""
 
+import dataclasses
+
 import pytest
 
 import fragc
@@ -68,9 +70,11 @@ def test_population_is_a_field_of_the_module():
 
 
 def test_a_population_of_a_staged_policy_is_refused_by_the_loop_pass():
+    """`population(...)` refuses a policy of several groups itself; a `Policy` made by hand reaches the pass."""
+    staged = dataclasses.replace(fragc.passes.actor_learner(2), population=(0, 1))
     with pytest.raises(fragc.FragcError, match=r"pass 'loop\{k=4\}' failed .*population runs need a policy whose "
                                                r"iteration is one stage; this one has 2 stages"):
-        final(fragc.trace(Regression()), fragc.population("actor_learner", 2))
+        final(fragc.trace(Regression()), staged)
 
 
 def test_prog_k_is_what_was_asked_under_every_transfer_mode():
