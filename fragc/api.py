@@ -125,7 +125,7 @@ def run_passes(
         devs = list(devices)
     else:
         devs = choose_devices(devices)
-    resolved = resolve(policy, len(devs))
+    resolved = with_pbt_bounds(resolve(policy, len(devs)))
     if env_groups is not None:
         resolved = dataclasses.replace(resolved, env_groups=env_groups)  # checked by Policy itself
     if env_workers is not None:
@@ -143,6 +143,18 @@ def run_passes(
     passes = default_passes(resolved, iterations_per_dispatch, carrier(transfers, devs, hosted))
     pipeline = run_pipeline(traced, passes, print_after_all=print_after_all, dump_dir=dump_dir, printer=printer)
     return pipeline, devs, resolved
+
+
+def with_pbt_bounds(policy: Policy) -> Policy:
+    """The policy with population-based training's perturbations bounded by each swept field's range (the
+    built-in algorithms' table, algos/validation.py), unless given."""
+    if policy.pbt is None or policy.pbt.bounds:
+        return policy
+    from fragc.algos.validation import RANGES
+
+    bounds = tuple((f, float(RANGES[f].low), float(RANGES[f].high)) for f, _ in policy.hyperparameters
+                   if f in RANGES)
+    return dataclasses.replace(policy, pbt=dataclasses.replace(policy.pbt, bounds=bounds))
 
 
 def trace_for(algo: Any, policy: Policy) -> Any:

@@ -351,7 +351,10 @@ def _parser(algo: str | None = None, parser_class: type = _Parser) -> argparse.A
             run.add_argument("--total-steps", type=_count, default=None, metavar="N",
                              help="train N env steps: N // steps_per_iteration iterations (where the algorithm "
                                   "has steps_per_iteration)")
-    parser.commands = {"run": run, "ir": ir, "bench": bench}  # type: ignore[attr-defined]
+    from fragc import sweep
+
+    parser.commands = {"run": run, "ir": ir, "bench": bench,  # type: ignore[attr-defined]
+                       "sweep": sweep.add_parser(sub, algo)}
     for name, what in (("policies", "built-in distribution policies"), ("algos", "algorithms"),
                        ("envs", "environment backends and the gymnax environments")):
         sub.add_parser(name, help=f"list the {what}, one line each")
@@ -981,7 +984,8 @@ def cmd_video(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": cmd_run, "ir": cmd_ir, "policies": cmd_list, "algos": cmd_list, "envs": cmd_list,
-            "plot": cmd_plot, "bench": cmd_bench, "launch": cmd_launch, "video": cmd_video}
+            "plot": cmd_plot, "bench": cmd_bench, "launch": cmd_launch, "video": cmd_video,
+            "sweep": lambda args: __import__("fragc.sweep").sweep.cmd_sweep(args)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -400,9 +400,9 @@ def trace(algo: Any, name: str | None = None) -> Module:
         closed = jax.make_jaxpr(flat_iteration)(*state_leaves)
     finally:
         _TRACING.reset(token)
-    if isinstance(algo, sweep.SweptAlgorithm):  # SweepState's leaves: the algorithm's, then hyper's (sorted)
+    if isinstance(algo, sweep.SweptAlgorithm):  # SweepState's leaves: the algorithm's, hyper's (sorted), lineage
         fields = sorted(algo.sweep.fields)
-        sweep.check_reads(closed.jaxpr, closed.jaxpr.invars[-len(fields):], fields, ctx.defs_by_name,
+        sweep.check_reads(closed.jaxpr, closed.jaxpr.invars[-len(fields) - 1:-1], fields, ctx.defs_by_name,
                           fragment_call_p, type(algo).__name__)
     traps.check_state_round_trip(algo, state_tree, out_tree_cell[0], state_leaves, closed)
     traps.refuse_effects_outside_fragments(algo, closed.jaxpr, fragment_call_p)

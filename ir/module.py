@@ -519,6 +519,7 @@ class Module:
       field each member's value (set by `place`).
     member_loop: a population's members run one after another on each device (each
       bit for bit its single run), not vectorised.
+    pbt: population-based training's settings (runtime/pbt.py `PBT`), or None.
     carrier: how transfers move values (one of `CARRIERS`; set by
       `insert_transfers`, from when on every operand lives where it is read).
     stages: the compiled subgraphs (set by `fuse`).
@@ -534,6 +535,7 @@ class Module:
     carrier: str | None = None
     hyperparameters: tuple[tuple[str, tuple], ...] = ()
     member_loop: bool = False
+    pbt: Any = None
     stages: tuple[Stage, ...] = ()
     schedule: Schedule | None = None
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from .errors import FragcError
 from .host import HostStep
+from .sweep import PBT
 from .module import (
     Delay, For, FragmentDef, Glue, Graph, If, Loop, Mesh, Module, Placement, Run, Schedule, Stage, Transfer, Use,
     Value, walk,
@@ -261,7 +262,7 @@ class _Parser:
         self.types = _Types()
         self.values = _Values()
         self.fields: dict[str, Any] = {"meshes": [], "population": (), "carrier": None, "schedule": None,
-                                       "hyperparameters": (), "member_loop": False}
+                                       "hyperparameters": (), "member_loop": False, "pbt": None}
         self.fragments: dict[str, FragmentDef] = {}
 
     def module(self) -> Module:
@@ -273,9 +274,10 @@ class _Parser:
         while not line.startswith("func @iteration("):
             line = self.header_line(line)
         graph, stages = self.func(line)
-        return Module(name, self.fragments, graph, label, tuple(self.fields["meshes"]), self.fields["population"],
-                      self.fields["carrier"], self.fields["hyperparameters"], self.fields["member_loop"],
-                      tuple(stages), self.fields["schedule"])
+        f = self.fields
+        return Module(name, self.fragments, graph, label, meshes=tuple(f["meshes"]), population=f["population"],
+                      carrier=f["carrier"], hyperparameters=f["hyperparameters"], member_loop=f["member_loop"],
+                      pbt=f["pbt"], stages=tuple(stages), schedule=f["schedule"])
 
     def header_line(self, line: str) -> str:
         """One top-level line (and the lines that belong to it) -> the next top-level line."""
@@ -287,6 +289,11 @@ class _Parser:
             self.fields["hyperparameters"] = tuple(
                 (name, tuple(_number(x) for x in values.split(",")))
                 for name, values in re.findall(r" (\w+)=\[([^\]]*)\]", m[3]))
+        elif m := re.match(r"^pbt every=(\d+) metric=(\S+) fraction=(\S+) resample=(\S+) seed=(\d+)(?: bounds=(\S+))?$",
+                           line):
+            bounds = tuple((f, float(lo), float(hi)) for f, lo, hi in (b.split(":") for b in m[6].split(","))) \
+                if m[6] else ()
+            self.fields["pbt"] = PBT(int(m[1]), m[2], float(m[3]), float(m[4]), int(m[5]), bounds)
         elif m := re.match(r"^transfers via (\w+)$", line):
             self.fields["carrier"] = m[1]
         elif m := re.match(r"^schedule (\w+) iterations_per_dispatch=(\d+)$", line):

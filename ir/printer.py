@@ -78,6 +78,8 @@ def format_module(module: Module, bodies: bool = False) -> str:
     if module.population:
         header.append(f"population{' loop' if module.member_loop else ''} seeds=[{', '.join(map(str, module.population))}]"
                       + "".join(f" {name}=[{', '.join(map(repr, values))}]" for name, values in module.hyperparameters))
+    if module.pbt is not None:
+        header.append(module.pbt.header())
     if module.carrier is not None:
         header.append(f"transfers via {module.carrier}")
     if module.schedule is not None:

@@ -50,11 +50,13 @@ Grid = tuple[tuple[str, tuple[Any, ...]], ...]
 
 @struct.dataclass
 class SweepState:
-    """The training state of a population that varies hyperparameters: the algorithm's own state, and per
-    swept config field its value (a scalar per member)."""
+    """The training state of a population that varies hyperparameters: the algorithm's own state, per
+    swept config field its value (a scalar per member), and `lineage`: the member whose training this
+    state continues (itself, until population-based training copies another's: runtime/pbt.py)."""
 
     state: Any
     hyper: dict[str, jax.Array]
+    lineage: jax.Array
 
 
 def active() -> "tuple[Sweep, dict] | None":
@@ -113,10 +115,10 @@ class SweptAlgorithm:
     def config(self) -> Any:
         return self.algo.config
 
-    def init(self, key: jax.Array, hyper: Mapping[str, Any] | None = None) -> SweepState:
+    def init(self, key: jax.Array, hyper: Mapping[str, Any] | None = None, member: Any = 0) -> SweepState:
         hyper = self.sweep.defaults() if hyper is None else dict(hyper)
         with self.sweep.values(hyper):
-            return SweepState(self.algo.init(key), hyper)
+            return SweepState(self.algo.init(key), hyper, jnp.asarray(member, jnp.int32))
 
     def iteration(self, state: SweepState) -> tuple[SweepState, Any]:
         with self.sweep.values(state.hyper):
@@ -129,6 +131,39 @@ def swept(algo: Any, fields: Sequence[str]) -> SweptAlgorithm:
     name the user's algorithm)."""
     cls = type(type(algo).__name__, (SweptAlgorithm,), {"__module__": __name__})
     return cls(Sweep(algo, fields))
+
+
+@dataclasses.dataclass(frozen=True)
+class PBT:
+    """Population-based training's settings (runtime/pbt.py says what the step does)."""
+
+    every: int
+    """Iterations between exploit/explore steps."""
+    metric: str = "episode_return"
+    """The metric members are ranked by (higher is better)."""
+    fraction: float = 0.25
+    """The worst `fraction` of the members copy the best `fraction`."""
+    resample: float = 0.25
+    """The probability that a copied hyperparameter is drawn again from the grid's values instead of perturbed."""
+    seed: int = 0
+    """The seed of the selection and perturbation draws."""
+    bounds: tuple[tuple[str, float, float], ...] = ()
+    """(field, low, high) for the swept fields with a range: perturbed values are clipped into it."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.every, int) or isinstance(self.every, bool) or self.every < 1:
+            raise FragcError(f"pbt: every must be a positive number of iterations, got {self.every!r}")
+        if not 0 < self.fraction <= 0.5:
+            raise FragcError(f"pbt: fraction must be in (0, 0.5], got {self.fraction!r}")
+        if not 0 <= self.resample <= 1:
+            raise FragcError(f"pbt: resample must be in [0, 1], got {self.resample!r}")
+
+    def header(self) -> str:
+        """The IR's `pbt` line."""
+        bounds = ",".join(f"{f}:{lo!r}:{hi!r}" for f, lo, hi in self.bounds)
+        return (f"pbt every={self.every} metric={self.metric} fraction={self.fraction!r} "
+                f"resample={self.resample!r} seed={self.seed}" + (f" bounds={bounds}" if bounds else ""))
+
 
 
 # ---------------------------------------------------------------- the grid

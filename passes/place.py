@@ -53,7 +53,7 @@ class Place(Pass):
         meshes = tuple(Mesh(g, tuple(d)) for g, d in policy.groups.items())
         module = module.replace(fragments=fragments, meshes=meshes, population=tuple(policy.population),
                                 hyperparameters=tuple(policy.hyperparameters),
-                                member_loop=policy.member_loop)
+                                member_loop=policy.member_loop, pbt=policy.pbt)
         return module.replace(graph=_place_values(module))
 
 

@@ -11,7 +11,7 @@ import difflib
 import inspect
 import numbers
 import re
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from fragc.ir.errors import FragcError
 
@@ -55,6 +55,8 @@ class Policy:
     """For a population that varies config fields: per field, each member's value (ir/sweep.py)."""
     member_loop: bool = False
     """A population's members one after another on each device, each bit for bit its single run (`exact`)."""
+    pbt: Any = None
+    """Population-based training's settings (`fragc.PBT`), for a population with a grid."""
     env_groups: int = 1
     """For fragments that step host environments: their time loop runs from the host with each replica's
     environments in this many groups, inference of one group overlapping the host stepping of another
@@ -183,6 +185,7 @@ class Population:
     seeds: int | tuple[int, ...]
     grid: tuple[tuple[str, tuple], ...] = ()
     exact: bool = False
+    pbt: Any = None
 
     def resolve(self, num_devices: int) -> Policy:
         from fragc.ir.sweep import grid_members
@@ -198,11 +201,16 @@ class Population:
                              f"and {base.name} splits the iteration over {len(base.groups)} device groups; use "
                              f"population(single,S), which spreads its members over the devices given")
         members, values = grid_members(offsets, self.grid)
+        if self.pbt is not None and not self.grid:
+            raise FragcError("population-based training perturbs hyperparameters: give the population a grid "
+                             "(population(policy, seeds, lr=[...], ...))")
+        if self.pbt is not None and len(members) < 2:
+            raise FragcError(f"population-based training needs at least 2 members, got {len(members)}")
         return dataclasses.replace(base, name=f"population({base.name},{len(members)})", population=members,
-                                   hyperparameters=values, member_loop=self.exact)
+                                   hyperparameters=values, member_loop=self.exact, pbt=self.pbt)
 
 
-def population(policy: "str | Policy", seeds: int | Sequence[int], *, exact: bool = False,
+def population(policy: "str | Policy", seeds: int | Sequence[int], *, exact: bool = False, pbt: Any = None,
                **grid: Sequence[float]) -> Population:
     """Independent runs of `policy`: `seeds` runs (seed offsets 0..S-1) or the given seed offsets; with
     `grid` (config field -> values, e.g. `lr=[1e-4, 3e-4]`), every configuration of the grid with every
@@ -211,16 +219,22 @@ def population(policy: "str | Policy", seeds: int | Sequence[int], *, exact: boo
     Members are vectorised (`vmap`) and spread over the devices. XLA then sums over a batched axis in
     another order than the single run does, so a member differs from its single run in the last bits;
     `exact=True` runs each device's members one after another instead, each bit for bit its single run
-    (slower: no vectorisation)."""
+    (slower: no vectorisation).
+
+    pbt: population-based training over the grid's fields (`fragc.PBT(every=K)`, runtime/pbt.py)."""
+    from fragc.ir.sweep import PBT
+
     if not isinstance(exact, bool):
         raise FragcError(f"population: exact must be True or False, got {exact!r}")
+    if pbt is not None and not isinstance(pbt, PBT):
+        raise FragcError(f"population: pbt must be a fragc.PBT, got {type(pbt).__name__}")
     axes = []
     for field, values in grid.items():
         values = (values,) if isinstance(values, (int, float)) else tuple(values)
         if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             raise FragcError(f"population: {field} must be a number or a list of numbers, got {values!r}")
         axes.append((field, values))
-    return Population(policy, seeds if isinstance(seeds, int) else tuple(seeds), tuple(axes), exact)
+    return Population(policy, seeds if isinstance(seeds, int) else tuple(seeds), tuple(axes), exact, pbt)
 
 
 BUILTIN: dict[str, Callable[[int], Policy]] = {

@@ -20,6 +20,9 @@ from jax.extend import core as jex
 
 from fragc.ir.module import REPLICA, Module
 
+from fragc.ir.errors import FragcError
+
+from . import pbt
 from .lower import Lowered, leaf_sharding, lower_fragment, lower_fragments
 from .stages import whole_iteration
 
@@ -47,8 +50,11 @@ class FusedProgram:
     def leaf_sharding(self, leaf: Any) -> Any:
         return leaf_sharding(leaf, self.module, self.devices)
 
-    def __call__(self, state: list[Any], delays: dict | None, n: int) -> tuple[list, dict, list]:
-        state, metrics = self.executables[0].compiled(state, np.int32(n))
+    def __call__(self, state: list[Any], delays: dict | None, n: int, start: int = 0) -> tuple[list, dict, list]:
+        if self.module.pbt is not None:  # the step's draws and whether it is due depend on the iteration
+            state, metrics = self.executables[0].compiled(state, np.int32(n), np.int32(start))
+        else:
+            state, metrics = self.executables[0].compiled(state, np.int32(n))
         return state, {}, metrics
 
     def _state_shardings(self) -> list[NamedSharding]:
@@ -100,8 +106,29 @@ class FusedProgram:
             chunk = jax.vmap(chunk, in_axes=(0, None), out_axes=(0, 0))  # metrics [seeds, k]
             structs = [jax.ShapeDtypeStruct((len(self.module.population),) + s.shape, s.dtype) for s in structs]
         structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) for s, sh in zip(structs, self.state_shardings)]
-        return jax.jit(chunk, donate_argnums=0, out_shardings=(self.state_shardings, None)).lower(
-            structs, jax.ShapeDtypeStruct((), jnp.int32))
+        scalar = jax.ShapeDtypeStruct((), jnp.int32)
+        if self.module.pbt is not None:
+            return jax.jit(self._with_pbt(chunk), donate_argnums=0, out_shardings=(self.state_shardings, None)).lower(
+                structs, scalar, scalar)
+        return jax.jit(chunk, donate_argnums=0, out_shardings=(self.state_shardings, None)).lower(structs, scalar)
+
+    def _with_pbt(self, chunk: Any) -> Any:
+        """The population's dispatch, then population-based training's step when it is due (runtime/pbt.py),
+        as a `cond` in the same program: the state never leaves the devices."""
+        module, spec = self.module, self.module.pbt
+        fields = sorted(f for f, _ in module.hyperparameters)
+        count = len(module.graph.inputs[0].type.leaves)  # SweepState: the algorithm's leaves, hyper's, lineage
+        hyper = {f: count - 1 - len(fields) + i for i, f in enumerate(fields)}
+        choices = {f: jnp.asarray(sorted(set(v)), jnp.float32) for f, v in module.hyperparameters}
+        metric = metric_index(module, spec.metric)
+
+        def dispatch(leaves: list[Any], n: jax.Array, start: jax.Array) -> tuple[list[Any], list[Any]]:
+            leaves, rows = chunk(leaves, n)
+            scores = pbt.member_scores(rows[metric], n)
+            step = lambda ls: pbt.exploit_explore(spec, ls, hyper, count - 1, choices, scores, start + n)  # noqa: E731
+            return jax.lax.cond(pbt.due(spec, start, n), step, list, leaves), rows
+
+        return dispatch
 
     def _member_loop(self, chunk: Any) -> Any:
         """Members one after another on each device (`lax.map` inside a `shard_map` over the member axis):
@@ -114,6 +141,17 @@ class FusedProgram:
 
         return jax.shard_map(local, mesh=mesh, in_specs=(P("population"), P()), out_specs=P("population"),
                              check_vma=False)
+
+
+def metric_index(module: Module, name: str) -> int:
+    """The position of metric `name` among the iteration's metric leaves; an error listing them if absent."""
+    tree = module.graph.out_tree.children()[1]
+    paths = jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(tree, range(tree.num_leaves)))[0]
+    names = [jax.tree_util.keystr(p, simple=True, separator=".") for p, _ in paths]
+    if name not in names:
+        raise FragcError(f"pbt: the algorithm reports no metric '{name}' to rank members by; it reports "
+                         f"{', '.join(names) or 'none'}")
+    return names.index(name)
 
 
 def _replica_body(fdef: Any) -> Any:

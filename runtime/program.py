@@ -194,7 +194,7 @@ class Program:
         handed = [run.start] * len(actions)  # the iteration of each action's latest `on_state`
         while done < iterations:
             n = min(self.k, iterations - done)
-            carry, metrics = self._dispatch(carry, n)
+            carry, metrics = self._dispatch(carry, n, done)
             queued = [a.on_dispatch(done + n, self._tree(carry[0])) for a in actions]
             if pending is not None:
                 self._collect(run, actions, rows, *pending)
@@ -234,9 +234,9 @@ class Program:
         """The delay values a run starting from `state` begins with (empty without delays)."""
         return initial_delays(self.module, jax.tree.leaves(state))
 
-    def _dispatch(self, carry: tuple, n: int) -> tuple[tuple, dict]:
+    def _dispatch(self, carry: tuple, n: int, start: int = 0) -> tuple[tuple, dict]:
         """Up to `k` iterations -> ((state, delays), metrics with one row per iteration)."""
-        state, delays, metrics = self._executor(carry[0], carry[1], n)
+        state, delays, metrics = self._executor(carry[0], carry[1], n, start)
         metrics_tree = self.module.graph.out_tree.children()[1]
         return (state, delays), _metrics_dict(jax.tree.unflatten(metrics_tree, metrics))
 
@@ -251,7 +251,9 @@ class Program:
             return lambda seed: jax.vmap(init)(seed + offsets)
         algo = swept(self.algo, [f for f, _ in self.module.hyperparameters])
         table = {f: jnp.asarray(v, algo.sweep.dtype(f)) for f, v in self.module.hyperparameters}
-        return lambda seed: jax.vmap(lambda s, h: algo.init(jax.random.key(s), h))(seed + offsets, table)
+        members = jnp.arange(len(self.population), dtype=jnp.int32)
+        return lambda seed: jax.vmap(lambda s, h, m: algo.init(jax.random.key(s), h, m))(seed + offsets, table,
+                                                                                         members)
 
     def _collect(self, run: Run, actions: list[Action], rows: list, metrics: Any, queued: list, n: int,
                  done: int) -> None:

@@ -80,7 +80,7 @@ class SpmdProgram(Interpreter):
         """Where a leaf lives between dispatches: on every row, split over `replica` along its batch axis."""
         return NamedSharding(self.mesh, _spec(leaf))
 
-    def __call__(self, state: list[Any], delays: dict[int, list[Any]], n: int) -> tuple[list, dict, Any]:
+    def __call__(self, state: list[Any], delays: dict[int, list[Any]], n: int, start: int = 0) -> tuple[list, dict, Any]:
         flat = [x for i in self.delay_nodes for x in delays[i]]
         state, flat, metrics = self.executables[0].compiled(state, flat, np.int32(n))
         return state, self._unflatten_delays(flat), metrics

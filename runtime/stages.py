@@ -75,7 +75,7 @@ class StagedProgram(Interpreter):
     def leaf_sharding(self, leaf: Any) -> Any:
         return leaf_sharding(leaf, self.module, self.devices)
 
-    def __call__(self, state: list[Any], delays: dict | None, n: int) -> tuple[list, dict, list]:
+    def __call__(self, state: list[Any], delays: dict | None, n: int, start: int = 0) -> tuple[list, dict, list]:
         """`n` iterations, queued without waiting; metrics stacked, one row per iteration."""
         n_state, metrics = len(state), []
         for _ in range(n):
