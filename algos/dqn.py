@@ -117,8 +117,9 @@ class DQN(ReplayBuffer):
     def network(self) -> QNetwork:
         return QNetwork(self.env.action_space.n, self.config.hidden)
 
-    @functools.cached_property
+    @property
     def optimizer(self) -> optax.GradientTransformation:
+        """Built where it is used, not cached: a hyperparameter sweep traces it with each member's values."""
         return optax.adam(self.config.lr)
 
     def init(self, key: jax.Array) -> State:

@@ -144,8 +144,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     iterations = _iterations(algo, args)
     steps = steps_per_iteration(algo)
     k = args.iterations_per_dispatch
-    if args.pbt_every:  # PBT steps at the end of a dispatch: dispatches that end on its multiples
-        k = max(d for d in range(1, min(k, args.pbt_every) + 1) if args.pbt_every % d == 0)
     pbt = fragc.PBT(args.pbt_every, args.pbt_metric, seed=args.pbt_seed) if args.pbt_every else None
     run_info = {"algo": args.algo, "seeds": args.seeds, "grid": grid, "pbt_every": args.pbt_every}
     os.makedirs(out, exist_ok=True)

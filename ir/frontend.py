@@ -403,7 +403,7 @@ def trace(algo: Any, name: str | None = None) -> Module:
     if isinstance(algo, sweep.SweptAlgorithm):  # SweepState's leaves: the algorithm's, hyper's (sorted), lineage
         fields = sorted(algo.sweep.fields)
         sweep.check_reads(closed.jaxpr, closed.jaxpr.invars[-len(fields) - 1:-1], fields, ctx.defs_by_name,
-                          fragment_call_p, type(algo).__name__)
+                          fragment_call_p, type(algo).__name__, sweep.init_reads(algo))
     traps.check_state_round_trip(algo, state_tree, out_tree_cell[0], state_leaves, closed)
     traps.refuse_effects_outside_fragments(algo, closed.jaxpr, fragment_call_p)
     graph = build_graph(closed, fragment_call_p, TreeType.of(state), out_tree_cell[0], ctx.defs_by_name)

@@ -208,16 +208,25 @@ def check_grid(algo: Any, grid: Grid) -> None:
 
 
 def check_reads(jaxpr: Any, hyper_vars: Sequence[Any], fields: Sequence[str], bodies: Mapping[str, Any],
-                fragment_call: Any, algo_name: str) -> None:
-    """Refuse a swept field that the traced iteration never reads: the algorithm copied it somewhere at
-    construction (an optimizer built once, a value stored in `__init__`), so sweeping it would change
-    nothing."""
+                fragment_call: Any, algo_name: str, init: tuple[Any, Sequence[Any]] | None = None) -> None:
+    """Refuse a swept field that neither the traced iteration nor `init` (`init`: its jaxpr and hyper variables)
+    reads (an initial value, such as SAC's
+    temperature, is read by `init` alone): the algorithm copied it somewhere at construction (an optimizer built
+    once, a value stored in `__init__`), so sweeping it would change nothing."""
     for var, field in zip(hyper_vars, fields):
-        if not _reads(jaxpr, var, bodies, fragment_call):
+        if not _reads(jaxpr, var, bodies, fragment_call) and not (init and _reads(init[0], init[1][fields.index(field)],
+                                                                                    bodies, fragment_call)):
             raise FragcError(
-                f"sweep: {algo_name} never reads config.{field} while tracing its iteration: it was copied when the "
-                f"algorithm was built (an optimizer or a value made in __init__ or a cached_property), so every "
-                f"member would use the same {field}; read self.config.{field} where it is used (docs/sweeps.md)")
+                f"sweep: {algo_name} never reads config.{field} while tracing init and its iteration: it is unused in "
+                f"this configuration, or it was copied when the algorithm was built (an optimizer or a value made in "
+                f"__init__ or a cached_property), so every member would use the same {field}; read "
+                f"self.config.{field} where it is used (docs/sweeps.md)")
+
+
+def init_reads(algo: "SweptAlgorithm") -> tuple[Any, list[Any]]:
+    """`algo.init(key, hyper)` traced, and its variables of hyper's values (sorted by field), for `check_reads`."""
+    jaxpr = jax.make_jaxpr(lambda key, hyper: algo.init(key, hyper))(jax.random.key(0), algo.sweep.defaults()).jaxpr
+    return jaxpr, jaxpr.invars[1:]
 
 
 def _reads(jaxpr: Any, var: Any, bodies: Mapping[str, Any], fragment_call: Any) -> bool:

@@ -1,8 +1,7 @@
 """Population-based training (Jaderberg et al. 2017) inside a population's compiled program.
 
-Truncation selection, every `every` iterations, at the end of the dispatch in
-which a multiple of `every` falls (exactly at the multiple when `every` is a
-multiple of the iterations per dispatch):
+Truncation selection, every `every` iterations (the program ends a dispatch
+at each multiple of `every`, and the step follows that dispatch's loop):
 
 1. rank the members by the mean of `metric` over the dispatch's iterations;
 2. exploit: each member of the worst `fraction` copies the state of a member
@@ -32,7 +31,8 @@ from fragc.ir.sweep import PBT
 
 
 def due(pbt: PBT, start: jax.Array, n: jax.Array) -> jax.Array:
-    """Whether a multiple of `every` falls in the dispatch of iterations start+1 .. start+n."""
+    """Whether a multiple of `every` falls in the dispatch of iterations start+1 .. start+n (at its end:
+    `Program` ends a dispatch there)."""
     return (start + n) // pbt.every > start // pbt.every
 
 

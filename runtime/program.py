@@ -194,6 +194,8 @@ class Program:
         handed = [run.start] * len(actions)  # the iteration of each action's latest `on_state`
         while done < iterations:
             n = min(self.k, iterations - done)
+            if self.module.pbt is not None:  # a dispatch ends on each multiple of PBT's period: its step is there
+                n = min(n, self.module.pbt.every - done % self.module.pbt.every)
             carry, metrics = self._dispatch(carry, n, done)
             queued = [a.on_dispatch(done + n, self._tree(carry[0])) for a in actions]
             if pending is not None:

@@ -4,6 +4,7 @@ the values are printed in the IR and refused in one line when they cannot be swe
 import dataclasses
 import functools
 import itertools
+import json
 
 import chex
 import jax
@@ -20,7 +21,8 @@ from fragc.runtime.fused import population_devices
 
 ITERATIONS = 2
 LRS, ENTS, SEEDS = (1e-3, 3e-4), (0.0, 0.01), (0, 1)
-TINY = dict(num_envs=4, num_steps=8, total_steps=4 * 8 * ITERATIONS, update_epochs=1, num_minibatches=2, hidden=16)
+TINY = dict(num_envs=4, num_steps=8, total_steps=4 * 8 * 8, update_epochs=1, num_minibatches=2, hidden=16)
+"""The CLI test's config too (`SWEEP`): its program is `pbt_program`'s, compiled once (the suite's cache)."""
 
 
 def tiny(**overrides) -> ppo.PPO:
@@ -111,8 +113,9 @@ class CachedOptimizer(ppo.PPO):
 
 
 def test_a_field_copied_at_construction_is_refused_naming_it():
-    with pytest.raises(fragc.FragcError, match=r"^sweep: CachedOptimizer never reads config.lr while tracing its iteration: it "
-                                               r"was copied when the algorithm was built"):
+    with pytest.raises(fragc.FragcError, match=r"^sweep: CachedOptimizer never reads config.lr while tracing init and its "
+                                               r"iteration: it is unused in this configuration, or it was copied when "
+                                               r"the algorithm was built"):
         fragc.compile(CachedOptimizer(ppo.Config(**TINY)), fragc.population("single", 1, lr=[1e-3, 3e-4]))
 
 
@@ -120,3 +123,154 @@ def test_a_population_of_several_device_groups_is_refused_in_one_line():
     with pytest.raises(fragc.FragcError, match=r"^population\(actor_learner,\.\.\.\): a population vectorises one "
                                                r"program over its members"):
         fragc.compile(tiny(), fragc.population("actor_learner", 2, lr=[1e-3]), devices=2)
+
+
+# ---------------------------------------------------------------- population-based training
+
+PBT_GRID = dict(lr=[1e-3, 3e-4], ent_coef=[0.0, 0.01])
+
+
+@functools.cache
+def pbt_program() -> fragc.Program:
+    return fragc.compile(tiny(), fragc.population("single", list(SEEDS), pbt=fragc.PBT(every=2), **PBT_GRID),
+                         iterations_per_dispatch=2)
+
+
+def without_keys(tree):
+    return [x for x in jax.tree.leaves(tree) if not jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)]
+
+
+def test_pbt_copies_the_worst_quarter_from_the_best_and_perturbs_their_values():
+    prog = pbt_program()
+    assert "pbt every=2 metric=episode_return fraction=0.25 resample=0.25 seed=0" in prog.ir()
+    before, _ = prog.run(prog.init(0), 1)  # iteration 1: no step yet
+    assert list(before.lineage) == list(range(8))
+    after, history = prog.run(before, 1, start=1)  # iteration 2: the step, after the dispatch
+    scores = history["episode_return"][:, 0].reshape(8, -1).mean(1)
+    lineage = np.asarray(after.lineage)
+    copied = [m for m in range(8) if lineage[m] != m]
+    assert sorted(copied) == sorted(np.argsort(scores, kind="stable")[:2].tolist())  # the worst 2 of 8
+    for m in copied:
+        src = lineage[m]
+        assert src in np.argsort(scores, kind="stable")[-2:]  # from the best 2
+        # right after the copy: every leaf but the PRNG keys and the perturbed values is the source's
+        mine, theirs = jax.tree.map(lambda x: x[m], after.state), jax.tree.map(lambda x: x[src], after.state)
+        chex.assert_trees_all_equal(without_keys(mine), without_keys(theirs))
+        for field, grid in PBT_GRID.items():
+            value, source = float(after.hyper[field][m]), float(after.hyper[field][src])
+            allowed = [np.float32(source * 0.8), np.float32(source * 1.2)] + [np.float32(v) for v in grid]
+            assert any(np.isclose(value, a, rtol=1e-6) for a in allowed), (field, value, source)
+    for m in set(range(8)) - set(copied):  # the others keep their values
+        assert all(float(after.hyper[f][m]) == float(before.hyper[f][m]) for f in PBT_GRID)
+
+
+def test_pbt_is_deterministic_and_resumes_exactly():
+    prog = pbt_program()
+    once, _ = prog.run(prog.init(0), 6)
+    again, _ = prog.run(prog.init(0), 6)
+    half, _ = prog.run(prog.init(0), 3)
+    resumed, _ = prog.run(half, 3, start=3)
+    assert len(set(np.asarray(once.lineage).tolist())) < 8  # some member was copied
+    for other in (again, resumed):
+        chex.assert_trees_all_equal(as_numbers(once), as_numbers(other))
+
+
+def test_pbt_without_a_grid_or_metric_is_refused_in_one_line():
+    with pytest.raises(fragc.FragcError, match=r"^population-based training perturbs hyperparameters: give the "
+                                               r"population a grid"):
+        fragc.compile(tiny(), fragc.population("single", 4, pbt=fragc.PBT(every=2)))
+    with pytest.raises(fragc.FragcError, match=r"^pbt: the algorithm reports no metric 'score' to rank members by; "
+                                               r"it reports .*episode_return"):
+        fragc.compile(tiny(), fragc.population("single", 2, lr=[1e-3, 3e-4], pbt=fragc.PBT(every=2, metric="score")))
+    with pytest.raises(fragc.FragcError, match=r"^pbt: fraction must be in \(0, 0.5\], got 0.9$"):
+        fragc.PBT(every=2, fraction=0.9)
+
+
+# ---------------------------------------------------------------- fragc sweep
+
+
+SWEEP = ["sweep", "ppo", "--lr", "1e-3,3e-4", "--ent-coef", "0,0.01", "--seeds", "0-1", "--num-envs", "4",
+         "--num-steps", "8", "--hidden", "16", "--update-epochs", "1", "--num-minibatches", "2", "--total-steps", "256",
+         "--iterations-per-dispatch", "2", "--pbt-every", "2", "--checkpoint-every", "2", "--threshold", "10",
+         "--json"]
+
+
+def sweep(capsys, tmp_path, *extra):
+    from fragc.cli import main
+
+    assert main([*SWEEP, "--out", str(tmp_path), *extra]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    return json.loads(out[-1]) if "--stop-after" not in extra else None
+
+
+def test_sweep_reports_every_configuration_and_resumes_to_the_same_numbers(capsys, tmp_path):
+    whole = sweep(capsys, tmp_path / "whole")
+    labels = ["lr=0.001 ent_coef=0", "lr=0.001 ent_coef=0.01", "lr=0.0003 ent_coef=0", "lr=0.0003 ent_coef=0.01"]
+    assert [c["label"] for c in whole["configurations"]] == labels
+    assert whole["best"] in labels and whole["iterations"] == 8
+    lines = [json.loads(x) for x in (tmp_path / "whole" / "members.jsonl").read_text().splitlines()]
+    assert len(lines) == 8 * 4 and {(r["member"], r["seed"], r["config"]["lr"], r["config"]["ent_coef"])
+                                    for r in lines} == {(m, s, lr, e) for m, (lr, e, s) in enumerate(grid_members())}
+    assert any(r["lineage"] != r["member"] for r in lines)  # PBT's lineage is in the members' lines
+    finals = {r["member"]: r["episode_return"] for r in lines if r["iteration"] == 8}
+    for c, row in enumerate(whole["configurations"]):  # the table's numbers are the members' last lines
+        assert row["final"] == [finals[2 * c], finals[2 * c + 1]]
+    prog = pbt_program()  # the same sweep in Python: the same final returns
+    _, history = prog.run(prog.init(0), 8)
+    np.testing.assert_allclose([finals[m] for m in range(8)], history["episode_return"][:, -2:].reshape(8, -1).mean(1),
+                               rtol=1e-6)
+    assert (tmp_path / "whole" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    sweep(capsys, tmp_path / "parts", "--stop-after", "4")
+    assert main_resume(capsys, tmp_path / "parts") == whole
+    assert (tmp_path / "parts" / "members.jsonl").read_text() == (tmp_path / "whole" / "members.jsonl").read_text()
+
+
+def main_resume(capsys, out):
+    from fragc.cli import main
+
+    assert main([*SWEEP, "--out", str(out), "--resume"]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_sweep_resumed_after_sigkill_ends_on_the_numbers_of_an_uninterrupted_one(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    longer = [*SWEEP[:SWEEP.index("--total-steps") + 1], "16384", *SWEEP[SWEEP.index("--total-steps") + 2:], "--no-plot"]
+    command = [sys.executable, "-m", "fragc.cli", *longer]
+    whole = subprocess.run([*command, "--out", str(tmp_path / "whole")], capture_output=True, text=True, check=True)
+    killed = subprocess.Popen([*command, "--out", str(tmp_path / "killed")], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    checkpoints = tmp_path / "killed" / "checkpoints"
+    while killed.poll() is None and not (checkpoints.is_dir() and len([p for p in os.listdir(checkpoints)
+                                                                       if p.isdigit()]) >= 3):
+        time.sleep(0.05)
+    os.kill(killed.pid, signal.SIGKILL)
+    assert killed.wait() == -signal.SIGKILL  # killed mid-run, not finished
+    assert (tmp_path / "killed" / "summary.json").exists() is False
+    resumed = subprocess.run([*command, "--out", str(tmp_path / "killed"), "--resume"], capture_output=True,
+                             text=True, check=True)
+    assert json.loads(resumed.stdout.splitlines()[-1]) == json.loads(whole.stdout.splitlines()[-1])
+    assert (tmp_path / "killed" / "members.jsonl").read_text() == (tmp_path / "whole" / "members.jsonl").read_text()
+
+
+SWEPT = {"ppo": ("lr", "gamma", "clip_eps"), "a2c": ("lr", "ent_coef"), "ppo_continuous": ("lr", "vf_coef"),
+         "dqn": ("lr", "gamma", "eps_end"), "pqn": ("lr", "td_lambda"), "ppo_rnn": ("lr", "gae_lambda"),
+         "impala": ("lr", "rho_bar"), "sac": ("q_lr", "tau")}
+
+
+@pytest.mark.parametrize("name", sorted(SWEPT))
+def test_every_built_in_algorithm_sweeps_its_float_hyperparameters(name):
+    """Traced and placed (no XLA compile): every swept field reaches the program, none is a Python value."""
+    from fragc.algos import ALGOS, make
+    from fragc.api import run_passes
+
+    assert set(SWEPT) == set(ALGOS)
+    algo = make(name)
+    grid = {f: [getattr(algo.config, f), getattr(algo.config, f) * 0.5] for f in SWEPT[name]}
+    pipeline = run_passes(algo, fragc.population("single", 1, **grid))[0]
+    assert [f for f, _ in pipeline.final.hyperparameters] == list(SWEPT[name])
