@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from fragc.ir.errors import FragcError
+from fragc.ir.sweep import swept
 from fragc.runtime.actions import Action, Run
 
 SUFFIXES = (".mp4", ".gif")
@@ -510,7 +511,8 @@ def restore_policy(checkpoint_dir: str | os.PathLike, member: int = 0) -> tuple[
         meta, raw = _newest_readable(checkpoints)
         algo = _algo_of(meta, directory)
         _greedy(algo)
-        like = jax.eval_shape(algo.init, jax.random.key(0))
+        grid = meta.get("grid") or {}  # a sweep's (fragc sweep): SweepState(state, hyper, lineage) per member
+        like = jax.eval_shape(swept(algo, list(grid)).init if grid else algo.init, jax.random.key(0))
         members = _members(like, raw["state"], meta, directory)
         if members is None:
             if member:
@@ -524,6 +526,8 @@ def restore_policy(checkpoint_dir: str | os.PathLike, member: int = 0) -> tuple[
         state, _, meta = checkpoints.restore_latest(like_state, like_delays)
     if members is not None:
         state = jax.tree.map(lambda x: x[member], state)
+    if grid:
+        state = state.state
     return algo, algo.policy_params(state), meta
 
 

@@ -90,6 +90,7 @@ def test_impala_async_equals_its_pipelined_module(algo):
     assert abs(float(history["mean_rho"][2]) - 1.0) > 1e-7  # then the actors' parameters are stale
 
 
+@pytest.mark.slow  # a learning run (11 s); the fast suite checks V-trace and the pipelined program's semantics
 def test_impala_async_short_run_return_rises():
     algo = impala.IMPALA(impala.Config(total_steps=60_000))
     assert_return_rises(train_returns(algo, "actor_learner_async", devices=8))

@@ -87,6 +87,7 @@ def test_async_differs_from_sync(algo):
     assert max(diffs) > 1e-6
 
 
+@pytest.mark.slow  # the fast suite's tests/test_sweep.py compares vectorised members with their single runs
 def test_population_equals_separate_single_runs(algo):
     prog, state, out, history = run_program(algo, fragc.population("single", 4), devices=1)
     single = run_program(algo, "single", devices=1)[0]  # one compiled program, run from each seed

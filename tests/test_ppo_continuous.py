@@ -44,6 +44,7 @@ def test_value_loss_is_clipped_only_when_asked():
         np.testing.assert_allclose(metrics["value_loss"], 0.5 * expected.mean(), rtol=1e-5)
 
 
+@pytest.mark.slow  # a learning run (12 s); the fast suite checks the Gaussian policy's maths and the policies
 def test_short_run_return_rises():
     algo = pc.PPOContinuous(pc.Config(total_steps=100_000))
     prog = fragc.compile(algo, "single", iterations_per_dispatch=8)

@@ -216,9 +216,13 @@ def test_sweep_reports_every_configuration_and_resumes_to_the_same_numbers(capsy
     for c, row in enumerate(whole["configurations"]):  # the table's numbers are the members' last lines
         assert row["final"] == [finals[2 * c], finals[2 * c + 1]]
     prog = pbt_program()  # the same sweep in Python: the same final returns
-    _, history = prog.run(prog.init(0), 8)
+    state, history = prog.run(prog.init(0), 8)
     np.testing.assert_allclose([finals[m] for m in range(8)], history["episode_return"][:, -2:].reshape(8, -1).mean(1),
                                rtol=1e-6)
+    from fragc.video import restore_policy  # fragc video --member 3 reads a sweep's checkpoints
+
+    _, params, _ = restore_policy(tmp_path / "whole" / "checkpoints", member=3)
+    chex.assert_trees_all_equal(params, jax.tree.map(lambda x: x[3], state.state.learner.params))
     assert (tmp_path / "whole" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     sweep(capsys, tmp_path / "parts", "--stop-after", "4")
     assert main_resume(capsys, tmp_path / "parts") == whole
