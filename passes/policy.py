@@ -200,6 +200,12 @@ class Population:
             raise FragcError(f"population({base.name},...): a population vectorises one program over its members, "
                              f"and {base.name} splits the iteration over {len(base.groups)} device groups; use "
                              f"population(single,S), which spreads its members over the devices given")
+        replicated = sorted({p.group for p in base.roles.values() if (p.replicas or len(base.groups[p.group])) > 1})
+        if replicated:
+            raise FragcError(f"population({base.name},...) on {num_devices} devices: {base.name} runs each member as "
+                             f"{len(base.groups[replicated[0]])} replicas, and a population's members are vectorised "
+                             f"with one replica each; use population(single,S) (or gspmd), which spreads the members "
+                             f"over the devices given")
         members, values = grid_members(offsets, self.grid)
         if self.pbt is not None and not self.grid:
             raise FragcError("population-based training perturbs hyperparameters: give the population a grid "

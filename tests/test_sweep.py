@@ -119,10 +119,13 @@ def test_a_field_copied_at_construction_is_refused_naming_it():
         fragc.compile(CachedOptimizer(ppo.Config(**TINY)), fragc.population("single", 1, lr=[1e-3, 3e-4]))
 
 
-def test_a_population_of_several_device_groups_is_refused_in_one_line():
+def test_a_population_of_several_device_groups_or_replicas_is_refused_in_one_line():
     with pytest.raises(fragc.FragcError, match=r"^population\(actor_learner,\.\.\.\): a population vectorises one "
                                                r"program over its members"):
         fragc.compile(tiny(), fragc.population("actor_learner", 2, lr=[1e-3]), devices=2)
+    with pytest.raises(fragc.FragcError, match=r"^population\(anakin,\.\.\.\) on 8 devices: anakin runs each member as "
+                                               r"8 replicas.*use population\(single,S\)"):
+        fragc.compile(tiny(), fragc.population("anakin", 2, lr=[1e-3]), devices=8)
 
 
 # ---------------------------------------------------------------- population-based training
