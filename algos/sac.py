@@ -213,10 +213,10 @@ class SAC(ReplayBuffer):
 
     # Optimizers are built where they are used, from the config of the moment (a sweep traces it per member).
     def actor_optimizer(self) -> optax.GradientTransformation:
-        return optax.flatten(optax.adam(self.config.policy_lr))
+        return optax.adam(self.config.policy_lr)
 
     def critic_optimizer(self) -> optax.GradientTransformation:
-        return optax.flatten(optax.adam(self.config.q_lr))
+        return optax.adam(self.config.q_lr)
 
     def alpha_optimizer(self) -> optax.GradientTransformation:
         return optax.adam(self.config.alpha_lr)
