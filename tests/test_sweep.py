@@ -18,6 +18,7 @@ from conftest import as_numbers, assert_trees_close
 from fragc.algos import ppo
 from fragc.ir.parser import parse
 from fragc.runtime.fused import population_devices
+from toy_algos import Regression, regression_by_hand
 
 ITERATIONS = 2
 LRS, ENTS, SEEDS = (1e-3, 3e-4), (0.0, 0.01), (0, 1)
@@ -281,3 +282,36 @@ def test_every_built_in_algorithm_sweeps_its_float_hyperparameters(name):
     grid = {f: [getattr(algo.config, f), getattr(algo.config, f) * 0.5] for f in SWEPT[name]}
     pipeline = run_passes(algo, fragc.population("single", 1, **grid))[0]
     assert [f for f, _ in pipeline.final.hyperparameters] == list(SWEPT[name])
+
+
+# ---------------------------------------------------------------- a user's algorithm
+
+
+@dataclasses.dataclass(frozen=True)
+class RegressionConfig:
+    lr: float = 0.1
+    num_envs: int = 8
+
+
+class UsersRegression(Regression):
+    """A user's algorithm in the documented pattern: hyperparameters in `self.config`, read where used."""
+
+    def __init__(self, config: RegressionConfig = RegressionConfig()):
+        self.num_envs, self.config = config.num_envs, config
+
+    @property
+    def lr(self):  # Regression.learn reads self.lr inside the fragment: here, the config's value
+        return self.config.lr
+
+
+def test_a_users_algorithm_sweeps_its_config_and_each_member_follows_a_plain_jax_loop():
+    lrs, seeds, iterations = [0.05, 0.1, 0.2], [0, 1], 3
+    prog = fragc.compile(UsersRegression(), fragc.population("single", seeds, lr=lrs), iterations_per_dispatch=2)
+    state, history = prog.run(prog.init(0), iterations)
+    init, step = jax.jit(UsersRegression().init), jax.jit(regression_by_hand, static_argnums=1)
+    for m, (lr, seed) in enumerate(itertools.product(lrs, seeds)):
+        ref = init(jax.random.key(seed))
+        for _ in range(iterations):
+            ref, metrics = step(ref, 1, lr)
+        assert_trees_close(jax.tree.map(lambda x: x[m], state.state), ref, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(history["loss"][m, -1], metrics["loss"], rtol=1e-5)
