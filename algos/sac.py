@@ -314,7 +314,7 @@ class SAC(ReplayBuffer):
             lambda learner: jax.lax.scan(self.update, learner, batches),
             lambda learner: (learner, jax.tree.map(lambda x: jnp.zeros(c.gradient_steps), none)),
             learner)
-        metrics = jax.tree.map(jnp.mean, metrics)
+        metrics = fragc.pmean(jax.tree.map(jnp.mean, metrics))
         return learner.replace(env_steps=env_steps), {**metrics, "alpha": self.alpha(learner.log_alpha)}
 
     def alpha(self, log_alpha: jax.Array) -> jax.Array:
@@ -354,7 +354,7 @@ class SAC(ReplayBuffer):
                                   alpha_opt=alpha_opt, key=key)
         metrics = {"qf_loss": qf_loss, "actor_loss": actor_loss, "alpha_loss": alpha_loss,
                    "entropy": -jnp.mean(log_prob)}
-        return learner, fragc.pmean(metrics)
+        return learner, metrics
 
     def q_values(self, critic: Any, obs: jax.Array, action: jax.Array) -> jax.Array:
         """[2, n]: both critics' Q(obs, action)."""
