@@ -53,6 +53,11 @@ RUNS = [  # (name, algorithm, policy, devices, threshold on the final return, co
     ("ppo_rnn_masked_cartpole", "ppo_rnn", "single", 1, 475.0, {"mask_velocity": True, **PUREJAXRL_PPO_RNN}),
     ("ppo_masked_cartpole", "ppo_masked_velocity", "single", 1, 475.0, dict(PUREJAXRL_PPO_RNN)),
     ("ppo_rnn_masked_cartpole_zoo", "ppo_rnn", "single", 1, 475.0, {"mask_velocity": True, **ZOO_PPO_LSTM_NOVEL}),
+    # CleanRL's sac_continuous_action.py hyperparameters (= sac's defaults), RL Baselines3 Zoo's Pendulum-v1 budget
+    # (hyperparams/sac.yml: n_timesteps 20000); -200 as ppo_continuous' Pendulum threshold
+    ("sac", "sac", "single", 1, -200.0, {}),
+    # a bench, no threshold: CleanRL's 1e6 MuJoCo budget through the host loop (hours on this CPU)
+    ("sac_halfcheetah", "sac", "single", 1, None, {"env": "gymnasium:HalfCheetah-v5", "total_steps": 1_000_000}),
 ]
 MINATAR = {  # PureJaxRL's MinAtar PPO configuration (examples/brax_minatar.ipynb)
     "num_envs": 64, "num_steps": 128, "total_steps": 10_000_000, "lr": 5e-3, "update_epochs": 4,

@@ -537,7 +537,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not lead:
             return 0
         env_steps = result.iterations * steps if steps else None  # unknown: not claimed
-        last = _last_metrics(result.history)
+        last = _last_metrics(result.history, population=bool(prog.population))
         if args.json:
             import json
 
@@ -580,15 +580,16 @@ def _video_capture(args: argparse.Namespace, algo: Any) -> list:
     return [CaptureVideo(eval_every * args.video_every, directory)]
 
 
-def _last_metrics(history: dict) -> dict[str, float]:
-    """Each metric's mean over its last iteration (over replicas, environments, population members)."""
+def _last_metrics(history: dict, population: bool = False) -> dict[str, float]:
+    """Each metric's mean over its last iteration (over replicas, environments, population members: a
+    population's rows are on axis 1)."""
     import numpy as np
 
     last = {}
     for name, rows in history.items():
         rows = np.asarray(rows)
         if rows.size and np.issubdtype(rows.dtype, np.number):
-            last[name] = float(np.mean(rows[-1]))
+            last[name] = float(np.mean(rows[:, -1] if population else rows[-1]))
     return last
 
 

@@ -315,3 +315,11 @@ def test_a_users_algorithm_sweeps_its_config_and_each_member_follows_a_plain_jax
             ref, metrics = step(ref, 1, lr)
         assert_trees_close(jax.tree.map(lambda x: x[m], state.state), ref, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(history["loss"][m, -1], metrics["loss"], rtol=1e-5)
+
+
+def test_the_final_metrics_line_of_a_population_is_its_last_iteration_over_members():
+    from fragc.cli import _last_metrics
+
+    history = {"episode_return": np.array([[1.0, 2.0, 3.0], [5.0, 6.0, 9.0]])}  # [members, iterations]
+    assert _last_metrics(history, population=True) == {"episode_return": 6.0}
+    assert _last_metrics({"episode_return": np.array([1.0, 4.0])}) == {"episode_return": 4.0}
