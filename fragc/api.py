@@ -78,7 +78,12 @@ def compile(
     pipeline, devs, resolved = run_passes(algo, policy, devices, mesh, iterations_per_dispatch, print_after_all,
                                           dump_dir, printer, transfers, env_groups, env_workers)
     # The 2-replica check is Python tracing and XLA compiles without the GIL: trace while XLA compiles, so
-    # the check costs no start-up time; its error (the user's mistake) wins over the program.
+    # the check costs no start-up time; its error (the user's mistake) wins over the program. Not for a sweep:
+    # its fragment bodies swap the algorithm's config under a lock (ir/sweep.py) while JAX traces them, and two
+    # threads holding that lock and JAX's own could wait on each other; one thread cannot.
+    if resolved.hyperparameters:
+        check_per_replica(pipeline.final)
+        return Program(algo, pipeline, devs, resolved)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fragc-check") as pool:
         checked = pool.submit(check_per_replica, pipeline.final)
         program = Program(algo, pipeline, devs, resolved)

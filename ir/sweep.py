@@ -41,8 +41,8 @@ from .errors import FragcError
 
 _ACTIVE: contextvars.ContextVar["tuple[Sweep, dict] | None"] = contextvars.ContextVar("fragc_sweep", default=None)
 _LOCK = threading.RLock()
-"""Held while `algo.config` is swapped for a traced copy: the 2-replica check traces fragment bodies in a
-thread beside the main thread's lowering, and both swap the same algorithm's config."""
+"""Held while `algo.config` is swapped for a traced copy, so that two threads tracing one algorithm never see each
+other's values (`fragc.compile` itself traces a sweep in one thread: see fragc/api.py)."""
 
 Grid = tuple[tuple[str, tuple[Any, ...]], ...]
 """Per swept field (in the order given), its values: ((field, (v0, v1, ...)), ...)."""
