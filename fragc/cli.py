@@ -14,8 +14,10 @@ from fragc.ir.errors import FragcError
 from fragc.runtime.program import steps_per_iteration
 
 
-def _config_options(parser: argparse.ArgumentParser, algo: str) -> None:
-    """The fields of `algo`'s config as `--field-name` options, their docstrings as help.
+def _config_options(parser: argparse.ArgumentParser, algo: str, values: Any = None,
+                    description: str = "the algorithm's default where not given") -> None:
+    """The fields of `algo`'s config as `--field-name` options, their docstrings as help; `values(kind)`, if
+    given, makes the parser of an option's text from the field's own (`fragc sweep`: a comma-separated list).
 
     Added after the command's own options: a field named like one of them (`iterations` beside
     `fragc bench --iterations`) becomes `--config-field-name`, and its help says why."""
@@ -28,8 +30,7 @@ def _config_options(parser: argparse.ArgumentParser, algo: str) -> None:
     for cls in reversed(config_cls.__mro__):  # a field's most derived docstring wins
         docs.update(_field_docs(cls))
     group = parser.add_argument_group(f"options of {algo}",
-                                      f"fields of {config_cls.__module__}.{config_cls.__qualname__}; "
-                                      "the algorithm's default where not given")
+                                      f"fields of {config_cls.__module__}.{config_cls.__qualname__}; {description}")
     own = set(parser._option_string_actions)  # argparse's table of the option strings taken so far
     for field in dataclasses.fields(config_cls):
         if not field.init:
@@ -41,7 +42,7 @@ def _config_options(parser: argparse.ArgumentParser, algo: str) -> None:
         if flag in own:
             what += f" (config field {field.name}: {flag} is {parser.prog}'s own option)"
             flag = "--config-" + flag[2:]
-        group.add_argument(flag, dest=f"cfg_{field.name}", type=kind, default=None,
+        group.add_argument(flag, dest=f"cfg_{field.name}", type=values(kind) if values else kind, default=None,
                            metavar=field.name.upper(), help=(docs.get(field.name, "") + what).strip())
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import sys
 from typing import Any
@@ -67,31 +66,8 @@ def add_parser(sub: Any, algo: str | None) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--no-plot", action="store_true", help="do not draw curves.png")
     if algo is not None:
-        _grid_options(p, algo)
+        cli._config_options(p, algo, values=_values, description="one value sets the field; several (a,b,c) sweep it")
     return p
-
-
-def _grid_options(parser: argparse.ArgumentParser, algo: str) -> None:
-    from fragc import cli
-    from fragc.algos import load
-
-    config_cls = load(algo)[1]
-    if config_cls is None:
-        return
-    docs: dict[str, str] = {}
-    for cls in reversed(config_cls.__mro__):
-        docs.update(cli._field_docs(cls))
-    group = parser.add_argument_group(f"options of {algo}", "one value sets the field; several (a,b,c) sweep it")
-    own = set(parser._option_string_actions)
-    for field in dataclasses.fields(config_cls):
-        if not field.init:
-            continue
-        kind, what = cli._option_type(field)
-        flag = "--" + field.name.replace("_", "-")
-        if flag in own:
-            flag = "--config-" + flag[2:]
-        group.add_argument(flag, dest=f"cfg_{field.name}", type=_values(kind), default=None,
-                           metavar=field.name.upper(), help=(docs.get(field.name, "") + what).strip())
 
 
 def _values(kind: Any) -> Any:
@@ -198,19 +174,21 @@ class Members:
     grid: dict[str, list]
     steps_per_iteration: int
 
+    def __post_init__(self) -> None:
+        import itertools
+
+        self.combos = [dict(zip(self.grid, c)) for c in itertools.product(*self.grid.values())]
+
     @property
     def configs(self) -> int:
-        return math.prod(len(v) for v in self.grid.values()) if self.grid else 1
+        return len(self.combos)
 
     @property
     def count(self) -> int:
         return self.configs * len(self.seeds)
 
     def config(self, member: int) -> dict[str, Any]:
-        import itertools
-
-        combos = list(itertools.product(*self.grid.values())) or [()]
-        return dict(zip(self.grid, combos[member // len(self.seeds)]))
+        return self.combos[member // len(self.seeds)]
 
     def seed(self, member: int) -> int:
         return self.seeds[member % len(self.seeds)]
