@@ -244,17 +244,24 @@ class Program:
     # ------------------------------------------------------------ internals
 
     def _init_fn(self) -> Callable[[jax.Array], Any]:
+        """`seed` -> the initial state; a population's members one after another (`lax.map`), not vmapped.
+
+        A vmapped init batches every matrix factorisation of its members (QR in an orthogonal initializer), and
+        jaxlib's batched LAPACK kernels deadlock XLA's CPU thread pool when two of them run at once: the 40-member
+        PPO sweep of docs/sweeps.md hung in its first dispatch on 2 cores, every thread waiting in
+        `jax::ParallelBatchMap` (gdb). Init runs once, so running the members in turn costs nothing that matters.
+        """
         init = lambda seed: self.algo.init(jax.random.key(seed))  # noqa: E731
         if not self.population:
             return init
         offsets = jnp.asarray(self.population, jnp.uint32)
         if not self.module.hyperparameters:
-            return lambda seed: jax.vmap(init)(seed + offsets)
+            return lambda seed: jax.lax.map(init, seed + offsets)
         algo = swept(self.algo, [f for f, _ in self.module.hyperparameters])
         table = {f: jnp.asarray(v, algo.sweep.dtype(f)) for f, v in self.module.hyperparameters}
         members = jnp.arange(len(self.population), dtype=jnp.int32)
-        return lambda seed: jax.vmap(lambda s, h, m: algo.init(jax.random.key(s), h, m))(seed + offsets, table,
-                                                                                         members)
+        member_init = lambda args: algo.init(jax.random.key(args[0]), args[1], args[2])  # noqa: E731
+        return lambda seed: jax.lax.map(member_init, (seed + offsets, table, members))
 
     def _collect(self, run: Run, actions: list[Action], rows: list, metrics: Any, queued: list, n: int,
                  done: int) -> None:

@@ -8,6 +8,7 @@ import json
 
 import chex
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -84,6 +85,30 @@ def test_vectorised_members_on_8_devices_are_their_single_runs_to_float_rounding
 def test_members_spread_over_the_most_devices_they_divide_over():
     assert [population_devices(m, 8) for m in (1, 2, 3, 6, 8, 12, 16, 64)] == [1, 2, 3, 6, 8, 6, 8, 8]
     assert population_devices(8, 4) == 4 and population_devices(7, 4) == 1
+
+
+def _factorisations(jaxpr) -> list:
+    """Every QR-family equation in `jaxpr` and the jaxprs nested in it (scan, cond, pjit bodies)."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in ("geqrf", "geqp3", "householder_product", "qr"):
+            found.append(eqn)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found += _factorisations(sub)
+    return found
+
+
+def test_a_sweeps_init_runs_its_members_in_turn_so_no_factorisation_is_batched():
+    """Regression: a vmapped init batched the orthogonal initializer's QR over members, and two batched LAPACK
+    kernels at once deadlock XLA's CPU thread pool (a 40-member PPO sweep hung in its first dispatch)."""
+    prog = fragc.compile(tiny(), fragc.population("single", 2, lr=list(LRS)), iterations_per_dispatch=2)
+    qrs = _factorisations(jax.make_jaxpr(prog._init_fn())(jnp.uint32(0)).jaxpr)
+    assert qrs, "PPO's orthogonal init should factorise"
+    assert all(v.aval.ndim == 2 for eqn in qrs for v in eqn.invars), [str(e) for e in qrs]
+    state = prog.init(0)
+    for member, (lr, _, seed) in enumerate((lr, None, s) for lr in LRS for s in (0, 1)):
+        alone = single_program(lr, 0.0).init(seed)
+        chex.assert_trees_all_equal(jax.tree.map(lambda x: x[member], state.state), alone)
 
 
 @pytest.mark.parametrize("grid, message", [
