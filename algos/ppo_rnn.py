@@ -5,9 +5,13 @@ the actor and critic heads. Its hidden state lives per environment beside the
 runner, and is reset to zeros where the previous step ended an episode. Each
 rollout stores the hidden state it started from, and the learner replays whole
 environment sequences from it: minibatches split the environment axis, not time.
+With `critic_gru` the critic has an embedding and GRU of its own (SB3's
+RecurrentPPO with enable_critic_lstm), and the hidden state is both GRUs'.
 
 `mask_velocity` removes CartPole's velocities (observation indices 1 and 3), the
 memory task: a feed-forward policy sees only positions and cannot solve it.
+`normalize_obs` feeds the network observations normalized by their running mean
+and variance (SB3's VecNormalize), kept beside the runner and updated every step.
 """
 
 from __future__ import annotations
@@ -59,6 +63,9 @@ class Config(RunLength, EvalConfig):
     """GAE lambda."""
     clip_eps: float = 0.2
     """PPO ratio clip."""
+    clip_value: bool = True
+    """Clip the value's change from the rollout's value to `clip_eps` in the value loss (PureJaxRL's); SB3's
+    default (clip_range_vf=None) does not."""
     ent_coef: float = 0.01
     """Entropy bonus weight."""
     vf_coef: float = 0.5
@@ -67,8 +74,14 @@ class Config(RunLength, EvalConfig):
     """Global gradient-norm clip."""
     hidden: int = 128
     """Width of the embedding, of the GRU's hidden state and of the actor's and critic's hidden layer."""
+    critic_gru: bool = False
+    """Give the critic an embedding and GRU of its own (SB3's enable_critic_lstm) instead of sharing the actor's."""
     mask_velocity: bool = False
     """Remove CartPole's velocities (observation indices 1 and 3): the memory task."""
+    normalize_obs: bool = False
+    """Normalize observations as SB3's VecNormalize(norm_obs=True): a running mean and variance of every
+    observation seen (all environments, all steps), each observation fed to the network (and stored for the
+    learner) as (obs - mean) / sqrt(var + 1e-8), clipped to [-10, 10]."""
 
     def __post_init__(self) -> None:
         self.check_fields()
@@ -129,22 +142,65 @@ class ScannedGRU(nn.Module):
 
 
 class ActorCritic(nn.Module):
-    """Embedding, GRU, then separate actor and critic heads on the GRU's output (PureJaxRL's ActorCriticRNN)."""
+    """Embedding, GRU, then separate actor and critic heads on the GRU's output (PureJaxRL's ActorCriticRNN).
+
+    With `critic_gru` the critic has an embedding and GRU of its own, and the carry is the two GRUs' hidden
+    states side by side ([B, 2H]).
+    """
 
     num_actions: int
     hidden: int = 128
+    critic_gru: bool = False
 
     @nn.compact
     def __call__(self, carry: jax.Array, obs: jax.Array, resets: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """(carry [B, H], obs [T, B, D], resets [T, B]) -> (carry after T steps, logits [T, B, A], value [T, B])."""
-        x = nn.relu(dense(self.hidden, np.sqrt(2))(obs))
-        carry, x = ScannedGRU(self.hidden)(carry, (x, resets))
+        """(carry [B, H or 2H], obs [T, B, D], resets [T, B]) -> (carry after T steps, logits [T, B, A],
+        value [T, B])."""
+        actor_carry, critic_carry = jnp.split(carry, 2, -1) if self.critic_gru else (carry, None)
+        carry, x = self.memory(actor_carry, obs, resets)
         logits = dense(self.num_actions, 0.01)(nn.relu(dense(self.hidden, 2.0)(x)))
+        if self.critic_gru:
+            critic_carry, x = self.memory(critic_carry, obs, resets)
+            carry = jnp.concatenate([carry, critic_carry], -1)
         value = dense(1, 1.0)(nn.relu(dense(self.hidden, 2.0)(x)))
         return carry, logits, jnp.squeeze(value, -1)
 
+    def memory(self, carry: jax.Array, obs: jax.Array, resets: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The embedding and the GRU: (carry [B, H], obs [T, B, D], resets) -> (carry, features [T, B, H])."""
+        x = nn.relu(dense(self.hidden, np.sqrt(2))(obs))
+        return ScannedGRU(self.hidden)(carry, (x, resets))
+
 
 # ---------------------------------------------------------------- state
+
+
+@struct.dataclass
+class ObsStats:
+    """The running mean and variance of every observation seen (SB3's RunningMeanStd), the same on every replica.
+
+    It starts from mean 0 and variance 1 weighed as 1e-4 observations (SB3's epsilon), and merges each step's
+    observations of all environments in (Chan et al.'s parallel update of mean and variance).
+    """
+
+    count: jax.Array  # []
+    mean: jax.Array  # [obs_size]
+    var: jax.Array  # [obs_size]
+
+    @classmethod
+    def initial(cls, obs_size: int) -> ObsStats:
+        return cls(jnp.float32(1e-4), jnp.zeros(obs_size), jnp.ones(obs_size))
+
+    def update(self, obs: jax.Array) -> ObsStats:
+        """Merged with one step's observations [N, obs_size] of every replica's environments."""
+        n = fragc.psum(jnp.float32(obs.shape[0]))
+        mean = fragc.psum(jnp.sum(obs, 0)) / n
+        var = fragc.psum(jnp.sum((obs - mean) ** 2, 0)) / n
+        delta, count = mean - self.mean, self.count + n
+        m2 = self.var * self.count + var * n + delta ** 2 * self.count * n / count
+        return ObsStats(count, self.mean + delta * n / count, m2 / count)
+
+    def normalize(self, obs: jax.Array) -> jax.Array:
+        return jnp.clip((obs - self.mean) / jnp.sqrt(self.var + 1e-8), -10.0, 10.0)
 
 
 @struct.dataclass
@@ -157,11 +213,17 @@ class Learner:
 @struct.dataclass
 class Actor:
     """Per-environment state (axis 0): the environments' runner, the GRU's hidden state, and whether the
-    last step ended an episode (the next step resets the hidden state)."""
+    last step ended an episode (the next step resets the hidden state); beside them the observations' running
+    statistics (replicated; None unless `normalize_obs`)."""
 
     runner: Runner
-    hidden: jax.Array  # [N, H]
+    hidden: jax.Array  # [N, H] (both GRUs': [N, 2H])
     done: jax.Array  # [N] bool
+    obs_stats: ObsStats | None = None
+
+
+ACTOR_AXES = Actor(runner=0, hidden=0, done=0, obs_stats=None)
+"""The actor's axes: its environments' state split over replicas, the observation statistics replicated."""
 
 
 @struct.dataclass
@@ -174,7 +236,7 @@ class State:
 class Transition:
     hidden: jax.Array  # the hidden state before step t (the learner replays from hidden[0], the rollout's start)
     reset: jax.Array  # whether step t starts a new episode (the previous step's done)
-    obs: jax.Array
+    obs: jax.Array  # as the network saw it (normalized where normalize_obs)
     action: jax.Array
     log_prob: jax.Array
     value: jax.Array
@@ -182,6 +244,11 @@ class Transition:
     reward: jax.Array
     terminated: jax.Array
     done: jax.Array  # terminated or truncated
+
+
+def observe(obs_stats: ObsStats | None, obs: jax.Array) -> jax.Array:
+    """The observation as the network sees it: normalized by `obs_stats` where there are some."""
+    return obs if obs_stats is None else obs_stats.normalize(obs)
 
 
 # ---------------------------------------------------------------- algorithm
@@ -206,7 +273,12 @@ class PPORNN:
 
     @functools.cached_property
     def network(self) -> ActorCritic:
-        return ActorCritic(self.env.action_space.n, self.config.hidden)
+        return ActorCritic(self.env.action_space.n, self.config.hidden, self.config.critic_gru)
+
+    @property
+    def carry_size(self) -> int:
+        """Width of the network's carry: the GRU's hidden state, or both GRUs' (critic_gru)."""
+        return self.config.hidden * (2 if self.config.critic_gru else 1)
 
     @property
     def optimizer(self) -> optax.GradientTransformation:
@@ -219,11 +291,12 @@ class PPORNN:
     def init(self, key: jax.Array) -> State:
         c = self.config
         k_params, k_env, k_learn = jax.random.split(key, 3)
-        params = self.network.init(k_params, jnp.zeros((1, c.hidden)), jnp.zeros((1, 1, self.env.obs_size)),
+        params = self.network.init(k_params, jnp.zeros((1, self.carry_size)), jnp.zeros((1, 1, self.env.obs_size)),
                                    jnp.zeros((1, 1), bool))
         learner = Learner(params, self.optimizer.init(params), k_learn)
-        actor = Actor(self.env.reset(k_env, c.num_envs), jnp.zeros((c.num_envs, c.hidden)),
-                      jnp.zeros((c.num_envs,), bool))
+        obs_stats = ObsStats.initial(self.env.obs_size) if c.normalize_obs else None
+        actor = Actor(self.env.reset(k_env, c.num_envs), jnp.zeros((c.num_envs, self.carry_size)),
+                      jnp.zeros((c.num_envs,), bool), obs_stats)
         return State(learner, actor)
 
     def iteration(self, state: State) -> tuple[State, dict]:
@@ -238,19 +311,22 @@ class PPORNN:
         return learner, jax.tree.map(jnp.mean, metrics)
 
     # COLLECT TRAJECTORIES: one GRU step per environment step
-    @fragc.fragment(role="actor", in_axes=(None, 0), out_axes=(1, 0, None))
+    @fragc.fragment(role="actor", in_axes=(None, ACTOR_AXES), out_axes=(1, ACTOR_AXES, None))
     def rollout(self, params: Any, actor: Actor) -> tuple[Transition, Actor, dict]:
         def step(actor: Actor, _: None) -> tuple[Actor, tuple]:
             runner = actor.runner
             keys = jax.vmap(lambda k: jax.random.split(k, 3))(runner.key)  # acting, environment step, carried
-            hidden, logits, value = self.network.apply(params, actor.hidden, runner.obs[None], actor.done[None])
+            # as VecNormalize: the statistics take each observation in before it is normalized
+            obs_stats = None if actor.obs_stats is None else actor.obs_stats.update(runner.obs)
+            obs = observe(obs_stats, runner.obs)
+            hidden, logits, value = self.network.apply(params, actor.hidden, obs[None], actor.done[None])
             logits, value = logits[0], value[0]
             action = jax.vmap(jax.random.categorical)(keys[:, 0], logits)
             log_prob = _take(jax.nn.log_softmax(logits), action)
             new_runner, out = self.env.step(runner.replace(key=keys[:, 2]), action, keys[:, 1])
-            record = (actor.hidden, actor.done, runner.obs, action, log_prob, value, hidden, out.final_obs,
-                      out.reward, out.terminated, out.episode_done)
-            return Actor(new_runner, hidden, out.episode_done), record
+            record = (actor.hidden, actor.done, obs, action, log_prob, value, hidden,
+                      observe(obs_stats, out.final_obs), out.reward, out.terminated, out.episode_done)
+            return Actor(new_runner, hidden, out.episode_done, obs_stats), record
 
         actor, (h, reset, obs, action, log_prob, value, h_after, next_obs, reward, terminated, done) = \
             jax.lax.scan(step, actor, None, self.config.num_steps)
@@ -302,8 +378,11 @@ class PPORNN:
         log_prob = _take(log_probs, traj.action)
         entropy = jnp.mean(-jnp.sum(jnp.exp(log_probs) * log_probs, -1))
 
-        value_clipped = traj.value + jnp.clip(value - traj.value, -c.clip_eps, c.clip_eps)
-        value_loss = 0.5 * jnp.mean(jnp.maximum((value - targets) ** 2, (value_clipped - targets) ** 2))
+        value_losses = (value - targets) ** 2
+        if c.clip_value:
+            value_clipped = traj.value + jnp.clip(value - traj.value, -c.clip_eps, c.clip_eps)
+            value_losses = jnp.maximum(value_losses, (value_clipped - targets) ** 2)
+        value_loss = 0.5 * jnp.mean(value_losses)
 
         ratio = jnp.exp(log_prob - traj.log_prob)
         adv = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -320,6 +399,7 @@ class PPORNN:
 
     def recurrent_greedy_action(self, params: Any, hidden: jax.Array, obs: jax.Array,
                                 reset: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """(hidden [n, H], obs [n, obs_size], reset [n]) -> (next hidden, the most probable action each)."""
+        """(hidden [n, H or 2H], obs [n, obs_size] as the network sees it, reset [n]) -> (next hidden, the
+        most probable action each)."""
         hidden, logits, _ = self.network.apply(params, hidden, obs[None], reset[None])
         return hidden, jnp.argmax(logits[0], -1)

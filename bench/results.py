@@ -39,7 +39,7 @@ PUREJAXRL_PPO_RNN = {  # PureJaxRL's ppo_rnn.py (its __main__ config: 4 envs x 1
 ZOO_PPO_LSTM_NOVEL = {  # RL Baselines3 Zoo's RecurrentPPO on CartPoleNoVel-v1 (hyperparams/ppo_lstm.yml): 8 envs x 32
     "num_envs": 8, "num_steps": 32, "total_steps": 100_000, "lr": 1e-3, "update_epochs": 20,  # steps, batch 256
     "num_minibatches": 1, "gamma": 0.98, "gae_lambda": 0.8, "ent_coef": 0.0,  # (one minibatch), 20 epochs, 1e5 steps;
-}  # its clip range is annealed from 0.2 (fragc's stays 0.2) and its policy an LSTM of 256 (fragc: GRU of 128)
+}  # its clip range is annealed from 0.2 (fragc's stays 0.2) and its policy an LSTM of 64 (fragc: GRU of 128)
 RUNS = [  # (name, algorithm, policy, devices, threshold on the final return, config overrides)
     ("ppo", "ppo", "single", 1, 475.0, {}),
     ("a2c", "a2c", "single", 1, 400.0, {}),
@@ -53,6 +53,15 @@ RUNS = [  # (name, algorithm, policy, devices, threshold on the final return, co
     ("ppo_rnn_masked_cartpole", "ppo_rnn", "single", 1, 475.0, {"mask_velocity": True, **PUREJAXRL_PPO_RNN}),
     ("ppo_masked_cartpole", "ppo_masked_velocity", "single", 1, 475.0, dict(PUREJAXRL_PPO_RNN)),
     ("ppo_rnn_masked_cartpole_zoo", "ppo_rnn", "single", 1, 475.0, {"mask_velocity": True, **ZOO_PPO_LSTM_NOVEL}),
+    # the zoo's `normalize: {norm_obs: True, norm_reward: False}` too (SB3's VecNormalize: running mean and variance);
+    # then also without value clipping (RecurrentPPO's default clip_range_vf=None); then also with the critic's own
+    # GRU (the zoo's enable_critic_lstm=True). Each configuration fixed before its ten-seed run
+    ("ppo_rnn_masked_cartpole_zoo_norm", "ppo_rnn", "single", 1, 475.0,
+     {"mask_velocity": True, **ZOO_PPO_LSTM_NOVEL, "normalize_obs": True}),
+    ("ppo_rnn_masked_cartpole_zoo_norm_unclipped_vf", "ppo_rnn", "single", 1, 475.0,
+     {"mask_velocity": True, **ZOO_PPO_LSTM_NOVEL, "normalize_obs": True, "clip_value": False}),
+    ("ppo_rnn_masked_cartpole_zoo_norm_critic_gru", "ppo_rnn", "single", 1, 475.0,
+     {"mask_velocity": True, **ZOO_PPO_LSTM_NOVEL, "normalize_obs": True, "clip_value": False, "critic_gru": True}),
     # CleanRL's sac_continuous_action.py hyperparameters (= sac's defaults), RL Baselines3 Zoo's Pendulum-v1 budget
     # (hyperparams/sac.yml: n_timesteps 20000); -200 as ppo_continuous' Pendulum threshold
     ("sac", "sac", "single", 1, -200.0, {}),

@@ -1,8 +1,10 @@
-"""Recurrent PPO: the GRU's hidden state reset at episode ends, the masked CartPole observation, the reference
-interpreter under anakin, its config's one-line errors, and (-m slow) learning masked CartPole."""
+"""Recurrent PPO: the GRU's hidden state reset at episode ends, the masked CartPole observation, the observations'
+running statistics, the reference interpreter under anakin, its config's one-line errors, and (-m slow) learning
+masked CartPole."""
 
 import functools
 
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -18,10 +20,10 @@ ITERATIONS = 2
 
 
 @functools.cache
-def tiny() -> ppo_rnn.PPORNN:
+def tiny(normalize_obs: bool = False) -> ppo_rnn.PPORNN:
     """16 environments: 2 per replica on 8 devices, one whole sequence per minibatch."""
     return ppo_rnn.PPORNN(ppo_rnn.Config(num_envs=16, num_steps=4, update_epochs=1, num_minibatches=2, hidden=8,
-                                         total_steps=320, mask_velocity=True))
+                                         total_steps=320, mask_velocity=True, normalize_obs=normalize_obs))
 
 
 def test_the_scanned_gru_resets_its_hidden_state_where_an_episode_starts():
@@ -49,6 +51,21 @@ def test_the_scanned_gru_resets_its_hidden_state_where_an_episode_starts():
     np.testing.assert_allclose(ys[3:, :1], fresh, rtol=1e-5, atol=1e-6)
 
 
+def test_the_critic_gru_is_the_critics_own():
+    """With critic_gru the carry is both GRUs' hidden states; the critic's GRU moves the value, not the logits."""
+    B, H = 3, 4
+    net = ppo_rnn.ActorCritic(num_actions=2, hidden=H, critic_gru=True)
+    obs = jax.random.normal(jax.random.key(1), (5, B, 2))
+    resets, carry = jnp.zeros((5, B), bool), jax.random.normal(jax.random.key(2), (B, 2 * H))
+    params = net.init(jax.random.key(0), carry, obs, resets)
+    after, logits, value = net.apply(params, carry, obs, resets)
+    assert after.shape == (B, 2 * H)
+    params["params"]["ScannedGRU_1"] = jax.tree.map(lambda x: x + 0.1, params["params"]["ScannedGRU_1"])
+    moved, new_logits, new_value = net.apply(params, carry, obs, resets)
+    chex.assert_trees_all_close((moved[:, :H], new_logits), (after[:, :H], logits))  # the actor's half unchanged
+    assert not np.allclose(new_value, value) and not np.allclose(moved[:, H:], after[:, H:])
+
+
 def test_the_masked_observation_has_no_velocities():
     full = ppo_rnn.PPORNN(ppo_rnn.Config(num_envs=4))
     masked = ppo_rnn.PPORNN(ppo_rnn.Config(num_envs=4, mask_velocity=True))
@@ -63,15 +80,71 @@ def test_the_masked_observation_has_no_velocities():
     assert not np.allclose(a.obs[:, [1, 3]], 0)  # the velocities the masked policy does not see
 
 
+@pytest.mark.parametrize("clip_value,want", [(True, 0.5 * 1.3 ** 2), (False, 0.5 * 1.0 ** 2)])
+def test_the_value_loss_clips_the_values_change_unless_clip_value_is_false(clip_value, want):
+    """Rollout values 0.5 below the network's and targets 1 above: clipped, the value counts as having moved only
+    clip_eps = 0.2 from the rollout's (1.3 from the target); unclipped (SB3's default), 1 from the target."""
+    import dataclasses
+
+    algo = ppo_rnn.PPORNN(dataclasses.replace(tiny().config, clip_value=clip_value))
+    params = algo.init(jax.random.key(0)).learner.params
+    T, N = 3, 2
+    zeros = jnp.zeros((T, N))
+    obs = jax.random.normal(jax.random.key(1), (T, N, 2))
+    hidden, reset = jnp.zeros((T, N, 8)), jnp.zeros((T, N), bool)
+    _, _, value = algo.network.apply(params, hidden[0], obs, reset)
+    traj = ppo_rnn.Transition(hidden, reset, obs, jnp.zeros((T, N), jnp.int32), zeros, value - 0.5, zeros, zeros,
+                              reset, reset)
+    _, metrics = algo._loss(params, traj, zeros, value + 1.0)
+    np.testing.assert_allclose(metrics["value_loss"], want, rtol=1e-5)
+
+
+class RolloutOnly(ppo_rnn.PPORNN):
+    """One rollout an iteration and no learning; its actions and done flags are the iteration's metrics."""
+
+    def iteration(self, state: ppo_rnn.State) -> tuple[ppo_rnn.State, dict]:
+        traj, actor, _ = self.rollout(state.learner.params, state.actor)
+        return state.replace(actor=actor), {"action": traj.action, "done": traj.done}
+
+
+def test_the_observation_statistics_are_those_of_every_observation_the_rollout_saw():
+    """8 replicas of 2 environments, 4 steps: the statistics merged step by step and over replicas equal the mean
+    and variance of the 64 observations, recomputed by stepping gymnax's CartPole by hand with the rollout's
+    actions (4 steps from a reset end no episode, so no environment resets in between)."""
+    algo = RolloutOnly(tiny(normalize_obs=True).config)
+    state = algo.init(jax.random.key(0))
+    out, metrics = fragc.interpret(fragc.trace(algo), state, replicas=8)
+    assert not np.asarray(metrics["done"]).any()
+
+    cartpole, params = algo.env.env.env, algo.env.env.params
+    env_state, seen = state.actor.runner.env_state, []
+    for action in np.asarray(metrics["action"]):  # [T, N]
+        seen.append(np.asarray(jax.vmap(cartpole.get_obs)(env_state))[:, [0, 2]])  # x and theta
+        _, env_state, *_ = jax.vmap(cartpole.step_env, in_axes=(None, 0, 0, None))(
+            jax.random.key(0), env_state, jnp.asarray(action), params)  # CartPole's step draws nothing
+    seen = np.concatenate(seen).astype(np.float64)
+    # SB3's start (mean 0, variance 1, weighing 1e-4 observations) merged with the 64 observations
+    n, prior = len(seen), 1e-4
+    mean = seen.sum(0) / (n + prior)
+    var = (prior * (1 + mean ** 2) + ((seen - mean) ** 2).sum(0)) / (n + prior)
+    assert seen.shape == (4 * 16, 2)
+    chex.assert_trees_all_close(out.actor.obs_stats, ppo_rnn.ObsStats(np.float32(n + prior), mean, var),
+                                rtol=1e-4, atol=1e-7)
+    chex.assert_trees_all_close(mean, seen.mean(0), rtol=1e-5)  # 1e-4 observations weigh next to nothing
+    assert np.all(var < 0.01)  # positions near 0: what the network sees unnormalized
+
+
 @functools.cache
-def anakin_program() -> fragc.Program:
-    return fragc.compile(tiny(), "anakin", devices=8, iterations_per_dispatch=ITERATIONS)
+def anakin_program(normalize_obs: bool = False) -> fragc.Program:
+    return fragc.compile(tiny(normalize_obs), "anakin", devices=8, iterations_per_dispatch=ITERATIONS)
 
 
-def test_anakin_equals_interpreter():
-    """8 replicas: per-replica minibatches of whole sequences, the gradients' pmean, the return's psum."""
-    module = fragc.trace(tiny())
-    prog = anakin_program()
+@pytest.mark.parametrize("normalize_obs", [False, True])
+def test_anakin_equals_interpreter(normalize_obs):
+    """8 replicas: per-replica minibatches of whole sequences, the gradients' pmean, the return's psum (and with
+    normalize_obs, the observation statistics' psums, replicated)."""
+    module = fragc.trace(tiny(normalize_obs))
+    prog = anakin_program(normalize_obs)
     state = prog.init(0)
     out, history = prog.run(state, ITERATIONS)
     ref = state
@@ -81,6 +154,8 @@ def test_anakin_equals_interpreter():
             np.testing.assert_allclose(history[name][i], metrics[name], rtol=1e-4, atol=1e-5)
     assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
     assert out.actor.hidden.shape == (16, 8) and out.actor.runner.obs.shape == (16, 2)
+    if normalize_obs:
+        assert round(float(out.actor.obs_stats.count)) == ITERATIONS * 4 * 16  # every observation, once
 
 
 def test_checkpoint_and_exact_resume(tmp_path):
@@ -103,6 +178,9 @@ def test_checkpoint_and_exact_resume(tmp_path):
                         "which cannot carry the GRU's hidden state"),
     ({"gae_lambda": 1.5}, "ppo_rnn: gae_lambda must be in [0, 1], got 1.5"),
     ({"mask_velocity": 1}, "ppo_rnn: mask_velocity must be True or False, got 1"),
+    ({"normalize_obs": "yes"}, "ppo_rnn: normalize_obs must be True or False, got 'yes'"),
+    ({"clip_value": 0}, "ppo_rnn: clip_value must be True or False, got 0"),
+    ({"critic_gru": None}, "ppo_rnn: critic_gru must be True or False, got None"),
 ])
 def test_a_bad_config_value_is_one_line(config, message):
     with pytest.raises(fragc.FragcError) as err:
@@ -122,6 +200,8 @@ def test_the_command_line_lists_ppo_rnn(capsys):
     assert "ppo_rnn" in capsys.readouterr().out
     assert main(["run", "ppo_rnn", "--eval-every", "2"]) == 2
     assert "eval_every must be 0" in capsys.readouterr().err
+    assert main(["run", "ppo_rnn", "--normalize-obs", "true", "--print-config"]) == 0
+    assert "normalize_obs = true" in capsys.readouterr().out
 
 
 @pytest.mark.slow
