@@ -26,10 +26,11 @@ program is exactly the one without evaluation. With `eval_every` K, every iterat
 first one included: it evaluates the initial parameters) calls the fragment `evaluate` (role "evaluator")
 under `lax.cond`, an `if` region of the IR: it resets `eval_episodes` environments of its own from keys
 split off the evaluator's key, plays one whole episode in each with `greedy_action` (at most the
-environment's time limit), and returns the mean undiscounted return. The metric `eval_return` is the
-latest evaluation's, every iteration. The evaluator's state (its key, an iteration count, the latest
-return) is the field `evaluator` of the training state: checkpointed with it, and apart from the training
-runner.
+environment's time limit), and returns the mean undiscounted return. A recurrent policy (ppo_rnn's GRU)
+takes `Evaluator.recurrent(env, initial_carry, greedy_step, ...)` instead: its carry starts afresh with each
+evaluation and goes from step to step. The metric `eval_return` is the latest evaluation's, every
+iteration. The evaluator's state (its key, an iteration count, the latest return) is the field
+`evaluator` of the training state: checkpointed with it, and apart from the training runner.
 
 Policies place the role "evaluator": on the actors' devices by default (`single`, `anakin` and `gspmd`
 place every role everywhere; `actor_learner` names it with the actors), on a group of its own with
@@ -90,12 +91,26 @@ class Episodes:
 
 class Evaluator:
     """Evaluation episodes of `greedy_action(params, obs[n, obs_size]) -> actions` on `episodes` fresh
-    environments of `env` every `every` iterations (0: never). The environments are made on first use, a
-    `VecEnv` of the evaluator's own: host environments step a pool apart from the training runner's."""
+    environments of `env` every `every` iterations (0: never); `Evaluator.recurrent` for a policy that carries
+    a state from step to step. The environments are made on first use, a `VecEnv` of the evaluator's own: host
+    environments step a pool apart from the training runner's."""
 
-    def __init__(self, env: str, greedy_action: Callable[[Any, jax.Array], jax.Array], every: int = 0,
+    def __init__(self, env: str, greedy_action: Callable[[Any, jax.Array], jax.Array] | None, every: int = 0,
                  episodes: int = 8):
         self.env_name, self.greedy_action, self.every, self.episodes = env, greedy_action, every, episodes
+        self.initial_carry = self.greedy_step = None
+
+    @classmethod
+    def recurrent(cls, env: str, initial_carry: Callable[[int], Any],
+                  greedy_step: Callable[[Any, Any, jax.Array, jax.Array], tuple[Any, jax.Array]], every: int = 0,
+                  episodes: int = 8) -> Evaluator:
+        """The evaluator of a recurrent policy: `initial_carry(n)` is the carry of n environments at an episode's
+        start, made afresh at each evaluation's start, and `greedy_step(params, carry, obs[n, obs_size],
+        reset[n]) -> (carry, actions)` one step of the deterministic policy, where `reset` marks the
+        environments whose carry must start afresh (the policy's own reset: its rollout's done flags)."""
+        evaluator = cls(env, None, every, episodes)
+        evaluator.initial_carry, evaluator.greedy_step = initial_carry, greedy_step
+        return evaluator
 
     @functools.cached_property
     def env(self) -> VecEnv:
@@ -148,16 +163,26 @@ class Evaluator:
         runner = self.env.reset_each(eval_episodes.key, eval_episodes.index)
 
         def not_over(carry: tuple) -> jax.Array:
-            t, _, running, _ = carry
+            t, _, running, _, _ = carry
             return (t < self.max_steps) & jnp.any(running)
 
         def step(carry: tuple) -> tuple:
-            t, runner, running, returns = carry
-            runner, out = self.env.step(runner, self.greedy_action(params, runner.obs))
+            t, runner, running, returns, policy_carry = carry
+            policy_carry, actions = self.act(params, policy_carry, runner.obs, running)
+            runner, out = self.env.step(runner, actions)
             returns = returns + jnp.where(running, out.reward, 0.0)
-            return t + 1, runner, running & ~out.episode_done, returns
+            return t + 1, runner, running & ~out.episode_done, returns, policy_carry
 
-        running = jnp.ones(runner.obs.shape[:1], bool)
-        carry = (jnp.int32(0), runner, running, jnp.zeros_like(runner.episode_return))
+        n = runner.obs.shape[0]
+        policy_carry = None if self.greedy_step is None else self.initial_carry(n)
+        carry = (jnp.int32(0), runner, jnp.ones(n, bool), jnp.zeros_like(runner.episode_return), policy_carry)
         returns = jax.lax.while_loop(not_over, step, carry)[3]
         return fragc.psum(jnp.sum(returns)) / self.episodes
+
+    def act(self, params: Any, policy_carry: Any, obs: jax.Array, running: jax.Array) -> tuple[Any, jax.Array]:
+        """One greedy step -> (the policy's next carry, actions); a feed-forward policy's carry is None. A
+        recurrent policy's `reset` is where the environment's first episode has ended: exact at the step that
+        starts its next episode, and the steps after it do not count (no done flags to carry)."""
+        if self.greedy_step is None:
+            return None, self.greedy_action(params, obs)
+        return self.greedy_step(params, policy_carry, obs, ~running)

@@ -12,6 +12,8 @@ RecurrentPPO with enable_critic_lstm), and the hidden state is both GRUs'.
 memory task: a feed-forward policy sees only positions and cannot solve it.
 `normalize_obs` feeds the network observations normalized by their running mean
 and variance (SB3's VecNormalize), kept beside the runner and updated every step.
+With `eval_every` the greedy policy is evaluated carrying the hidden state through each episode
+(`Evaluator.recurrent`), on observations normalized by the statistics of the moment, frozen.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from flax import struct
 
 import fragc
 from fragc.algos.envs import Runner, Step, VecEnv, discrete_env
-from fragc.algos.evaluation import EvalConfig
+from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
 from fragc.algos.ppo import _take, dense, gae
 from fragc.algos.run_length import RunLength
 from fragc.ir.errors import FragcError
@@ -85,9 +87,6 @@ class Config(RunLength, EvalConfig):
 
     def __post_init__(self) -> None:
         self.check_fields()
-        if self.eval_every:
-            raise FragcError("ppo_rnn: eval_every must be 0: evaluation and videos act with greedy_action(params, "
-                             "obs), which cannot carry the GRU's hidden state")
         if self.num_envs % self.num_minibatches:
             raise FragcError(f"ppo_rnn: num_envs ({self.num_envs}) must divide by num_minibatches "
                              f"({self.num_minibatches}): minibatches are whole environment sequences")
@@ -233,6 +232,13 @@ class State:
 
 
 @struct.dataclass
+class EvalState(State):
+    """The state with evaluation on (`eval_every` > 0)."""
+
+    evaluator: EvaluatorState  # the evaluator's own (algos/evaluation.py)
+
+
+@struct.dataclass
 class Transition:
     hidden: jax.Array  # the hidden state before step t (the learner replays from hidden[0], the rollout's start)
     reset: jax.Array  # whether step t starts a new episode (the previous step's done)
@@ -260,6 +266,8 @@ class PPORNN:
     def __init__(self, config: Config = Config()):
         self.config = config
         self.steps_per_iteration = config.steps_per_iteration
+        self.evaluator = Evaluator.recurrent(config.env, self.initial_carry, self.greedy_step, config.eval_every,
+                                             config.eval_episodes)
 
     @functools.cached_property
     def env(self) -> VecEnv | MaskedVelocity:
@@ -297,12 +305,13 @@ class PPORNN:
         obs_stats = ObsStats.initial(self.env.obs_size) if c.normalize_obs else None
         actor = Actor(self.env.reset(k_env, c.num_envs), jnp.zeros((c.num_envs, self.carry_size)),
                       jnp.zeros((c.num_envs,), bool), obs_stats)
-        return State(learner, actor)
+        return self.evaluator.init(key, State(learner, actor), EvalState)
 
     def iteration(self, state: State) -> tuple[State, dict]:
+        state, eval_metrics = self.evaluator.maybe_evaluate(state, self.policy_params(state))  # when due
         traj, actor, episode_metrics = self.rollout(state.learner.params, state.actor)
         learner, loss_metrics = self.update(state.learner, traj)
-        return state.replace(learner=learner, actor=actor), {**episode_metrics, **loss_metrics}
+        return state.replace(learner=learner, actor=actor), {**episode_metrics, **loss_metrics, **eval_metrics}
 
     def update(self, learner: Learner, traj: Transition) -> tuple[Learner, dict]:
         """`update_epochs` passes over the rollout, one `learn` call each (a `for` region of the IR)."""
@@ -391,11 +400,26 @@ class PPORNN:
         loss = actor_loss + c.vf_coef * value_loss - c.ent_coef * entropy
         return loss, {"loss": loss, "actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy}
 
-    # THE DETERMINISTIC POLICY. There is no `greedy_action(params, obs)`: a recurrent policy needs its hidden
-    # state, which evaluation and videos cannot carry (Config refuses eval_every > 0; `fragc video` says so).
-    def policy_params(self, state: State) -> Any:
-        """The parameters the actors act with."""
-        return state.learner.params
+    # THE DETERMINISTIC POLICY: what evaluation episodes act with (`Evaluator.recurrent`). There is no
+    # `greedy_action(params, obs)`: a recurrent policy needs its hidden state, which videos cannot carry (`fragc
+    # video` says so).
+    def policy_params(self, state: State) -> tuple[Any, ObsStats | None]:
+        """What the actors act with: the network's parameters and the observations' statistics of the moment
+        (None unless normalize_obs), which an evaluation reads and does not update (SB3 evaluates with
+        VecNormalize(training=False))."""
+        return state.learner.params, state.actor.obs_stats
+
+    def initial_carry(self, n: int) -> jax.Array:
+        """The hidden state of `n` environments at an episode's start."""
+        return jnp.zeros((n, self.carry_size))
+
+    def greedy_step(self, params: tuple[Any, ObsStats | None], hidden: jax.Array, obs: jax.Array,
+                    reset: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """One step of the deterministic policy on the environment's observations `obs[n, ...]` (masked and
+        normalized here as the rollout's are) -> (next hidden, actions)."""
+        network_params, obs_stats = params
+        obs = self.env.mask(obs) if self.config.mask_velocity else obs
+        return self.recurrent_greedy_action(network_params, hidden, observe(obs_stats, obs), reset)
 
     def recurrent_greedy_action(self, params: Any, hidden: jax.Array, obs: jax.Array,
                                 reset: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -8,8 +8,9 @@ of each one's last completed episode, at the end of training). Per algorithm: ev
 reach the algorithm's threshold, the interquartile mean (IQM) over seeds and its 95% stratified-bootstrap
 confidence interval (2,000 replications, seed 0), computed by `fragc.stats` with rliable (Agarwal et al. 2021);
 before rliable this file had its own percentile bootstrap of the same statistic (docs/results.md says which rows
-were computed with which). Each run also writes OUT/NAME.png: the learning curves (IQM over seeds at each
-iteration, 95% bands).
+were computed with which). A row whose config sets `eval_every` reports the same of each seed's last greedy
+evaluation (`eval_return`, algos/evaluation.py) on a line of its own, and under "greedy_eval" in its JSON. Each
+run also writes OUT/NAME.png: the learning curves (IQM over seeds at each iteration, 95% bands).
 
 Each row's configuration, step budget and threshold come from a named public reference (the comments beside RUNS;
 docs/results.md cites them with the references' numbers), fixed before the ten-seed runs. The MinAtar rows (PPO
@@ -40,6 +41,10 @@ ZOO_PPO_LSTM_NOVEL = {  # RL Baselines3 Zoo's RecurrentPPO on CartPoleNoVel-v1 (
     "num_envs": 8, "num_steps": 32, "total_steps": 100_000, "lr": 1e-3, "update_epochs": 20,  # steps, batch 256
     "num_minibatches": 1, "gamma": 0.98, "gae_lambda": 0.8, "ent_coef": 0.0,  # (one minibatch), 20 epochs, 1e5 steps;
 }  # its clip range is annealed from 0.2 (fragc's stays 0.2) and its policy an LSTM of 64 (fragc: GRU of 128)
+ZOO_ITERATIONS = ZOO_PPO_LSTM_NOVEL["total_steps"] // (ZOO_PPO_LSTM_NOVEL["num_envs"] * ZOO_PPO_LSTM_NOVEL["num_steps"])
+"""390: the iterations of a zoo row (`Config.iterations`)."""
+ZOO_CRITIC_GRU = {"mask_velocity": True, **ZOO_PPO_LSTM_NOVEL, "normalize_obs": True, "clip_value": False,
+                  "critic_gru": True}
 RUNS = [  # (name, algorithm, policy, devices, threshold on the final return, config overrides)
     ("ppo", "ppo", "single", 1, 475.0, {}),
     ("a2c", "a2c", "single", 1, 400.0, {}),
@@ -60,8 +65,12 @@ RUNS = [  # (name, algorithm, policy, devices, threshold on the final return, co
      {"mask_velocity": True, **ZOO_PPO_LSTM_NOVEL, "normalize_obs": True}),
     ("ppo_rnn_masked_cartpole_zoo_norm_unclipped_vf", "ppo_rnn", "single", 1, 475.0,
      {"mask_velocity": True, **ZOO_PPO_LSTM_NOVEL, "normalize_obs": True, "clip_value": False}),
-    ("ppo_rnn_masked_cartpole_zoo_norm_critic_gru", "ppo_rnn", "single", 1, 475.0,
-     {"mask_velocity": True, **ZOO_PPO_LSTM_NOVEL, "normalize_obs": True, "clip_value": False, "critic_gru": True}),
+    ("ppo_rnn_masked_cartpole_zoo_norm_critic_gru", "ppo_rnn", "single", 1, 475.0, ZOO_CRITIC_GRU),
+    # the same runs (the evaluator has a key stream of its own), also evaluated as the zoo reports its agents: the
+    # deterministic policy, observations normalized by the training statistics, frozen. At the first and the last
+    # iteration (eval_every 389 of 390), 32 episodes
+    ("ppo_rnn_masked_cartpole_zoo_norm_critic_gru_eval", "ppo_rnn", "single", 1, 475.0,
+     {**ZOO_CRITIC_GRU, "eval_every": ZOO_ITERATIONS - 1, "eval_episodes": 32}),
     # CleanRL's sac_continuous_action.py hyperparameters (= sac's defaults), RL Baselines3 Zoo's Pendulum-v1 budget
     # (hyperparams/sac.yml: n_timesteps 20000); -200 as ppo_continuous' Pendulum threshold
     ("sac", "sac", "single", 1, -200.0, {}),
@@ -142,9 +151,13 @@ def run_length(algo, max_steps: int | None) -> int:
     return iterations if max_steps is None else min(iterations, max(1, max_steps // algo.steps_per_iteration))
 
 
-def final_returns(algo, policy: str, devices: int, seeds: list[int], iterations: int,
-                  progress: Progress) -> tuple[list[float], np.ndarray]:
-    """Each seed's final return, and the returns of every iteration [seeds, iterations]."""
+CURVES = ("episode_return", "eval_return")
+"""The metrics kept at every iteration: the training return, and the greedy evaluation's where there is one."""
+
+
+def learning_curves(algo, policy: str, devices: int, seeds: list[int], iterations: int,
+                    progress: Progress) -> dict[str, np.ndarray]:
+    """Each metric of `CURVES` the runs report -> its value at every iteration [seeds, iterations]."""
     import fragc
 
     if policy == "single" and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
@@ -153,15 +166,21 @@ def final_returns(algo, policy: str, devices: int, seeds: list[int], iterations:
         prog = fragc.compile(algo, fragc.population("single", len(seeds), exact=True), devices=1,
                              iterations_per_dispatch=32)
         _, history = prog.run(prog.init(seeds[0]), iterations, callback=progress)
-        curves = np.asarray(history["episode_return"], np.float64)  # [seeds, iterations]
-        return [float(r) for r in curves[:, -1]], curves
-    out, curves = [], []
+        return {m: np.asarray(history[m], np.float64) for m in CURVES if m in history}  # [seeds, iterations] each
     prog = fragc.compile(algo, policy, devices=devices, iterations_per_dispatch=32)
-    for seed in seeds:
-        _, history = prog.run(prog.init(seed), iterations, callback=progress)
-        out.append(float(history["episode_return"][-1]))
-        curves.append(np.asarray(history["episode_return"], np.float64))
-    return out, np.stack(curves)
+    histories = [prog.run(prog.init(seed), iterations, callback=progress)[1] for seed in seeds]
+    return {m: np.stack([np.asarray(h[m], np.float64) for h in histories]) for m in CURVES if m in histories[0]}
+
+
+def summary(name: str, returns: np.ndarray, threshold: float | None) -> dict:
+    """Each seed's final value of a metric, how many seeds reach `threshold` (None without one), their IQM and
+    its 95% confidence interval (`fragc.stats`)."""
+    from fragc import stats
+
+    point, lo, hi = stats.interval_estimates({name: returns})[name]
+    return {"final_returns": [round(float(r), 1) for r in returns],
+            "at_threshold": None if threshold is None else stats.seeds_at_threshold(returns, threshold),
+            "iqm": round(point, 1), "iqm_ci95": [round(lo, 1), round(hi, 1)]}
 
 
 def main() -> None:
@@ -190,21 +209,25 @@ def main() -> None:
         configured_steps = algorithm.config.iterations * algorithm.steps_per_iteration
         progress = Progress(name, algorithm.steps_per_iteration)
         start = time.perf_counter()
-        returns, curves = final_returns(algorithm, policy, devices, seeds, iterations, progress)
+        all_curves = learning_curves(algorithm, policy, devices, seeds, iterations, progress)
         wall = time.perf_counter() - start
-        point, lo, hi = stats.interval_estimates({name: np.array(returns)})[name]
-        reached = None if threshold is None else stats.seeds_at_threshold(returns, threshold)
+        curves = all_curves["episode_return"]
         row = {"run": name, "algo": algo, "policy": policy, "config": overrides, "seeds": seeds,
-               "threshold": threshold, "final_returns": [round(r, 1) for r in returns], "at_threshold": reached,
-               "iqm": round(point, 1), "iqm_ci95": [round(lo, 1), round(hi, 1)], "wall_s": round(wall, 1),
+               "threshold": threshold, **summary(name, curves[:, -1], threshold), "wall_s": round(wall, 1),
                "env_steps": steps, "configured_env_steps": configured_steps,
                "env_steps_per_s": round(len(seeds) * steps / wall),  # compile included: wall clock, not a bench
                "returns_by_steps": progress.rows}
+        lines = {name: row}
+        if "eval_return" in all_curves:  # each seed's last evaluation of the greedy policy
+            row["greedy_eval"] = lines[f"{name} (greedy eval)"] = summary(name, all_curves["eval_return"][:, -1],
+                                                                         threshold)
         rows.append(row)
-        check = "" if threshold is None else f"{reached}/{len(seeds)} >= {threshold:g}  "
         partial = "" if steps == configured_steps else f"PARTIAL: {steps:,} of {configured_steps:,} steps  "
-        print(f"{name:22} {policy:20} {partial}{check}IQM {row['iqm']:.1f} [{lo:.1f}, {hi:.1f}]  {wall:.0f} s  "
-              f"returns {row['final_returns']}", flush=True)
+        for label, line in lines.items():
+            check = "" if threshold is None else f"{line['at_threshold']}/{len(seeds)} >= {threshold:g}  "
+            lo, hi = line["iqm_ci95"]
+            print(f"{label:22} {policy:20} {partial}{check}IQM {line['iqm']:.1f} [{lo:.1f}, {hi:.1f}]  {wall:.0f} s  "
+                  f"returns {line['final_returns']}", flush=True)
         os.makedirs(args.out, exist_ok=True)
         stats.curves_png({name: curves}, (np.arange(curves.shape[1]) + 1) * algorithm.steps_per_iteration,
                          os.path.join(args.out, f"{name}.png"), title=f"{name} ({policy}, {len(seeds)} seeds)")

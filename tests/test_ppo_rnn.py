@@ -1,7 +1,8 @@
 """Recurrent PPO: the GRU's hidden state reset at episode ends, the masked CartPole observation, the observations'
-running statistics, the reference interpreter under anakin, its config's one-line errors, and (-m slow) learning
-masked CartPole."""
+running statistics, the reference interpreter under anakin, the greedy evaluation carrying the hidden state, its
+config's one-line errors, and (-m slow) learning masked CartPole."""
 
+import dataclasses
 import functools
 
 import chex
@@ -84,8 +85,6 @@ def test_the_masked_observation_has_no_velocities():
 def test_the_value_loss_clips_the_values_change_unless_clip_value_is_false(clip_value, want):
     """Rollout values 0.5 below the network's and targets 1 above: clipped, the value counts as having moved only
     clip_eps = 0.2 from the rollout's (1.3 from the target); unclipped (SB3's default), 1 from the target."""
-    import dataclasses
-
     algo = ppo_rnn.PPORNN(dataclasses.replace(tiny().config, clip_value=clip_value))
     params = algo.init(jax.random.key(0)).learner.params
     T, N = 3, 2
@@ -158,6 +157,82 @@ def test_anakin_equals_interpreter(normalize_obs):
         assert round(float(out.actor.obs_stats.count)) == ITERATIONS * 4 * 16  # every observation, once
 
 
+# ---------------------------------------------------------------- evaluation: the greedy policy carries its memory
+
+
+@functools.cache
+def evaluating(normalize_obs: bool, critic_gru: bool = False, every: int = 1) -> ppo_rnn.PPORNN:
+    """The tiny configuration evaluating 8 episodes every `every` iterations (one episode per replica on 8)."""
+    return ppo_rnn.PPORNN(dataclasses.replace(tiny(normalize_obs).config, critic_gru=critic_gru, eval_every=every,
+                                              eval_episodes=8))
+
+
+def hand_written_greedy_return(algo: ppo_rnn.PPORNN, state: ppo_rnn.EvalState) -> float:
+    """An evaluation outside fragc: the evaluator's key split as the evaluator splits it, then each episode in a
+    Python loop over gymnax's CartPole, the network stepped on the masked observation (normalized by the state's
+    statistics, when it has some) from a zero hidden state, acting with the argmax of its logits."""
+    import gymnax
+
+    env, env_params = gymnax.make("CartPole-v1")
+    params, stats = state.learner.params, state.actor.obs_stats
+    net = jax.jit(lambda hidden, obs: algo.network.apply(params, hidden, obs[None, None], jnp.zeros((1, 1), bool)))
+    _, episodes_key = jax.random.split(state.evaluator.key)
+    total = 0.0
+    for key in jax.random.split(episodes_key, algo.config.eval_episodes):
+        reset_key, key = jax.random.split(key)
+        obs, env_state = env.reset(reset_key, env_params)
+        hidden = jnp.zeros((1, algo.config.hidden * (2 if algo.config.critic_gru else 1)))
+        for _ in range(env_params.max_steps_in_episode):
+            seen = np.asarray(obs)[[0, 2]]  # x and theta
+            if stats is not None:
+                seen = np.clip((seen - stats.mean) / np.sqrt(stats.var + 1e-8), -10, 10)
+            hidden, logits, _ = net(hidden, jnp.asarray(seen, jnp.float32))
+            step_key, key = jax.random.split(key)
+            obs, env_state, reward, terminated, truncated, _ = env.step(step_key, env_state,
+                                                                         int(jnp.argmax(logits[0, 0])), env_params)
+            total += float(reward)
+            if terminated or truncated:
+                break
+    return total / algo.config.eval_episodes
+
+
+@pytest.mark.parametrize("normalize_obs,critic_gru", [(False, False), (True, False), (True, True)])
+def test_the_greedy_evaluation_carries_the_hidden_state_as_a_hand_written_loop(normalize_obs, critic_gru):
+    """After one iteration (statistics of 64 observations, with normalize_obs), an evaluation's return is the
+    hand-written loop's; it reads the statistics and leaves them, and the rest of training, as they were."""
+    algo = evaluating(normalize_obs, critic_gru)
+    state, _ = fragc.interpret(fragc.trace(algo), algo.init(jax.random.key(0)), replicas=1)
+    assert isinstance(state, ppo_rnn.EvalState) and int(state.evaluator.iteration) == 1
+    evaluated, metrics = jax.jit(lambda s: algo.evaluator.maybe_evaluate(s, algo.policy_params(s)))(state)
+    chex.assert_trees_all_equal((evaluated.learner, evaluated.actor), (state.learner, state.actor))
+    assert metrics["eval_return"] == hand_written_greedy_return(algo, state)
+    if normalize_obs:
+        assert round(float(state.actor.obs_stats.count)) == 4 * 16
+
+
+@pytest.mark.parametrize("policy", ["single", "anakin"])
+def test_the_evaluating_program_equals_the_interpreter(policy):
+    """normalize_obs and critic_gru, evaluating every 2 iterations: 3 iterations, the second carrying the first's
+    evaluation over; training is bit for bit the interpreter's without evaluation."""
+    algo, iterations = evaluating(True, True, every=2), 3
+    replicas = 1 if policy == "single" else 8
+    prog = fragc.compile(algo, policy, devices=replicas, iterations_per_dispatch=iterations)
+    state = prog.init(0)
+    out, history = prog.run(state, iterations)
+    plain_algo = ppo_rnn.PPORNN(dataclasses.replace(algo.config, eval_every=0))
+    module, plain_module = fragc.trace(algo), fragc.trace(plain_algo)
+    ref, plain = state, ppo_rnn.State(state.learner, state.actor)
+    for i in range(iterations):
+        ref, metrics = fragc.interpret(module, ref, replicas=replicas)
+        plain, plain_metrics = fragc.interpret(plain_module, plain, replicas=replicas)
+        np.testing.assert_allclose(history["eval_return"][i], metrics["eval_return"], rtol=1e-6)
+        assert metrics["episode_return"] == plain_metrics["episode_return"]
+    assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
+    chex.assert_trees_all_equal((ref.learner, ref.actor), (plain.learner, plain.actor))
+    returns = np.asarray(history["eval_return"])
+    assert returns[1] == returns[0] and returns[0] > 0
+
+
 def test_checkpoint_and_exact_resume(tmp_path):
     """Stopped after its first checkpoint and resumed, a run equals an uninterrupted one bit for bit: the GRU's
     hidden state and done flags per environment are part of the checkpointed state (the program above)."""
@@ -174,8 +249,7 @@ def test_checkpoint_and_exact_resume(tmp_path):
 @pytest.mark.parametrize("config,message", [
     ({"num_minibatches": 3}, "ppo_rnn: num_envs (16) must divide by num_minibatches (3): minibatches are whole "
                              "environment sequences"),
-    ({"eval_every": 5}, "ppo_rnn: eval_every must be 0: evaluation and videos act with greedy_action(params, obs), "
-                        "which cannot carry the GRU's hidden state"),
+    ({"eval_every": -1}, "ppo_rnn: eval_every must be at least 0, got -1"),
     ({"gae_lambda": 1.5}, "ppo_rnn: gae_lambda must be in [0, 1], got 1.5"),
     ({"mask_velocity": 1}, "ppo_rnn: mask_velocity must be True or False, got 1"),
     ({"normalize_obs": "yes"}, "ppo_rnn: normalize_obs must be True or False, got 'yes'"),
@@ -198,8 +272,8 @@ def test_the_command_line_lists_ppo_rnn(capsys):
 
     assert main(["algos"]) == 0
     assert "ppo_rnn" in capsys.readouterr().out
-    assert main(["run", "ppo_rnn", "--eval-every", "2"]) == 2
-    assert "eval_every must be 0" in capsys.readouterr().err
+    assert main(["run", "ppo_rnn", "--num-minibatches", "3"]) == 2
+    assert "num_envs (16) must divide by num_minibatches (3)" in capsys.readouterr().err
     assert main(["run", "ppo_rnn", "--normalize-obs", "true", "--print-config"]) == 0
     assert "normalize_obs = true" in capsys.readouterr().out
 
