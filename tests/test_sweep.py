@@ -106,7 +106,7 @@ def test_a_sweeps_init_runs_its_members_in_turn_so_no_factorisation_is_batched()
     assert qrs, "PPO's orthogonal init should factorise"
     assert all(v.aval.ndim == 2 for eqn in qrs for v in eqn.invars), [str(e) for e in qrs]
     state = prog.init(0)
-    for member, (lr, _, seed) in enumerate((lr, None, s) for lr in LRS for s in (0, 1)):
+    for member, (lr, seed) in enumerate(itertools.product(LRS, (0, 1))):  # configuration-major
         alone = single_program(lr, 0.0).init(seed)
         chex.assert_trees_all_equal(jax.tree.map(lambda x: x[member], state.state), alone)
 
