@@ -69,14 +69,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="bench/results/throughput.json")
     args = parser.parse_args()
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     table = []
     for name in args.rows.split(","):
         row = measure(name, args.iterations, args.repeats)
         table.append(row)
         print(f"{name:32} {row['env_steps_per_s']:>14,} env-steps/s  compile {row['compile_s']:.1f} s", flush=True)
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(table, f, indent=2)
+        with open(args.out, "w") as f:  # after every row: a run cut short keeps the rows it measured
+            json.dump(table, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from jax.extend import core as jex
 from jax.extend import source_info_util
 
 from .errors import FragcError
+from .jax_compat import scan_counts
 from .traps import short_location
 from .module import FragmentDef, For, Glue, Graph, If, Run, Use, Value
 from .types import LeafType, TreeType
@@ -253,7 +254,7 @@ class _Builder:
 
     def for_region(self, eqn: Any, env: dict[Any, Use], consts: dict[Any, Any], nodes: list[Any]) -> For:
         p = eqn.params
-        closed, nc, nk = p["jaxpr"], p["num_consts"], p["num_carry"]
+        closed, (nc, nk) = p["jaxpr"], scan_counts(eqn)
         inputs = tuple(self.use(v, env, consts, nodes) for v in eqn.invars)
         body_jaxpr = closed.jaxpr
         inner_axes = self.declared_axes(body_jaxpr)
@@ -306,8 +307,7 @@ def _operands_of(eqn: Any, sub: jex.Jaxpr) -> list[Any]:
 def _outer_axis(eqn: Any, sub: jex.Jaxpr, w: Any, axis: int | None) -> int | None:
     """The axis of a scan's operand whose per-trip slice has batch axis `axis` (others keep theirs)."""
     if eqn.primitive.name == "scan" and axis is not None:
-        p = eqn.params
-        if sub.invars.index(w) >= p["num_consts"] + p["num_carry"]:
+        if sub.invars.index(w) >= sum(scan_counts(eqn)):
             return axis + 1
     return axis
 

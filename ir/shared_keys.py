@@ -23,6 +23,7 @@ from jax.extend import core as jex
 from jax.extend import source_info_util
 
 from .errors import FragmentError
+from .jax_compat import scan_counts
 from .module import FragmentDef
 
 
@@ -129,7 +130,7 @@ def _loop(body: jex.Jaxpr, consts: list[bool], carry: list[bool], rest: list[boo
 
 
 def _scan(eqn: jex.JaxprEqn, ins: list[bool], n: int, found: list[SharedDraw], where: str) -> list[bool]:
-    c, k = eqn.params["num_consts"], eqn.params["num_carry"]
+    c, k = scan_counts(eqn)
     return _loop(_inner(eqn.params["jaxpr"]), ins[:c], ins[c : c + k], ins[c + k :], n, found, where)
 
 

@@ -30,6 +30,7 @@ from typing import Any, Callable
 from jax.extend import core as jex
 
 from .errors import FragcError
+from .jax_compat import scan_counts
 from .host import is_host_call
 from .module import FragmentDef, Loop, Module
 
@@ -71,7 +72,7 @@ def split_time_loop(fdef: FragmentDef, replicas: int, groups: int) -> TimeLoop:
     body = fdef.body_for(replicas)
     s, scan = _host_scan(fdef, body)
     p = scan.params
-    nc, nk = p["num_consts"], p["num_carry"]
+    nc, nk = scan_counts(scan)
     gscan = _host_scan(fdef, fdef.body_for(replicas * groups))[1] if groups > 1 else scan
     step = gscan.params["jaxpr"]
     c, call = _host_call(fdef, step.jaxpr)
@@ -126,7 +127,7 @@ def _group_axes(fdef: FragmentDef, scan: Any, gscan: Any, groups: int, probe: bo
     loop `scan` (traced for R replicas), found against the same loop `gscan` traced for R * `groups`. A `probe`
     (one group: where two would split) takes any output that has no such axis, computed from the environments
     or not."""
-    nc, nk = scan.params["num_consts"], scan.params["num_carry"]
+    nc, nk = scan_counts(scan)
     axes = tuple(_group_axis(fdef, a.aval, b.aval, groups) for a, b in zip(scan.invars, gscan.invars))
     ys_axes = tuple(_group_axis(fdef, a.aval, b.aval, groups) for a, b in zip(scan.outvars[nk:], gscan.outvars[nk:]))
     for i in range(nc, nc + nk):  # a carried leaf keeps its split
