@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.extend import core as jex
 
 from .errors import FragcError
 from .module import REPLICA
@@ -49,7 +50,7 @@ def _reduce(tree: Any, name: str, mean: bool, deterministic: bool) -> Any:
         replicas = lax.axis_size(REPLICA)
     except NameError as err:
         raise FragcError(f"fragc.{name} must be called inside a @fragc.fragment function") from err
-    if replicas == 1 or not deterministic:  # one replica: exact, and XLA drops a one-device all-reduce
+    if replicas == 1 or not deterministic:  # one replica: lowering drops it (without_unit_reductions)
         return lax.pmean(tree, REPLICA) if mean else lax.psum(tree, REPLICA)
     return _by_dtype(tree, lambda flat: _ordered_sum(flat, replicas) / replicas if mean else _ordered_sum(flat, replicas))
 
@@ -85,3 +86,41 @@ def _ordered_sum(flat: jax.Array, replicas: int) -> jax.Array:
     for r in range(1, replicas):  # spelled out: a `reduce` leaves its order to the compiler
         mine = mine + received[r]
     return lax.all_gather(mine, REPLICA, tiled=True)[:size]
+
+
+UNIT_REDUCTIONS = ("psum", "pmax", "pmin")
+"""Reductions that are the identity over one replica (`fragc.pmean` traces as psum, then a division by 1)."""
+
+
+def without_unit_reductions(closed: Any) -> Any:
+    """A one-replica body (`FragmentDef.body`) with its reductions over `REPLICA` dropped, in nested jaxprs too.
+
+    Under `shard_map` on a one-device mesh XLA keeps such a reduction as an all-reduce over one device: a copy of
+    the payload on the CPU, a collective kernel on a GPU, for every gradient step. The results are unchanged:
+    each reduction is the identity there, and the shapes of every nested jaxpr stay as they were."""
+    return closed.replace(jaxpr=_drop_unit_reductions(closed.jaxpr))
+
+
+def _drop_unit_reductions(jaxpr: Any) -> Any:
+    rename: dict[Any, Any] = {}
+    eqns = []
+    for eqn in jaxpr.eqns:
+        invars = [rename.get(v, v) if isinstance(v, jex.Var) else v for v in eqn.invars]
+        if eqn.primitive.name in UNIT_REDUCTIONS and tuple(eqn.params.get("axes", ())) == (REPLICA,):
+            rename.update((o, i) for o, i in zip(eqn.outvars, invars) if not isinstance(o, jex.DropVar))
+            continue
+        eqns.append(eqn.replace(invars=invars, params={k: _in_param(v) for k, v in eqn.params.items()}))
+    outvars = [rename.get(v, v) if isinstance(v, jex.Var) else v for v in jaxpr.outvars]
+    return jaxpr.replace(eqns=eqns, outvars=outvars)
+
+
+def _in_param(value: Any) -> Any:
+    """An equation's parameter with the reductions dropped from any jaxpr it holds (a scan's body, a cond's
+    branches, a pjit's callee)."""
+    if isinstance(value, jex.ClosedJaxpr):
+        return without_unit_reductions(value)
+    if isinstance(value, jex.Jaxpr):
+        return _drop_unit_reductions(value)
+    if isinstance(value, tuple) and any(isinstance(v, (jex.ClosedJaxpr, jex.Jaxpr)) for v in value):
+        return tuple(_in_param(v) for v in value)
+    return value

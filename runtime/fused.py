@@ -1,7 +1,12 @@
 """The `fused` schedule: the iteration is one stage; one XLA program loops over k iterations a dispatch.
 
-The loop runs n <= k iterations, n given at run time, so one compilation
-serves any run length. A population (the
+On the CPU the loop runs n <= k iterations, n given at run time, so one
+compilation serves any run length. On a GPU (or TPU) the loop's trip count is
+k, fixed when it compiles: XLA runs a loop whose trip count it cannot see by
+copying its condition to the host and waiting for it after every iteration,
+which costs a latency-bound program (SAC's small gradient steps) several per
+cent. A run whose length k does not divide ends with a second program, the
+run-time-n loop, compiled when first needed. A population (the
 module's seed offsets) vmaps the loop over a leading axis of the state,
 sharded over the devices when they divide it; its fragments then run with one
 replica and no mesh, so that the iteration can be vmapped.
@@ -18,6 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jax.extend import core as jex
 
+from fragc.ir.collectives import without_unit_reductions
 from fragc.ir.module import REPLICA, Module
 
 from fragc.ir.errors import FragcError
@@ -44,18 +50,26 @@ class FusedProgram:
             frags = lower_fragments(module, devices)
         self.body = Lowered(module, frags)
         self.state_shardings = self._state_shardings()
-        lowered = self._lower()
-        self.executables = [whole_iteration(module, lowered, self.k)]
+        self.static_trips = static_trip_count(devices)
+        self.executables = [whole_iteration(module, self._lower(static=self.static_trips), self.k)]
+        self._remainder: Any = None  # the run-time-n program of a static-trip executor, once a run needs it
 
     def leaf_sharding(self, leaf: Any) -> Any:
         return leaf_sharding(leaf, self.module, self.devices)
 
     def __call__(self, state: list[Any], delays: dict | None, n: int, start: int = 0) -> tuple[list, dict, list]:
+        program = self.executables[0].compiled if n == self.k or not self.static_trips else self._remainder_program()
         if self.module.pbt is not None:  # the step's draws and whether it is due depend on the iteration
-            state, metrics = self.executables[0].compiled(state, np.int32(n), np.int32(start))
+            state, metrics = program(state, np.int32(n), np.int32(start))
         else:
-            state, metrics = self.executables[0].compiled(state, np.int32(n))
+            state, metrics = program(state, np.int32(n))
         return state, {}, metrics
+
+    def _remainder_program(self) -> Any:
+        """The loop of n < k iterations, n given at run time (a static-trip executor's last dispatch)."""
+        if self._remainder is None:
+            self._remainder = self._lower(static=False).compile()
+        return self._remainder
 
     def _state_shardings(self) -> list[NamedSharding]:
         leaves = self.module.graph.inputs[0].type.leaves
@@ -76,7 +90,8 @@ class FusedProgram:
         outs, _ = self.body.iteration(leaves)
         return outs[:len(leaves)], outs[len(leaves):]
 
-    def _lower(self) -> Any:
+    def _lower(self, static: bool) -> Any:
+        """The dispatch program: k iterations (`static`), or n <= k with n an argument."""
         k = self.k
         structs = [t.struct() for t in self.module.graph.inputs[0].type.leaves]
         if self.module.member_loop:  # its bodies need the replica axis: shapes from a vmap naming it
@@ -97,7 +112,7 @@ class FusedProgram:
                 return leaves, [r.at[i].set(m) for r, m in zip(rows, metrics)]
 
             rows = [jnp.zeros((k,) + s.shape, s.dtype) for s in metrics_shape]
-            return jax.lax.fori_loop(0, n, body, (leaves, rows))
+            return jax.lax.fori_loop(0, k if static else n, body, (leaves, rows))
 
         if self.module.population and self.module.member_loop:
             chunk = self._member_loop(chunk)
@@ -154,10 +169,16 @@ def metric_index(module: Module, name: str) -> int:
     return names.index(name)
 
 
+def static_trip_count(devices: Sequence[jax.Device]) -> bool:
+    """Whether a dispatch loop on `devices` compiles with its trip count fixed: off the CPU, whose XLA tests a
+    loop's condition in place (no cost there, and a run's last, shorter dispatch would need a second compile)."""
+    return devices[0].platform != "cpu"
+
+
 def _replica_body(fdef: Any) -> Any:
-    """A fragment's one-replica body as the single run's shard_map runs it (collectives over a replica
-    axis of one), for `_member_loop`."""
-    body = jex.jaxpr_as_fun(fdef.body_for(1))
+    """A fragment's one-replica body as the single run's shard_map runs it (its reductions over the replica axis
+    of one dropped, as `lower_fragment` drops them), for `_member_loop`."""
+    body = jex.jaxpr_as_fun(without_unit_reductions(fdef.body_for(1)))
     return lambda *xs: tuple(body(*xs))
 
 

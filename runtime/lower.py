@@ -18,6 +18,7 @@ import numpy as np
 from jax.extend import core as jex
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from fragc.ir.collectives import without_unit_reductions
 from fragc.ir.errors import FragcError
 from fragc.ir.interpreter import Interpreter
 from fragc.ir.module import REPLICA, FragmentDef, Module
@@ -54,7 +55,8 @@ def lower_fragment(fdef: FragmentDef, mesh: Mesh | None) -> Callable[..., Any]:
             f"fragment '{fdef.name}': {placement.replicas} replicas on a group of {mesh.size} devices; "
             "shard_map lowering runs one replica per device"
         )
-    body = jex.jaxpr_as_fun(fdef.body_for(placement.replicas))
+    body = fdef.body_for(placement.replicas)
+    body = jex.jaxpr_as_fun(without_unit_reductions(body) if placement.replicas == 1 else body)
     return jax.shard_map(
         lambda *xs: tuple(body(*xs)),
         mesh=mesh,

@@ -8,6 +8,7 @@ from flax import struct
 from jax.sharding import Mesh, PartitionSpec as P
 
 import fragc
+from conftest import assert_trees_close
 from fragc.ir.module import REPLICA
 
 PAYLOAD = 1001  # f32 elements per reduction: no device count here divides it, so the chunks are padded
@@ -93,3 +94,23 @@ def test_cost_counts_the_bytes_each_device_receives(deterministic):
         state, _ = prog.run(prog.init(0), 1)
         ref, _ = fragc.interpret(fragc.trace(algo), prog.init(0), replicas={"learner": 8})
         np.testing.assert_array_equal(np.asarray(state.w), np.asarray(ref.w))
+
+
+def test_one_replica_on_one_device_compiles_without_all_reduces():
+    """`lower_fragment` drops a one-replica body's reductions (ir/collectives.py `without_unit_reductions`):
+    XLA would keep each as an all-reduce over one device (a collective kernel a gradient step on a GPU). The
+    single program has none left, and still equals the reference interpreter."""
+    from toy_algos import Regression
+
+    algo = Regression()
+    module = fragc.trace(algo)
+    assert any(e.primitive.name == "psum" for f in module.callable_fragments().values() for e in f.body.jaxpr.eqns)
+    prog = fragc.compile(algo, "single", iterations_per_dispatch=2)
+    assert "all-reduce" not in prog.hlo("iteration", optimized=True)
+    state = prog.init(0)
+    got, history = prog.run(state, 2)
+    ref = state
+    for i in range(2):
+        ref, metrics = fragc.interpret(module, ref)
+        np.testing.assert_allclose(history["loss"][i], metrics["loss"], rtol=1e-6)
+    assert_trees_close(got, ref, rtol=1e-6, atol=1e-7)

@@ -115,3 +115,27 @@ def test_state_of_the_wrong_type_is_refused():
         prog.run({"w": 1}, 1)
     with pytest.raises(fragc.FragcError, match="iterations must be a positive int"):
         prog.run(prog.init(0), 0)
+
+
+def test_a_static_trip_dispatch_loop_runs_k_and_compiles_a_remainder_only_when_a_run_needs_one(monkeypatch):
+    """Off the CPU the dispatch loop's trip count is k, fixed at compile time (runtime/fused.py): forced here,
+    its optimised HLO has a known trip count, a run of whole dispatches uses it alone, and a run that ends with a
+    shorter dispatch compiles the run-time-n loop once; both give the plain loop's state."""
+    from fragc.runtime import fused
+
+    run_time_n = regression_program(4).hlo("iteration", optimized=True)  # the CPU's loop
+    monkeypatch.setattr(fused, "static_trip_count", lambda devices: True)
+    algo = Regression()
+    prog = fragc.compile(algo, "single", iterations_per_dispatch=4)
+    assert '"known_trip_count":{"n":"4"}' in prog.hlo("iteration", optimized=True)
+    assert '"known_trip_count":{"n":"4"}' not in run_time_n
+    executor = prog._executor
+    state = prog.init(0)
+    ref = state
+    for iterations in (8, 9):
+        got, history = prog.run(state, iterations)
+        assert (executor._remainder is None) == (iterations % 4 == 0)
+        while int(ref.step) < iterations:
+            ref, _ = jax.jit(algo.iteration)(ref)
+        assert history["loss"].shape == (iterations,)
+        assert_trees_close(got, ref, rtol=1e-5, atol=1e-6)
