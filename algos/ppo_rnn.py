@@ -400,9 +400,8 @@ class PPORNN:
         loss = actor_loss + c.vf_coef * value_loss - c.ent_coef * entropy
         return loss, {"loss": loss, "actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy}
 
-    # THE DETERMINISTIC POLICY: what evaluation episodes act with (`Evaluator.recurrent`). There is no
-    # `greedy_action(params, obs)`: a recurrent policy needs its hidden state, which videos cannot carry (`fragc
-    # video` says so).
+    # THE DETERMINISTIC POLICY: what evaluation episodes and videos act with (`Evaluator.recurrent`). There is no
+    # `greedy_action(params, obs)`: a recurrent policy carries its hidden state from step to step.
     def policy_params(self, state: State) -> tuple[Any, ObsStats | None]:
         """What the actors act with: the network's parameters and the observations' statistics of the moment
         (None unless normalize_obs), which an evaluation reads and does not update (SB3 evaluates with

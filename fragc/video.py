@@ -1,7 +1,9 @@
 """Videos of a policy: `fragc video CHECKPOINT_DIR --out agent.mp4`, and `CaptureVideo` during a run.
 
 `render_episodes(algo, params, episodes, seed)` plays whole episodes with the algorithm's deterministic
-policy (`algo.greedy_action(params, obs)`, what evaluation acts with) and draws every state:
+policy, what evaluation acts with (`algo.greedy_action(params, obs)`; a recurrent policy's
+`Evaluator.recurrent` step, its carry fresh at each episode's start, in the environment its evaluator plays)
+and draws every state:
 
 - gymnax classic control (CartPole-v1, Pendulum-v1, Acrobot-v1, MountainCar-v0,
   MountainCarContinuous-v0): each gymnax state is set on a Gymnasium environment of the same id and drawn
@@ -29,9 +31,10 @@ imageio (and imageio-ffmpeg for .mp4), drawing classic control needs pygame: `pi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -79,7 +82,7 @@ class EpisodeRenderer:
         from fragc.algos.envs import VecEnv, split_env_name
 
         self.greedy = _greedy(algo)
-        env = getattr(algo, "env", None)
+        env = self.greedy.env
         if not isinstance(env, VecEnv):
             raise FragcError(f"{type(algo).__name__}.env is not a fragc.algos.envs.VecEnv: videos play episodes of "
                              "the algorithm's environment (VecEnv(name))")
@@ -134,15 +137,40 @@ def check_renderable(env: Any) -> None:
                          "to render the same task with")
 
 
-def _greedy(algo: Any) -> Any:
-    import jax
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Greedy:
+    """The deterministic policy a video acts with, in one environment: `act(params, carry, obs[1, obs_size]) ->
+    (carry, actions[1])` from `start()`, the carry at an episode's start (None for a feed-forward policy); `env`
+    the environment it acts in."""
 
-    for method in ("policy_params", "greedy_action"):
-        if not callable(getattr(algo, method, None)):
-            raise FragcError(f"{type(algo).__name__} has no {method}(): videos act with the deterministic policy "
-                             "(policy_params(state) and greedy_action(params, obs), as the built-in algorithms "
-                             "define them)")
-    return jax.jit(algo.greedy_action)
+    start: Callable[[], Any]
+    act: Callable[[Any, Any, Any], tuple[Any, Any]]
+    env: Any
+
+
+def _greedy(algo: Any) -> _Greedy:
+    """`algo`'s greedy policy: its evaluator's recurrent step (`Evaluator.recurrent`: ppo_rnn, which acts in the
+    evaluator's environment, masking the observations itself), else `greedy_action(params, obs)` in `algo.env`."""
+    import jax
+    import jax.numpy as jnp
+
+    from fragc.algos.evaluation import Evaluator
+
+    if not callable(getattr(algo, "policy_params", None)):
+        raise FragcError(f"{type(algo).__name__} has no policy_params(): videos act with the deterministic policy "
+                         "(policy_params(state) and greedy_action(params, obs), as the built-in algorithms define "
+                         "them)")
+    evaluator = getattr(algo, "evaluator", None)
+    if isinstance(evaluator, Evaluator) and evaluator.greedy_step is not None:
+        running = jnp.ones(1, bool)  # an episode's steps: its carry is reset only at its start (`start`)
+        step = jax.jit(lambda params, carry, obs: evaluator.act(params, carry, obs, running))
+        return _Greedy(lambda: evaluator.initial_carry(1), step, evaluator.env)
+    if not callable(getattr(algo, "greedy_action", None)):
+        raise FragcError(f"{type(algo).__name__} has no greedy_action(): videos act with the deterministic policy "
+                         "(policy_params(state) and greedy_action(params, obs), or a recurrent policy's "
+                         "Evaluator.recurrent, as the built-in algorithms define them)")
+    action = jax.jit(algo.greedy_action)
+    return _Greedy(lambda: None, lambda params, carry, obs: (None, action(params, obs)), getattr(algo, "env", None))
 
 
 def _episode_keys(seed: int, episodes: int) -> list[Any]:
@@ -187,9 +215,10 @@ class _GymnaxRenderer(_Renderer):
 
         limit = int(self.vec.max_episode_steps) if max_steps is None else min(max_steps, self.vec.max_episode_steps)
         state, obs, carry = self._reset(key)
+        policy_carry = greedy.start()
         states, returns, total = [state], [0.0], 0.0
         for _ in range(limit):
-            state, obs, carry, reward, done = self._step(greedy, params, state, obs, carry)
+            state, obs, carry, policy_carry, reward, done = self._step(greedy, params, state, obs, carry, policy_carry)
             total += float(reward)
             states.append(state)
             returns.append(total)
@@ -203,9 +232,10 @@ class _GymnaxRenderer(_Renderer):
 
 
 def _gymnax_steps(vec: Any) -> tuple[Any, Any]:
-    """(reset(key) -> (state, obs, carry), step(greedy, params, state, obs, carry) -> (state, obs, carry, reward,
-    done)), jitted, for one environment of a gymnax `VecEnv`: its keys split as `VecEnv` splits them, and
-    `step_env` without the reset gymnax's `step` adds (the last state is drawn as reached)."""
+    """(reset(key) -> (state, obs, carry), step(greedy, params, state, obs, carry, policy_carry) -> (state, obs,
+    carry, policy_carry, reward, done)), jitted, for one environment of a gymnax `VecEnv`: its keys (`carry`) split
+    as `VecEnv` splits them, and `step_env` without the reset gymnax's `step` adds (the last state is drawn as
+    reached)."""
     import jax
     import jax.numpy as jnp
 
@@ -219,13 +249,13 @@ def _gymnax_steps(vec: Any) -> tuple[Any, Any]:
         obs, state = env.reset(reset_key, env_params)
         return state, flat(obs), carry
 
-    def step(greedy: Any, params: Any, state: Any, obs: Any, carry: Any) -> tuple:
+    def step(greedy: _Greedy, params: Any, state: Any, obs: Any, carry: Any, policy_carry: Any) -> tuple:
         step_key, carry = jax.random.split(carry)  # as VecEnv.step splits runner.key
         key_step, _ = jax.random.split(step_key)  # as gymnax's step splits its key for step_env
-        action = greedy(params, obs)[0]
-        obs, state, reward, terminated, _ = env.step_env(key_step, state, action, env_params)
+        policy_carry, action = greedy.act(params, policy_carry, obs)
+        obs, state, reward, terminated, _ = env.step_env(key_step, state, action[0], env_params)
         done = jnp.logical_or(terminated, env.is_truncated(state, env_params))
-        return state, flat(obs), carry, reward, done
+        return state, flat(obs), carry, policy_carry, reward, done
 
     return jax.jit(reset), jax.jit(step, static_argnums=0)
 
@@ -309,10 +339,11 @@ class _GymnasiumRenderer(_Renderer):
         if not limit:
             raise FragcError(f"{self.name} sets no time limit (max_episode_steps): give the episodes' length "
                              "(max_steps, --max-steps)")
-        steps = 0
+        steps, policy_carry = 0, greedy.start()
         while steps < limit:
             flat = np.asarray(obs).reshape(1, -1).astype(np.float32)
-            action = self._action(np.asarray(greedy(params, flat))[0])
+            policy_carry, action = greedy.act(params, policy_carry, flat)
+            action = self._action(np.asarray(action)[0])
             obs, _, terminated, truncated, _ = self.env.step(action)
             frames.append(_rgb(_gymnasium_render(self.env, self.name)))
             steps += 1

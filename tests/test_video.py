@@ -197,3 +197,32 @@ def test_command_refusals(run):
             parse("D", *bad)
     with pytest.raises(FragcError, match=r"^--member 1: the checkpoint in '.*' is of one run, not a population$"):
         video.cmd_video(parse(str(folder / "checkpoints"), "--member", "1"))
+
+
+def test_a_recurrent_policy_plays_with_its_hidden_state_carried(tmp_path):
+    """ppo_rnn (no greedy_action) acts through its evaluator's recurrent step, in the evaluator's environment (the
+    whole CartPole observation, masked by the policy itself), its hidden state carried through each episode and
+    fresh at the next: the frames are those of episodes played by a hand-written loop of `greedy_step`."""
+    import gymnax
+
+    algo = fragc.algos.make("ppo_rnn", mask_velocity=True, num_envs=4, num_steps=8, total_steps=64)
+    params = algo.policy_params(jax.jit(algo.init)(jax.random.key(3)))
+    env, env_params = gymnax.make("CartPole-v1")
+    step = jax.jit(lambda hidden, obs: algo.greedy_step(params, hidden, obs.reshape(1, -1), jnp.zeros(1, bool)))
+    lengths = []
+    for key in jax.random.split(jax.random.key(2), 3):
+        reset_key, carry = jax.random.split(key)
+        obs, state = env.reset(reset_key, env_params)
+        hidden = algo.initial_carry(1)
+        for t in range(1, MAX_STEPS + 1):
+            step_key, carry = jax.random.split(carry)
+            hidden, action = step(hidden, obs)
+            obs, state, _, terminated, truncated, _ = env.step(step_key, state, action[0], env_params)
+            if terminated or truncated:
+                break
+        lengths.append(t)
+    assert min(lengths) < MAX_STEPS
+    assert not np.array_equal(hidden, algo.initial_carry(1))  # the hidden state moves: carrying it matters
+    frames = video.render_episodes(algo, params, 3, 2, max_steps=MAX_STEPS)
+    assert len(frames) == n_frames(lengths)
+    assert frames[0].shape == (400, 600, 3)
