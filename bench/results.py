@@ -73,7 +73,7 @@ RUNS = [  # (name, algorithm, policy, devices, threshold on the final return, co
      {**ZOO_CRITIC_GRU, "eval_every": ZOO_ITERATIONS - 1, "eval_episodes": 32}),
     # the critic-GRU configuration with PureJaxRL's ppo_rnn.py budget (5e5 steps) in place of the zoo's 1e5: the
     # same values, its learning rate annealed over five times the updates. Screened on seeds 10-14, disjoint from the
-    # ten (0-9), before its ten-seed run
+    # ten (0-9), before a ten-seed run: 2/5 at 475 (docs/results.md), so not run on the ten
     ("ppo_rnn_masked_cartpole_zoo_norm_critic_gru_5e5", "ppo_rnn", "single", 1, 475.0,
      {**ZOO_CRITIC_GRU, "total_steps": 500_000}),
     # CleanRL's sac_continuous_action.py hyperparameters (= sac's defaults), RL Baselines3 Zoo's Pendulum-v1 budget
