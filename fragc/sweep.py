@@ -216,6 +216,8 @@ class MemberMetrics(Action):
         import jax
         import jax.numpy as jnp
 
+        if not self.members.grid:  # seeds only: a plain population, no SweepState; each member its own lineage
+            return {}, np.arange(self.members.count)
         return jax.tree.map(jnp.copy, (state.hyper, state.lineage))  # copies: the state's buffers are donated
 
     def on_metrics(self, iteration: int, metrics: dict, queued: Any) -> None:

@@ -258,6 +258,23 @@ def test_sweep_reports_every_configuration_and_resumes_to_the_same_numbers(capsy
     assert (tmp_path / "parts" / "members.jsonl").read_text() == (tmp_path / "whole" / "members.jsonl").read_text()
 
 
+def test_a_sweep_over_seeds_alone_reports_each_seeds_single_run(capsys, tmp_path):
+    """No config option with several values: a plain population of seeds (no SweepState), each member its
+    `fragc run ppo --seed S`, its own lineage."""
+    from fragc.cli import main
+
+    argv = ["sweep", "ppo", "--lr", "1e-3", "--ent-coef", "0.01", "--seeds", "0-1", "--num-envs", "4",
+            "--num-steps", "8", "--hidden", "16", "--update-epochs", "1", "--num-minibatches", "2", "--total-steps", "256",
+            "--iterations", str(ITERATIONS), "--iterations-per-dispatch", "2", "--exact", "--json", "--no-plot"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [c["label"] for c in summary["configurations"]] == ["default"]
+    lines = [json.loads(x) for x in (tmp_path / "members.jsonl").read_text().splitlines()]
+    assert [(r["member"], r["seed"], r["lineage"], r["values"]) for r in lines] == [(0, 0, 0, {}), (1, 1, 1, {})]
+    singles = [single_run(1e-3, 0.01, seed)[1]["episode_return"].mean() for seed in SEEDS]
+    np.testing.assert_allclose(summary["configurations"][0]["final"], singles, rtol=1e-6)
+
+
 def main_resume(capsys, out):
     from fragc.cli import main
 
