@@ -45,9 +45,10 @@ SCREENS = {
 
 
 def sweep(name: str, options: list[str], seeds: str, out: str, timeout: float, extra: list[str]) -> list[dict]:
-    """Run one `fragc sweep ppo_rnn` (later options override BASE's); each configuration's final returns."""
+    """Run one `fragc sweep ppo_rnn` (later options override BASE's); each configuration's final returns.
+    `-P`: the installed fragc, not the checkout's fragc/ folder, which shadows it from the repository's root."""
     path = os.path.join(out, name)
-    argv = [sys.executable, "-c", "import sys; from fragc.cli import main; sys.exit(main())", "sweep", "ppo_rnn",
+    argv = [sys.executable, "-P", "-c", "import sys; from fragc.cli import main; sys.exit(main())", "sweep", "ppo_rnn",
             *BASE, *options, "--seeds", seeds, "--threshold", str(THRESHOLD), "--out", path, "--no-plot", *extra]
     start = time.perf_counter()
     try:
