@@ -11,10 +11,15 @@ critic's own GRU): 7/10 seeds at 475. Each screen is one `fragc sweep` (a grid x
 - `epochs10`: 10 epochs per rollout in place of 20, learning rate {1e-3, 5e-4} x clip {0.2, 0.1};
 - `envs16`: 16 environments in 2 minibatches (the zoo's 256-transition minibatch, twice the rollout), the same
   learning rates and clips.
+- `big5e5`, added after the first three had run (their pick scored 3/10 on seeds 0-9): PureJaxRL's 5e5-step
+  budget with a larger rollout, 32 environments in 2 minibatches of 16 sequences, 10 epochs, learning rate
+  {1e-3, 5e-4, 2.5e-4} x gamma {0.98, 0.99}. Run alone (`--only big5e5`), the same rule picks among its six.
 
 The rule, fixed with this file before any screen ran: the configuration with the most seeds whose final return
 reaches 475, ties broken by the higher IQM, is run once more on seeds 0-9 (`final`). A screen that fails or runs
-past `--sweep-timeout` is left out of the choice. Each sweep's summary.json and members.jsonl stay under DIR;
+past `--sweep-timeout` is left out of the choice. The screens' final return is the last dispatch's mean (16
+iterations); the ten-seed run reports each iteration (`--iterations-per-dispatch 1`), so its final return is the
+last iteration's, bench/results.py's statistic, with the last 16 iterations' mean beside it. Each sweep's summary.json and members.jsonl stay under DIR;
 DIR/screen.json holds every configuration's seeds at 475 and IQM, the pick and the ten-seed result.
 
 IQM here is the 25%-trimmed mean (rliable's `aggregate_iqm`), computed with numpy so that the screen does not
@@ -41,6 +46,8 @@ SCREENS = {
     "base": ["--lr", "1e-3,5e-4,3e-4", "--clip-eps", "0.2,0.1", "--gamma", "0.98,0.99"],
     "epochs10": ["--update-epochs", "10", "--lr", "1e-3,5e-4", "--clip-eps", "0.2,0.1"],
     "envs16": ["--num-envs", "16", "--num-minibatches", "2", "--lr", "1e-3,5e-4", "--clip-eps", "0.2,0.1"],
+    "big5e5": ["--num-envs", "32", "--num-minibatches", "2", "--update-epochs", "10", "--total-steps", "500000",
+               "--lr", "1e-3,5e-4,2.5e-4", "--gamma", "0.98,0.99"],
 }
 
 
@@ -69,13 +76,19 @@ def finals(members_jsonl: str) -> list[dict]:
     if not os.path.exists(members_jsonl):
         return []
     rows = [json.loads(line) for line in open(members_jsonl, encoding="utf-8") if line.strip()]
-    last = max(r["iteration"] for r in rows)
+    iterations = sorted({r["iteration"] for r in rows})
+    last = iterations[-1]
+    tail = {r["member"]: [] for r in rows}  # the last 16 iterations' values, where each line is one iteration
+    for r in rows:
+        if r["iteration"] > last - 16:
+            tail[r["member"]].append(r["episode_return"])
     by_config: dict[str, dict] = {}
     for r in sorted((r for r in rows if r["iteration"] == last), key=lambda r: r["member"]):
         c = by_config.setdefault(json.dumps(r["config"], sort_keys=True), {"config": r["config"], "seeds": [],
                                                                             "final": []})
         c["seeds"].append(r["seed"])
         c["final"].append(round(float(r["episode_return"]), 1))
+        c.setdefault("last16_mean", []).append(round(float(np.mean(tail[r["member"]])), 1))
     for c in by_config.values():
         c["iterations"] = last
         c["at_threshold"] = int(np.sum(np.asarray(c["final"]) >= THRESHOLD))
@@ -119,10 +132,12 @@ def main() -> None:
     save()
     print(f"pick: {best['screen']} {best['config']} ({best['at_threshold']}/10 at {THRESHOLD}, IQM {best['iqm']})",
           flush=True)
-    result["final"] = sweep("final", options, TEN_SEEDS, args.out, args.sweep_timeout, extra)
+    result["final"] = sweep("final", options + ["--iterations-per-dispatch", "1"], TEN_SEEDS, args.out,
+                            args.sweep_timeout, extra)
     save()
     for c in result["final"]:
-        print(f"seeds {TEN_SEEDS}: {c['at_threshold']}/10 at {THRESHOLD}, IQM {c['iqm']}, {c['final']}", flush=True)
+        print(f"seeds {TEN_SEEDS}: {c['at_threshold']}/10 at {THRESHOLD}, IQM {c['iqm']}, {c['final']}; the last 16 "
+              f"iterations' means {c['last16_mean']}", flush=True)
 
 
 if __name__ == "__main__":
