@@ -138,7 +138,7 @@ def anakin_program(normalize_obs: bool = False) -> fragc.Program:
     return fragc.compile(tiny(normalize_obs), "anakin", devices=8, iterations_per_dispatch=ITERATIONS)
 
 
-@pytest.mark.parametrize("normalize_obs", [False, True])
+@pytest.mark.parametrize("normalize_obs", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_anakin_equals_interpreter(normalize_obs):
     """8 replicas: per-replica minibatches of whole sequences, the gradients' pmean, the return's psum (and with
     normalize_obs, the observation statistics' psums, replicated)."""
@@ -196,7 +196,8 @@ def hand_written_greedy_return(algo: ppo_rnn.PPORNN, state: ppo_rnn.EvalState) -
     return total / algo.config.eval_episodes
 
 
-@pytest.mark.parametrize("normalize_obs,critic_gru", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("normalize_obs,critic_gru", [pytest.param(False, False, marks=pytest.mark.slow),
+                                                       pytest.param(True, False, marks=pytest.mark.slow), (True, True)])
 def test_the_greedy_evaluation_carries_the_hidden_state_as_a_hand_written_loop(normalize_obs, critic_gru):
     """After one iteration (statistics of 64 observations, with normalize_obs), an evaluation's return is the
     hand-written loop's; it reads the statistics and leaves them, and the rest of training, as they were."""
@@ -210,7 +211,7 @@ def test_the_greedy_evaluation_carries_the_hidden_state_as_a_hand_written_loop(n
         assert round(float(state.actor.obs_stats.count)) == 4 * 16
 
 
-@pytest.mark.parametrize("policy", ["single", "anakin"])
+@pytest.mark.parametrize("policy", ["single", pytest.param("anakin", marks=pytest.mark.slow)])
 def test_the_evaluating_program_equals_the_interpreter(policy):
     """normalize_obs and critic_gru, evaluating every 2 iterations: 3 iterations, the second carrying the first's
     evaluation over; training is bit for bit the interpreter's without evaluation."""
