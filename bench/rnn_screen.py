@@ -18,9 +18,11 @@ critic's own GRU): 7/10 seeds at 475. Each screen is one `fragc sweep` (a grid x
 The rule, fixed with this file before any screen ran: the configuration with the most seeds whose final return
 reaches 475, ties broken by the higher IQM, is run once more on seeds 0-9 (`final`). A screen that fails or runs
 past `--sweep-timeout` is left out of the choice. The screens' final return is the last dispatch's mean (16
-iterations); the ten-seed run reports each iteration (`--iterations-per-dispatch 1`), so its final return is the
-last iteration's, bench/results.py's statistic, with the last 16 iterations' mean beside it. Each sweep's summary.json and members.jsonl stay under DIR;
-DIR/screen.json holds every configuration's seeds at 475 and IQM, the pick and the ten-seed result.
+iterations); the ten-seed run reports each iteration (`--iterations-per-dispatch 1`, since 2872187: the first
+three screens' pick ran with 16), so its final return is the last iteration's, bench/results.py's statistic, with
+the last 16 iterations' mean beside it. Each sweep's members.jsonl (and summary.json, where rliable imports)
+stays under DIR; DIR/screen.json holds every configuration's seeds at 475 and IQM, the pick and the ten-seed
+result. What the screens gave on an H200: docs/results.md, "Screens on a GPU".
 
 IQM here is the 25%-trimmed mean (rliable's `aggregate_iqm`), computed with numpy so that the screen does not
 need rliable where it runs; a sweep's own summary (rliable, with CIs) is kept when rliable is there.
