@@ -37,6 +37,7 @@ import numpy as np
 from jax.extend import core as jex
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from fragc.ir.collectives import without_unit_reductions
 from fragc.ir.host import start_host_call
 from fragc.ir.module import REPLICA, FragmentDef
 from fragc.ir.time_loop import TimeLoop
@@ -44,6 +45,13 @@ from fragc.ir.time_loop import TimeLoop
 from .executable import Executable
 from .lower import spec
 from .multihost import place
+
+
+def _without_unit_reductions(loop: TimeLoop) -> TimeLoop:
+    """A one-replica loop's device parts with their reductions over `replica` dropped (the identity there), as
+    `lower_fragment` drops a one-replica body's: XLA would keep each as an all-reduce over one device."""
+    parts = ("prefix", "infer", "absorb", "suffix")
+    return dataclasses.replace(loop, **{p: without_unit_reductions(getattr(loop, p)) for p in parts})
 
 
 class HostLoop:
@@ -56,7 +64,8 @@ class HostLoop:
 
     def __init__(self, loop: TimeLoop, fdef: FragmentDef, mesh: Mesh, stage: str):
         self.fdef, self.mesh, self.groups = fdef, mesh, fdef.placement.env_groups
-        self.loop = loop
+        self.loop = loop  # the jaxprs the IR holds
+        self.lowered = _without_unit_reductions(loop) if mesh.size == 1 else loop  # the jaxprs that compile
         self.per_replica = NamedSharding(mesh, P(REPLICA))
         replicated = NamedSharding(mesh, P())
         self._local = replicated.is_fully_addressable  # else every process steps the environments of its devices
@@ -82,7 +91,8 @@ class HostLoop:
         ys = [self._struct(y.shape, y.dtype, y.spec) for y in self._ys]
         self._zeros = jax.jit(lambda: [jnp.zeros(y.shape, y.dtype) for y in ys], out_shardings=[y.sharding for y in ys])
         split = all(layout.axis is not None for layout in self._ys)  # else the suffix takes a replica's part
-        self._passed_through = _passed_through(loop.suffix, len(loop.suffix.in_avals) - len(ys), len(ys)) if split \
+        n_ys = len(ys)
+        self._passed_through = _passed_through(self.lowered.suffix, len(loop.suffix.in_avals) - n_ys, n_ys) if split \
             else None
         self._spare: list[Any] | None = None  # the last call's trajectory buffers, for `_trajectory_buffers`
         prefix = [self._struct(leaf.shape, leaf.dtype, spec(leaf.axis)) for leaf in fdef.in_leaf_types]
@@ -104,12 +114,12 @@ class HostLoop:
 
     def _infer_fn(self, consts: list, carry: list, xs: list, t: jax.Array) -> tuple[list, list]:
         """-> (the host step's operands, residuals) at step t."""
-        outs = jex.jaxpr_as_fun(self.loop.infer)(*consts, *carry, *[x[t] for x in xs])
+        outs = jex.jaxpr_as_fun(self.lowered.infer)(*consts, *carry, *[x[t] for x in xs])
         return outs[:self.loop.num_operands], outs[self.loop.num_operands:]
 
     def _absorb_fn(self, residuals: list, results: list, ys: list, t: jax.Array, g: jax.Array) -> tuple[list, list]:
         """-> (carry, the per-step outputs with group g's step t written)."""
-        outs = jex.jaxpr_as_fun(self.loop.absorb)(*residuals, *results)
+        outs = jex.jaxpr_as_fun(self.lowered.absorb)(*residuals, *results)
         nk = self.loop.num_carry
         return outs[:nk], [layout.write(buf, y, t, g) for layout, buf, y in zip(self._ys, ys, outs[nk:])]
 
@@ -141,7 +151,7 @@ class HostLoop:
 
     def _prefix_program(self) -> Any:
         """The fragment's inputs (in its layout) -> the scan's operands and what the suffix reads, stacked."""
-        fn = jex.jaxpr_as_fun(self.loop.prefix)
+        fn = jex.jaxpr_as_fun(self.lowered.prefix)
         n_out = len(self.loop.prefix.out_avals)
         return jax.jit(jax.shard_map(lambda *xs: tuple(o[None] for o in fn(*xs)), mesh=self.mesh,
                                      in_specs=tuple(spec(a) for a in self.fdef.in_axes),
@@ -151,7 +161,7 @@ class HostLoop:
         """(what the prefix kept and the final carry, stacked; the per-step outputs in their layout) -> the
         fragment's outputs. The per-step outputs are donated: a trajectory the suffix passes through to the
         fragment's results (in the same layout) is then not copied."""
-        fn = jex.jaxpr_as_fun(self.loop.suffix)
+        fn = jex.jaxpr_as_fun(self.lowered.suffix)
         n_ys = len(self._ys)
 
         def body(*xs: Any) -> tuple[Any, ...]:

@@ -102,6 +102,19 @@ def test_the_ir_and_the_executables_show_the_host_loop(single_two_groups):
     assert len(re.findall(r"\{\d+\}: \(\d+, \{\}, may-alias\)", header)) == 8, header
 
 
+def test_a_one_replica_host_loop_compiles_without_all_reduces(single_two_groups):
+    """A one-replica fragment's reductions over `replica` are dropped before its host loop's programs compile, as
+    `lower_fragment` drops them (ir/collectives.py): PPO's rollout psums its episode metrics after the time loop,
+    in the suffix, which XLA would keep as an all-reduce over one device. (The numbers: the test above.)"""
+    prog = single_two_groups
+    rollout = prog.module.fragments["rollout"]
+    assert any(e.primitive.name == "psum" for e in rollout.body_for(1).jaxpr.eqns)
+    names = [e for e in prog.executables if e.endswith((".prefix", ".infer", ".step", ".absorb", ".suffix"))]
+    assert len(names) == 5
+    for name in names:
+        assert "all-reduce" not in prog.hlo(name, optimized=True), name
+
+
 def test_the_loop_node_holds_what_runs(single_two_groups):
     """The last pass makes the rollout's run a loop node whose region is one step: infer, the host step on @host
     between two transfers (their bytes a call are the host step's), absorb. The host loop runs the parts'
