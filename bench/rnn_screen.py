@@ -120,7 +120,10 @@ def main() -> None:
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     result: dict = {"screen_seeds": SCREEN_SEEDS, "threshold": THRESHOLD, "screens": []}
-    save = lambda: json.dump(result, open(os.path.join(args.out, "screen.json"), "w"), indent=1)  # noqa: E731
+    def save() -> None:  # after each sweep: a cut run keeps what it measured
+        with open(os.path.join(args.out, "screen.json"), "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+
     extra = ["--iterations", str(args.iterations)] if args.iterations else []
     for name in args.only.split(","):
         result["screens"] += sweep(name, SCREENS[name], SCREEN_SEEDS, args.out, args.sweep_timeout, extra)
