@@ -7,6 +7,10 @@ rollout stores the hidden state it started from, and the learner replays whole
 environment sequences from it: minibatches split the environment axis, not time.
 With `critic_gru` the critic has an embedding and GRU of its own (SB3's
 RecurrentPPO with enable_critic_lstm), and the hidden state is both GRUs'.
+Three options give SB3's MlpLstmPolicy instead (sb3-contrib's RecurrentPPO): `lstm`
+(an LSTM cell; its carry is the cell and hidden states side by side), `embed=False`
+(the observation goes to the cell directly) and `ortho_init=False` (PyTorch's default
+init of the dense layers).
 
 `mask_velocity` removes CartPole's velocities (observation indices 1 and 3), the
 memory task: a feed-forward policy sees only positions and cannot solve it.
@@ -77,7 +81,16 @@ class Config(RunLength, EvalConfig):
     hidden: int = 128
     """Width of the embedding, of the GRU's hidden state and of the actor's and critic's hidden layer."""
     critic_gru: bool = False
-    """Give the critic an embedding and GRU of its own (SB3's enable_critic_lstm) instead of sharing the actor's."""
+    """Give the critic an embedding and GRU (or LSTM) of its own (SB3's enable_critic_lstm) instead of sharing the
+    actor's."""
+    lstm: bool = False
+    """An LSTM cell (SB3's RecurrentPPO) in place of the GRU (PureJaxRL's); its carry is twice the hidden width."""
+    embed: bool = True
+    """A dense relu layer between the observation and the recurrent cell (PureJaxRL's); SB3's MlpLstmPolicy feeds
+    the observation to its LSTM directly (False)."""
+    ortho_init: bool = True
+    """Orthogonal init of the dense layers (PureJaxRL's; SB3's ortho_init=True); False: PyTorch's default nn.Linear
+    init, which SB3 keeps with ortho_init=False (the recurrent cells keep flax's init either way)."""
     mask_velocity: bool = False
     """Remove CartPole's velocities (observation indices 1 and 3): the memory task."""
     normalize_obs: bool = False
@@ -140,16 +153,39 @@ class ScannedGRU(nn.Module):
         return nn.GRUCell(self.hidden)(carry, features)
 
 
+class ScannedLSTM(nn.Module):
+    """An LSTM cell scanned over time, as ScannedGRU: its carry [B, 2H] is the cell state and the hidden state
+    side by side (one array, as the GRU's, so that the runner keeps one per environment); outputs the hidden state."""
+
+    hidden: int
+
+    @functools.partial(nn.scan, variable_broadcast="params", in_axes=0, out_axes=0, split_rngs={"params": False})
+    @nn.compact
+    def __call__(self, carry: jax.Array, x: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        features, resets = x
+        carry = jnp.where(resets[:, None], jnp.zeros_like(carry), carry)
+        cell, hidden = jnp.split(carry, 2, -1)
+        (cell, hidden), out = nn.OptimizedLSTMCell(self.hidden)((cell, hidden), features)
+        return jnp.concatenate([cell, hidden], -1), out
+
+
+TORCH_INIT = nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform")
+"""PyTorch's default nn.Linear weights: uniform in +-1/sqrt(fan_in) (biases start at 0 here)."""
+
+
 class ActorCritic(nn.Module):
     """Embedding, GRU, then separate actor and critic heads on the GRU's output (PureJaxRL's ActorCriticRNN).
 
     With `critic_gru` the critic has an embedding and GRU of its own, and the carry is the two GRUs' hidden
-    states side by side ([B, 2H]).
+    states side by side ([B, 2H]). `lstm`, `embed` and `ortho_init` as the Config's fields.
     """
 
     num_actions: int
     hidden: int = 128
     critic_gru: bool = False
+    lstm: bool = False
+    embed: bool = True
+    ortho_init: bool = True
 
     @nn.compact
     def __call__(self, carry: jax.Array, obs: jax.Array, resets: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -157,17 +193,23 @@ class ActorCritic(nn.Module):
         value [T, B])."""
         actor_carry, critic_carry = jnp.split(carry, 2, -1) if self.critic_gru else (carry, None)
         carry, x = self.memory(actor_carry, obs, resets)
-        logits = dense(self.num_actions, 0.01)(nn.relu(dense(self.hidden, 2.0)(x)))
+        logits = self.dense(self.num_actions, 0.01)(nn.relu(self.dense(self.hidden, 2.0)(x)))
         if self.critic_gru:
             critic_carry, x = self.memory(critic_carry, obs, resets)
             carry = jnp.concatenate([carry, critic_carry], -1)
-        value = dense(1, 1.0)(nn.relu(dense(self.hidden, 2.0)(x)))
+        value = self.dense(1, 1.0)(nn.relu(self.dense(self.hidden, 2.0)(x)))
         return carry, logits, jnp.squeeze(value, -1)
 
     def memory(self, carry: jax.Array, obs: jax.Array, resets: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """The embedding and the GRU: (carry [B, H], obs [T, B, D], resets) -> (carry, features [T, B, H])."""
-        x = nn.relu(dense(self.hidden, np.sqrt(2))(obs))
-        return ScannedGRU(self.hidden)(carry, (x, resets))
+        """The embedding and the recurrent cell: (carry [B, H or 2H], obs [T, B, D], resets) -> (carry,
+        features [T, B, H])."""
+        x = nn.relu(self.dense(self.hidden, np.sqrt(2))(obs)) if self.embed else obs
+        cell = ScannedLSTM(self.hidden) if self.lstm else ScannedGRU(self.hidden)
+        return cell(carry, (x, resets))
+
+    def dense(self, features: int, scale: float) -> nn.Dense:
+        """A dense layer, orthogonal with gain `scale` (PureJaxRL's) or PyTorch's default (ortho_init=False)."""
+        return dense(features, scale) if self.ortho_init else nn.Dense(features, kernel_init=TORCH_INIT)
 
 
 # ---------------------------------------------------------------- state
@@ -216,7 +258,7 @@ class Actor:
     statistics (replicated; None unless `normalize_obs`)."""
 
     runner: Runner
-    hidden: jax.Array  # [N, H] (both GRUs': [N, 2H])
+    hidden: jax.Array  # [N, carry_size]: the recurrent cell's carry (both cells' with critic_gru)
     done: jax.Array  # [N] bool
     obs_stats: ObsStats | None = None
 
@@ -281,12 +323,15 @@ class PPORNN:
 
     @functools.cached_property
     def network(self) -> ActorCritic:
-        return ActorCritic(self.env.action_space.n, self.config.hidden, self.config.critic_gru)
+        c = self.config
+        return ActorCritic(self.env.action_space.n, c.hidden, c.critic_gru, c.lstm, c.embed, c.ortho_init)
 
     @property
     def carry_size(self) -> int:
-        """Width of the network's carry: the GRU's hidden state, or both GRUs' (critic_gru)."""
-        return self.config.hidden * (2 if self.config.critic_gru else 1)
+        """Width of the network's carry: the recurrent cell's (the GRU's hidden state, the LSTM's cell and hidden
+        states), or both cells' (critic_gru)."""
+        c = self.config
+        return c.hidden * (2 if c.lstm else 1) * (2 if c.critic_gru else 1)
 
     @property
     def optimizer(self) -> optax.GradientTransformation:
