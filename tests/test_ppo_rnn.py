@@ -20,36 +20,79 @@ from fragc.algos.envs import VecEnv
 ITERATIONS = 2
 
 
+SB3_LAYOUT = {"lstm": True, "embed": False, "ortho_init": False, "critic_gru": True}
+"""sb3-contrib's MlpLstmPolicy with enable_critic_lstm: an LSTM each for actor and critic, on the observation."""
+
+
 @functools.cache
-def tiny(normalize_obs: bool = False) -> ppo_rnn.PPORNN:
-    """16 environments: 2 per replica on 8 devices, one whole sequence per minibatch."""
+def tiny(normalize_obs: bool = False, sb3: bool = False) -> ppo_rnn.PPORNN:
+    """16 environments: 2 per replica on 8 devices, one whole sequence per minibatch (`sb3`: SB3_LAYOUT)."""
     return ppo_rnn.PPORNN(ppo_rnn.Config(num_envs=16, num_steps=4, update_epochs=1, num_minibatches=2, hidden=8,
-                                         total_steps=320, mask_velocity=True, normalize_obs=normalize_obs))
+                                         total_steps=320, mask_velocity=True, normalize_obs=normalize_obs,
+                                         **(SB3_LAYOUT if sb3 else {})))
 
 
-def test_the_scanned_gru_resets_its_hidden_state_where_an_episode_starts():
+def gru_step(cell_params, carry, x):
+    return nn.GRUCell(carry.shape[-1]).apply(cell_params, carry, x)
+
+
+def lstm_step(cell_params, carry, x):
+    """flax's LSTM cell on the scanned module's carry layout: the cell and hidden states side by side."""
+    cell, hidden = jnp.split(carry, 2, -1)
+    (cell, hidden), y = nn.OptimizedLSTMCell(hidden.shape[-1]).apply(cell_params, (cell, hidden), x)
+    return jnp.concatenate([cell, hidden], -1), y
+
+
+@pytest.mark.parametrize("scanned,cell_name,step,width", [
+    (ppo_rnn.ScannedGRU, "GRUCell_0", gru_step, 1),
+    (ppo_rnn.ScannedLSTM, "OptimizedLSTMCell_0", lstm_step, 2)])
+def test_the_scanned_cell_resets_its_carry_where_an_episode_starts(scanned, cell_name, step, width):
+    """The scanned GRU (LSTM) equals its cell stepped in a Python loop that zeroes the carry (the LSTM's cell and
+    hidden states) where an episode starts."""
     T, B, D, H = 6, 3, 5, 4
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=(T, B, D)), jnp.float32)
     resets = np.zeros((T, B), bool)
     resets[3, 0] = resets[1, 2] = True  # a done in the middle of two sequences
-    carry = jnp.asarray(rng.normal(size=(B, H)), jnp.float32)
-    scanned = ppo_rnn.ScannedGRU(H)
-    params = scanned.init(jax.random.key(0), carry, (x, jnp.asarray(resets)))
-    final, ys = scanned.apply(params, carry, (x, jnp.asarray(resets)))
+    carry = jnp.asarray(rng.normal(size=(B, width * H)), jnp.float32)
+    module = scanned(H)
+    params = module.init(jax.random.key(0), carry, (x, jnp.asarray(resets)))
+    final, ys = module.apply(params, carry, (x, jnp.asarray(resets)))
 
-    cell = nn.GRUCell(H)
-    cell_params = {"params": params["params"]["GRUCell_0"]}
+    cell_params = {"params": params["params"][cell_name]}
     want, h = [], np.asarray(carry)
     for t in range(T):
         h = np.where(resets[t][:, None], 0.0, h)
-        h, y = cell.apply(cell_params, jnp.asarray(h), x[t])
+        h, y = step(cell_params, jnp.asarray(h), x[t])
         want.append(np.asarray(y))
+    chex.assert_shape(ys, (T, B, H))
     np.testing.assert_allclose(ys, np.stack(want), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(final, h, rtol=1e-5, atol=1e-6)
     # the reset matters: the sequence restarted at t=3 equals one started from zeros there
-    _, fresh = scanned.apply(params, jnp.zeros((1, H)), (x[3:, :1], jnp.zeros((T - 3, 1), bool)))
+    _, fresh = module.apply(params, jnp.zeros((1, width * H)), (x[3:, :1], jnp.zeros((T - 3, 1), bool)))
     np.testing.assert_allclose(ys[3:, :1], fresh, rtol=1e-5, atol=1e-6)
+
+
+def test_the_sb3_layout_feeds_the_observation_to_an_lstm_with_pytorch_init():
+    """lstm, embed=False, ortho_init=False (sb3-contrib's MlpLstmPolicy): the LSTMs' input kernels read the
+    observation itself, the carry is both LSTMs' cell and hidden states, and the dense layers' weights lie within
+    PyTorch's +-1/sqrt(fan_in); the defaults keep the embedding and orthogonal (wider) weights."""
+    H, D = 8, 2
+    algo = ppo_rnn.PPORNN(dataclasses.replace(tiny().config, lstm=True, embed=False, ortho_init=False,
+                                              critic_gru=True, hidden=H))
+    assert algo.carry_size == 4 * H
+    params = algo.network.init(jax.random.key(0), jnp.zeros((1, 4 * H)), jnp.zeros((1, 1, D)),
+                               jnp.zeros((1, 1), bool))["params"]
+    assert set(params) == {"ScannedLSTM_0", "ScannedLSTM_1", "Dense_0", "Dense_1", "Dense_2", "Dense_3"}
+    for lstm in ("ScannedLSTM_0", "ScannedLSTM_1"):
+        chex.assert_shape(params[lstm]["OptimizedLSTMCell_0"]["ii"]["kernel"], (D, H))  # the observation, unembedded
+    for layer in ("Dense_0", "Dense_1", "Dense_2", "Dense_3"):  # heads and hidden layers, each on H features
+        assert np.abs(params[layer]["kernel"]).max() <= 1 / np.sqrt(H)
+    default = tiny().network.init(jax.random.key(0), jnp.zeros((1, H)), jnp.zeros((1, 1, D)),
+                                  jnp.zeros((1, 1), bool))["params"]
+    chex.assert_shape(default["Dense_0"]["kernel"], (D, H))  # the embedding
+    chex.assert_shape(default["Dense_2"]["kernel"], (H, H))  # the actor's hidden layer (Dense_1: its logits)
+    assert np.abs(default["Dense_2"]["kernel"]).max() > 1 / np.sqrt(H)  # orthogonal with gain 2
 
 
 def test_the_critic_gru_is_the_critics_own():
@@ -134,16 +177,19 @@ def test_the_observation_statistics_are_those_of_every_observation_the_rollout_s
 
 
 @functools.cache
-def anakin_program(normalize_obs: bool = False) -> fragc.Program:
-    return fragc.compile(tiny(normalize_obs), "anakin", devices=8, iterations_per_dispatch=ITERATIONS)
+def anakin_program(normalize_obs: bool = False, sb3: bool = False) -> fragc.Program:
+    return fragc.compile(tiny(normalize_obs, sb3), "anakin", devices=8, iterations_per_dispatch=ITERATIONS)
 
 
-@pytest.mark.parametrize("normalize_obs", [pytest.param(False, marks=pytest.mark.slow), True])
-def test_anakin_equals_interpreter(normalize_obs):
+# the fast cell has both the observation statistics and SB3's LSTMs; the GRU's program equals the interpreter on
+# `single` in the fast suite (test_the_evaluating_program_equals_the_interpreter), on anakin with -m slow
+@pytest.mark.parametrize("normalize_obs,sb3", [pytest.param(False, False, marks=pytest.mark.slow),
+                                               pytest.param(True, False, marks=pytest.mark.slow), (True, True)])
+def test_anakin_equals_interpreter(normalize_obs, sb3):
     """8 replicas: per-replica minibatches of whole sequences, the gradients' pmean, the return's psum (and with
     normalize_obs, the observation statistics' psums, replicated)."""
-    module = fragc.trace(tiny(normalize_obs))
-    prog = anakin_program(normalize_obs)
+    module = fragc.trace(tiny(normalize_obs, sb3))
+    prog = anakin_program(normalize_obs, sb3)
     state = prog.init(0)
     out, history = prog.run(state, ITERATIONS)
     ref = state
@@ -152,7 +198,7 @@ def test_anakin_equals_interpreter(normalize_obs):
         for name in ("episode_return", "loss", "entropy"):
             np.testing.assert_allclose(history[name][i], metrics[name], rtol=1e-4, atol=1e-5)
     assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
-    assert out.actor.hidden.shape == (16, 8) and out.actor.runner.obs.shape == (16, 2)
+    assert out.actor.hidden.shape == (16, tiny(normalize_obs, sb3).carry_size) and out.actor.runner.obs.shape == (16, 2)
     if normalize_obs:
         assert round(float(out.actor.obs_stats.count)) == ITERATIONS * 4 * 16  # every observation, once
 
@@ -256,6 +302,7 @@ def test_checkpoint_and_exact_resume(tmp_path):
     ({"normalize_obs": "yes"}, "ppo_rnn: normalize_obs must be True or False, got 'yes'"),
     ({"clip_value": 0}, "ppo_rnn: clip_value must be True or False, got 0"),
     ({"critic_gru": None}, "ppo_rnn: critic_gru must be True or False, got None"),
+    ({"lstm": "yes"}, "ppo_rnn: lstm must be True or False, got 'yes'"),
 ])
 def test_a_bad_config_value_is_one_line(config, message):
     with pytest.raises(fragc.FragcError) as err:
