@@ -81,15 +81,15 @@ def test_the_sb3_layout_feeds_the_observation_to_an_lstm_with_pytorch_init():
     algo = ppo_rnn.PPORNN(dataclasses.replace(tiny().config, lstm=True, embed=False, ortho_init=False,
                                               critic_gru=True, hidden=H))
     assert algo.carry_size == 4 * H
-    params = algo.network.init(jax.random.key(0), jnp.zeros((1, 4 * H)), jnp.zeros((1, 1, D)),
-                               jnp.zeros((1, 1), bool))["params"]
+    params = jax.jit(algo.network.init)(jax.random.key(0), jnp.zeros((1, 4 * H)), jnp.zeros((1, 1, D)),
+                                        jnp.zeros((1, 1), bool))["params"]  # jit: one compile, not one per op
     assert set(params) == {"ScannedLSTM_0", "ScannedLSTM_1", "Dense_0", "Dense_1", "Dense_2", "Dense_3"}
     for lstm in ("ScannedLSTM_0", "ScannedLSTM_1"):
         chex.assert_shape(params[lstm]["OptimizedLSTMCell_0"]["ii"]["kernel"], (D, H))  # the observation, unembedded
     for layer in ("Dense_0", "Dense_1", "Dense_2", "Dense_3"):  # heads and hidden layers, each on H features
         assert np.abs(params[layer]["kernel"]).max() <= 1 / np.sqrt(H)
-    default = tiny().network.init(jax.random.key(0), jnp.zeros((1, H)), jnp.zeros((1, 1, D)),
-                                  jnp.zeros((1, 1), bool))["params"]
+    default = jax.jit(tiny().network.init)(jax.random.key(0), jnp.zeros((1, H)), jnp.zeros((1, 1, D)),
+                                           jnp.zeros((1, 1), bool))["params"]
     chex.assert_shape(default["Dense_0"]["kernel"], (D, H))  # the embedding
     chex.assert_shape(default["Dense_2"]["kernel"], (H, H))  # the actor's hidden layer (Dense_1: its logits)
     assert np.abs(default["Dense_2"]["kernel"]).max() > 1 / np.sqrt(H)  # orthogonal with gain 2
