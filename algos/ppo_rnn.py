@@ -68,7 +68,11 @@ class Config(RunLength, EvalConfig):
     gae_lambda: float = 0.95
     """GAE lambda."""
     clip_eps: float = 0.2
-    """PPO ratio clip."""
+    """PPO ratio clip (at the start, when annealed)."""
+    anneal_clip: bool = False
+    """Anneal the ratio clip linearly towards zero, as SB3's `lin_0.2` clip range (the zoo's): iteration i's update
+    clips at clip_eps * (1 - (i + 1) / iterations), since SB3 evaluates its schedule after each rollout. The value's
+    clip (clip_value) stays clip_eps."""
     clip_value: bool = True
     """Clip the value's change from the rollout's value to `clip_eps` in the value loss (PureJaxRL's); SB3's
     default (clip_range_vf=None) does not."""
@@ -249,6 +253,7 @@ class Learner:
     params: Any
     opt_state: Any
     key: jax.Array  # replicated: minibatch shuffling
+    epochs: jax.Array  # [] int32: passes over rollouts so far (the annealed clip's clock)
 
 
 @struct.dataclass
@@ -346,7 +351,7 @@ class PPORNN:
         k_params, k_env, k_learn = jax.random.split(key, 3)
         params = self.network.init(k_params, jnp.zeros((1, self.carry_size)), jnp.zeros((1, 1, self.env.obs_size)),
                                    jnp.zeros((1, 1), bool))
-        learner = Learner(params, self.optimizer.init(params), k_learn)
+        learner = Learner(params, self.optimizer.init(params), k_learn, jnp.int32(0))
         obs_stats = ObsStats.initial(self.env.obs_size) if c.normalize_obs else None
         actor = Actor(self.env.reset(k_env, c.num_envs), jnp.zeros((c.num_envs, self.carry_size)),
                       jnp.zeros((c.num_envs,), bool), obs_stats)
@@ -407,9 +412,10 @@ class PPORNN:
             raise FragcError(f"ppo_rnn: each replica's environments ({N}) must divide by num_minibatches "
                              f"({c.num_minibatches}): use more environments or fewer minibatches")
         advantages, targets = gae(traj, c.gamma, c.gae_lambda)  # from the rollout's values: the same every epoch
+        clip = self.ratio_clip(learner.epochs)
 
         def minibatch_step(learner: Learner, mb: Any) -> tuple[Learner, dict]:
-            grads, metrics = jax.grad(self._loss, has_aux=True)(learner.params, *mb)
+            grads, metrics = jax.grad(self._loss, has_aux=True)(learner.params, *mb, clip)
             grads = fragc.pmean(grads)
             updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
             params = optax.apply_updates(learner.params, updates)
@@ -423,10 +429,22 @@ class PPORNN:
         split = lambda x: jnp.swapaxes(x[:, perm].reshape((T, c.num_minibatches, -1) + x.shape[2:]), 0, 1)
         shuffled = jax.tree.map(split, (traj, advantages, targets))
         learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled)
-        return learner, jax.tree.map(lambda x: fragc.pmean(jnp.mean(x)), metrics)
+        return learner.replace(epochs=learner.epochs + 1), jax.tree.map(lambda x: fragc.pmean(jnp.mean(x)), metrics)
 
-    def _loss(self, params: Any, traj: Transition, advantages: jax.Array, targets: jax.Array) -> tuple[jax.Array, dict]:
+    def ratio_clip(self, epochs: jax.Array) -> jax.Array | float:
+        """The ratio clip of the epoch after `epochs` passes: clip_eps, or with anneal_clip clip_eps times the
+        fraction of the run left after the current iteration's rollout (SB3's progress_remaining)."""
         c = self.config
+        if not c.anneal_clip:
+            return c.clip_eps
+        iteration = epochs // c.update_epochs
+        return c.clip_eps * (1.0 - (iteration + 1) / c.iterations)
+
+    def _loss(self, params: Any, traj: Transition, advantages: jax.Array, targets: jax.Array,
+              clip: jax.Array | float | None = None) -> tuple[jax.Array, dict]:
+        """PPO's clipped loss on a minibatch of whole sequences; `clip`: the ratio clip (clip_eps when None)."""
+        c = self.config
+        clip = c.clip_eps if clip is None else clip
         _, logits, value = self.network.apply(params, traj.hidden[0], traj.obs, traj.reset)  # replay from the start
         log_probs = jax.nn.log_softmax(logits)
         log_prob = _take(log_probs, traj.action)
@@ -440,7 +458,7 @@ class PPORNN:
 
         ratio = jnp.exp(log_prob - traj.log_prob)
         adv = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-        actor_loss = -jnp.mean(jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - c.clip_eps, 1 + c.clip_eps) * adv))
+        actor_loss = -jnp.mean(jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - clip, 1 + clip) * adv))
 
         loss = actor_loss + c.vf_coef * value_loss - c.ent_coef * entropy
         return loss, {"loss": loss, "actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy}

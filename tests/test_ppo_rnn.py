@@ -141,6 +141,30 @@ def test_the_value_loss_clips_the_values_change_unless_clip_value_is_false(clip_
     np.testing.assert_allclose(metrics["value_loss"], want, rtol=1e-5)
 
 
+def test_the_annealed_ratio_clip_is_sb3s_linear_schedule_and_reaches_the_loss():
+    """anneal_clip: iteration i clips at clip_eps (1 - (i + 1) / iterations), the same in each of its epochs (SB3's
+    lin_0.2 after each rollout); the loss's clip is that value. Advantages +-1 and every ratio e^0.5, above 1 + clip:
+    the +1 half counts (1 + clip), the -1 half -e^0.5, so the actor loss is (e^0.5 - 1 - clip) / 2."""
+    config = dataclasses.replace(tiny().config, anneal_clip=True, update_epochs=2)  # 320 steps: 5 iterations
+    algo = ppo_rnn.PPORNN(config)
+    assert config.iterations == 5
+    clips = [float(algo.ratio_clip(jnp.int32(e))) for e in range(2 * config.iterations)]
+    np.testing.assert_allclose(clips, np.repeat([0.16, 0.12, 0.08, 0.04, 0.0], 2), atol=1e-7)
+    assert ppo_rnn.PPORNN(tiny().config).ratio_clip(jnp.int32(7)) == 0.2  # not annealed: clip_eps throughout
+
+    params = jax.jit(algo.init)(jax.random.key(0)).learner.params
+    T, N = 2, 2
+    obs, hidden, reset = jnp.ones((T, N, 2)), jnp.zeros((T, N, 8)), jnp.zeros((T, N), bool)
+    action = jnp.zeros((T, N), jnp.int32)
+    _, logits, value = algo.network.apply(params, hidden[0], obs, reset)
+    log_prob = jax.nn.log_softmax(logits)[..., 0] - 0.5  # the rollout's: every ratio e^0.5
+    traj = ppo_rnn.Transition(hidden, reset, obs, action, log_prob, value, value, value, reset, reset)
+    advantages = jnp.array([[1.0, -1.0], [1.0, -1.0]])
+    for clip in (0.2, 0.05):
+        _, metrics = algo._loss(params, traj, advantages, value, clip)
+        np.testing.assert_allclose(metrics["actor_loss"], (np.exp(0.5) - 1 - clip) / 2, rtol=1e-4)
+
+
 class RolloutOnly(ppo_rnn.PPORNN):
     """One rollout an iteration and no learning; its actions and done flags are the iteration's metrics."""
 
