@@ -38,6 +38,7 @@ from fragc.algos.envs import Runner, Step, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
 from fragc.algos.ppo import _take, dense, gae
 from fragc.algos.run_length import RunLength
+from fragc.algos.sac import TORCH_INIT
 from fragc.ir.errors import FragcError
 
 CARTPOLE_VELOCITIES = (1, 3)
@@ -154,27 +155,21 @@ class ScannedGRU(nn.Module):
     def __call__(self, carry: jax.Array, x: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         features, resets = x
         carry = jnp.where(resets[:, None], jnp.zeros_like(carry), carry)
+        return self.cell(carry, features)
+
+    def cell(self, carry: jax.Array, features: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """One step: (carry, features [B, D]) -> (carry, output [B, H])."""
         return nn.GRUCell(self.hidden)(carry, features)
 
 
-class ScannedLSTM(nn.Module):
+class ScannedLSTM(ScannedGRU):
     """An LSTM cell scanned over time, as ScannedGRU: its carry [B, 2H] is the cell state and the hidden state
     side by side (one array, as the GRU's, so that the runner keeps one per environment); outputs the hidden state."""
 
-    hidden: int
-
-    @functools.partial(nn.scan, variable_broadcast="params", in_axes=0, out_axes=0, split_rngs={"params": False})
-    @nn.compact
-    def __call__(self, carry: jax.Array, x: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-        features, resets = x
-        carry = jnp.where(resets[:, None], jnp.zeros_like(carry), carry)
+    def cell(self, carry: jax.Array, features: jax.Array) -> tuple[jax.Array, jax.Array]:
         cell, hidden = jnp.split(carry, 2, -1)
         (cell, hidden), out = nn.OptimizedLSTMCell(self.hidden)((cell, hidden), features)
         return jnp.concatenate([cell, hidden], -1), out
-
-
-TORCH_INIT = nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform")
-"""PyTorch's default nn.Linear weights: uniform in +-1/sqrt(fan_in) (biases start at 0 here)."""
 
 
 class ActorCritic(nn.Module):
