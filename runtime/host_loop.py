@@ -91,9 +91,8 @@ class HostLoop:
         ys = [self._struct(y.shape, y.dtype, y.spec) for y in self._ys]
         self._zeros = jax.jit(lambda: [jnp.zeros(y.shape, y.dtype) for y in ys], out_shardings=[y.sharding for y in ys])
         split = all(layout.axis is not None for layout in self._ys)  # else the suffix takes a replica's part
-        n_ys = len(ys)
-        self._passed_through = _passed_through(self.lowered.suffix, len(loop.suffix.in_avals) - n_ys, n_ys) if split \
-            else None
+        suffix = self.lowered.suffix
+        self._passed_through = _passed_through(suffix, len(suffix.in_avals) - len(ys), len(ys)) if split else None
         self._spare: list[Any] | None = None  # the last call's trajectory buffers, for `_trajectory_buffers`
         prefix = [self._struct(leaf.shape, leaf.dtype, spec(leaf.axis)) for leaf in fdef.in_leaf_types]
         kept_and_carry = stacked(loop.suffix.in_avals[:len(loop.suffix.in_avals) - len(ys)])

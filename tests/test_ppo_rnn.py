@@ -251,7 +251,7 @@ def hand_written_greedy_return(algo: ppo_rnn.PPORNN, state: ppo_rnn.EvalState) -
     for key in jax.random.split(episodes_key, algo.config.eval_episodes):
         reset_key, key = jax.random.split(key)
         obs, env_state = env.reset(reset_key, env_params)
-        hidden = jnp.zeros((1, algo.config.hidden * (2 if algo.config.critic_gru else 1)))
+        hidden = jnp.zeros((1, algo.carry_size))
         for _ in range(env_params.max_steps_in_episode):
             seen = np.asarray(obs)[[0, 2]]  # x and theta
             if stats is not None:
