@@ -94,6 +94,7 @@ def child_pids(proc):
     return [int(p) for p in line.split("pids")[1].split()]
 
 
+@pytest.mark.xla_default_emitters
 def test_runs_across_processes_match_one_process_and_resume(tmp_path):
     """One launch: per policy, 4 iterations straight, 2 a dispatch (`prog.k` as asked, also for the
     SPMD program of a staged policy), and 2 + 2 through a checkpoint, in two processes."""
@@ -111,6 +112,7 @@ def test_runs_across_processes_match_one_process_and_resume(tmp_path):
         assert result["straight"] == references[policy], policy
 
 
+@pytest.mark.xla_default_emitters
 def test_collective_transfers_give_the_same_bits_in_one_process():
     """The SPMD program that carries a staged policy across processes (with its delay values),
     checked where both lowerings run."""
