@@ -103,6 +103,12 @@ RUNS = [  # (name, algorithm, policy, devices, threshold on the final return, co
     ("ppo_rnn_masked_cartpole_zoo_sb3_lstm_clip_eval", "ppo_rnn", "single", 1, 475.0,
      {**ZOO_CRITIC_GRU, "lstm": True, "embed": False, "ortho_init": False, "hidden": 64, "anneal_clip": True,
       "eval_every": ZOO_ITERATIONS - 1, "eval_episodes": 32}),
+    # the zoo's policy (the `_sb3_lstm` rows: fixed clip 0.2) with PureJaxRL's ppo_rnn.py budget of 5e5 steps in place
+    # of the zoo's 1e5 (1,953 iterations, the learning rate annealed over them), evaluated at the last iteration as
+    # the `_eval` rows. Fixed before it ran (2026-11-26), with no screen
+    ("ppo_rnn_masked_cartpole_zoo_sb3_lstm_5e5_eval", "ppo_rnn", "single", 1, 475.0,
+     {**ZOO_CRITIC_GRU, "lstm": True, "embed": False, "ortho_init": False, "hidden": 64, "total_steps": 500_000,
+      "eval_every": 500_000 // 256 - 1, "eval_episodes": 32}),
     # CleanRL's sac_continuous_action.py hyperparameters (= sac's defaults), RL Baselines3 Zoo's Pendulum-v1 budget
     # (hyperparams/sac.yml: n_timesteps 20000); -200 as ppo_continuous' Pendulum threshold
     ("sac", "sac", "single", 1, -200.0, {}),
