@@ -16,7 +16,7 @@ from fragc.cli import main
 
 SMALL = ["--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1"]
 """A smaller PPO iteration (4 envs x 32 steps, 2 minibatch updates): these tests check stopping and resuming, not
-learning, so they keep their iteration counts (256, 195) at a fraction of the default iteration's work."""
+learning, so they keep their iteration counts (256, 48) at a fraction of the default iteration's work."""
 RUN = ["run", "ppo", *SMALL, "--total-steps", "32768", "--iterations-per-dispatch", "4", "--json", "--quiet"]
 
 
@@ -108,21 +108,21 @@ def _flip_a_byte_of_the_largest_array_file(step_dir: pathlib.Path) -> None:
 
 
 def test_a_damaged_latest_checkpoint_is_moved_aside_and_the_run_falls_back(tmp_path, capsys):
-    """Issue 15.1's commands (on the smaller PPO, 195 iterations as there): the resumed run writes iteration 96
-    again, where the damaged one was."""
+    """Issue 15.1's commands on the smaller PPO, shortened (48 iterations, where the issue's ran 195 and damaged
+    iteration 96): the resumed run falls back to 16 and writes iteration 32 again, where the damaged one was."""
     ckpt = str(tmp_path / "ckpt")
-    base = ["run", "ppo", *SMALL, "--total-steps", "25000", "--checkpoint-every", "16", "--json", "--quiet"]
+    base = ["run", "ppo", *SMALL, "--total-steps", "6144", "--checkpoint-every", "16", "--json", "--quiet"]
     assert main(base) == 0
     expected = json.loads(capsys.readouterr().out)
-    assert main(base + ["--checkpoint-dir", ckpt, "--stop-after", "96"]) == 0
+    assert main(base + ["--checkpoint-dir", ckpt, "--stop-after", "32"]) == 0
     capsys.readouterr()
-    _flip_a_byte_of_the_largest_array_file(pathlib.Path(ckpt) / "96")
-    with pytest.warns(UserWarning, match=r"checkpoint 96 in .* is damaged .*moved to '96.damaged'; falling back"):
+    _flip_a_byte_of_the_largest_array_file(pathlib.Path(ckpt) / "32")
+    with pytest.warns(UserWarning, match=r"checkpoint 32 in .* is damaged .*moved to '32.damaged'; falling back"):
         assert main(base + ["--checkpoint-dir", ckpt, "--resume"]) == 0
     got = json.loads(capsys.readouterr().out)
-    assert got["resumed_from"] == 80 and got["iterations"] == expected["iterations"]
+    assert got["resumed_from"] == 16 and got["iterations"] == expected["iterations"]
     assert got["params_fingerprint"] == expected["params_fingerprint"]
-    assert (pathlib.Path(ckpt) / "96.damaged").is_dir()
+    assert (pathlib.Path(ckpt) / "32.damaged").is_dir()
 
 
 def _metadata_edits():

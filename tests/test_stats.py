@@ -22,6 +22,22 @@ def test_iqm_is_the_25_percent_trimmed_mean(n):
     assert stats.iqm(x) == pytest.approx(scipy.stats.trim_mean(x, 0.25), rel=1e-12)
 
 
+@pytest.mark.parametrize("shape,axis", [((10, 1), None), ((7, 1), None), ((10, 1, 33), 0), ((5, 4), 0)])
+def test_the_bootstraps_trimmed_mean_is_rliables_iqm_to_the_bit(shape, axis):
+    """`trimmed_mean` (what the bootstrap calls per replication) against rliable's aggregate_iqm (over all runs)
+    and scipy's trim_mean (per curve point), exactly; and a whole interval with each of them."""
+    from rliable import library, metrics
+
+    x = np.random.default_rng(sum(shape)).normal(100, 30, size=shape)
+    want = metrics.aggregate_iqm(x) if axis is None else scipy.stats.trim_mean(x, 0.25, axis=axis)
+    np.testing.assert_array_equal(stats.trimmed_mean(x, axis), want)
+    if axis is None:
+        with stats._seeded(3) as random_state:
+            _, theirs = library.get_interval_estimates({"a": x}, lambda s: np.array([metrics.aggregate_iqm(s)]),
+                                                       reps=300, random_state=random_state)
+        assert stats.interval_estimates({"a": x[:, 0]}, reps=300, seed=3)["a"][1:] == tuple(theirs["a"][:, 0])
+
+
 def test_iqm_by_hand():
     # sorted 1 2 | 3 4 5 6 | 10 1000: the middle half is 3, 4, 5, 6
     assert stats.iqm([10, 1, 1000, 2, 3, 4, 5, 6]) == pytest.approx(4.5)
