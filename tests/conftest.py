@@ -7,19 +7,16 @@ import sys
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# LLVM's optimisation of the compiled programs off: the suite compiles hundreds of small programs and runs each a
-# few iterations, so compile time dominates; level 0 compiled tests/test_sweep.py and test_program.py in 64 s
-# against 94 s (the same results: no fast-math either way, so floating-point order is unchanged). Inherited by the
-# `fragc` subprocesses. Benchmarks and users keep XLA's default.
-DEFAULT_EMITTERS_XLA_FLAGS = "--xla_backend_optimization_level=0"
-"""What tests marked `xla_default_emitters` run with (in a process of their own: `_run_in_a_child`)."""
-# XLA's older CPU emitters compile in half the time (5.5 s against 13.3 s for three programs; the suite in 314 s
-# against 450 s on 2026-11-26). Each program computes what it did, to the last bit or two: tests that compare two
-# programs within a tolerance, or a program with itself, are unchanged. Two *different* programs that XLA's default
-# emitters make bit-equal (a sweep member and its single run, a host step and a device step) can differ in their
-# last bits under the older ones, which fuse differently: those tests are marked and run with the default emitters.
-os.environ.setdefault("XLA_FLAGS", DEFAULT_EMITTERS_XLA_FLAGS + " --xla_cpu_use_fusion_emitters=false")
-IN_A_CHILD = "FRAGC_TEST_DEFAULT_EMITTERS"
+# The suite compiles hundreds of small programs and runs each a few iterations, so compile time dominates. Two XLA
+# flags halve it, each changing how XLA compiles, not what a program computes (no fast-math: each operation's
+# result is IEEE's): LLVM's optimisation off (tests/test_sweep.py and test_program.py compiled in 64 s against 94 s)
+# and XLA's older CPU emitters (three programs in 5.5 s against 13.3 s; the suite in 344-421 s against 471-569 s, back
+# to back on 2026-11-26). Inherited by the `fragc` subprocesses; benchmarks and users keep XLA's defaults.
+# The flags change how operations are fused and vectorised, so two *different* programs that XLA's defaults make
+# bit-equal (a sweep member and its single run, a host step and a device step, two processes and one) can differ
+# in their last bits under them: those tests are marked `xla_defaults` and run with XLA's defaults.
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
+IN_A_CHILD = "FRAGC_TEST_XLA_DEFAULTS"
 """Set in the process that runs one marked test (it runs the test itself)."""
 _MADE_CACHE_DIR = None
 """The session's compilation cache folder, when this process made it (the xdist controller, or a run with -n 0):
@@ -64,21 +61,21 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's tests keep their order
     if IN_A_CHILD not in os.environ:
         for item in items:
-            if item.get_closest_marker("xla_default_emitters"):
+            if item.get_closest_marker("xla_defaults"):
                 item.setup = lambda: None  # its fixtures are the child's
                 item.runtest = functools.partial(_run_in_a_child, item)
 
 
 def _run_in_a_child(item):
-    """A test marked `xla_default_emitters`, run by pytest in a process of its own with XLA's default emitters
-    (XLA_FLAGS is read once per process); its output where it fails."""
+    """A test marked `xla_defaults`, run by pytest in a process of its own with XLA's default flags (XLA_FLAGS is
+    read once per process); its output where it fails."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    env.update({"XLA_FLAGS": DEFAULT_EMITTERS_XLA_FLAGS, IN_A_CHILD: "1"})
+    env.update({"XLA_FLAGS": "", IN_A_CHILD: "1"})
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
                            item.nodeid], cwd=item.config.rootpath, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        pytest.fail(f"in a process with XLA's default emitters (XLA_FLAGS={DEFAULT_EMITTERS_XLA_FLAGS}):\n"
-                    f"{proc.stdout[-8000:]}{proc.stderr[-2000:]}", pytrace=False)
+        pytest.fail(f"in a process with XLA's default flags:\n{proc.stdout[-8000:]}{proc.stderr[-2000:]}",
+                    pytrace=False)
 
 
 def as_numbers(tree):

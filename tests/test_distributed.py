@@ -94,7 +94,7 @@ def child_pids(proc):
     return [int(p) for p in line.split("pids")[1].split()]
 
 
-@pytest.mark.xla_default_emitters
+@pytest.mark.xla_defaults
 def test_runs_across_processes_match_one_process_and_resume(tmp_path):
     """One launch: per policy, 4 iterations straight, 2 a dispatch (`prog.k` as asked, also for the
     SPMD program of a staged policy), and 2 + 2 through a checkpoint, in two processes."""
@@ -112,7 +112,7 @@ def test_runs_across_processes_match_one_process_and_resume(tmp_path):
         assert result["straight"] == references[policy], policy
 
 
-@pytest.mark.xla_default_emitters
+@pytest.mark.xla_defaults
 def test_collective_transfers_give_the_same_bits_in_one_process():
     """The SPMD program that carries a staged policy across processes (with its delay values),
     checked where both lowerings run."""
@@ -135,6 +135,7 @@ def test_collective_transfers_need_equal_groups():
 
 
 @pytest.mark.slow  # 30 s of two launches; the only test of the lost-process watchdog: run it with -m slow
+@pytest.mark.xla_defaults
 def test_a_lost_process_stops_the_run_which_resumes_to_the_uninterrupted_fingerprint(tmp_path):
     """kill -9 of process 1 mid-run: process 0 names it within the (shortened) lost-process time;
     `--resume` ends where an uninterrupted run does, and its --json stdout is JSON only."""

@@ -289,6 +289,7 @@ def test_ppo_equals_the_reference_interpreter(policy):
 
 
 @pytest.mark.slow
+@pytest.mark.xla_defaults
 def test_ppo_training_is_bit_for_bit_the_same_with_evaluation():
     outs = []
     for every in (0, EVERY):

@@ -93,7 +93,7 @@ def runner_numbers(runner):
 
 
 @pytest.mark.parametrize("env_id,num_envs,steps,tolerance", [
-    pytest.param("CartPole-v1", 4, 64, 0, marks=pytest.mark.xla_default_emitters),  # terminations; bit-equal
+    pytest.param("CartPole-v1", 4, 64, 0, marks=pytest.mark.xla_defaults),  # terminations; bit-equal
     # never terminates: every episode is truncated at step 200. XLA fuses the pendulum's dynamics into the
     # device program differently from the host's separate step program: observations differ in the last bit.
     ("Pendulum-v1", 2, 210, 1e-5),
@@ -140,7 +140,7 @@ def assert_equals_the_device_program(host, policy="single", devices=1):
     assert_trees_close(runner_numbers(state.runner), runner_numbers(dev_state.runner), rtol=0, atol=0)
 
 
-@pytest.mark.xla_default_emitters
+@pytest.mark.xla_defaults
 def test_single_program_equals_the_device_program(host_single):
     assert_equals_the_device_program(host_single)
 
@@ -164,7 +164,7 @@ def test_anakin_steps_a_pool_per_device_or_group_and_equals_the_device_program(e
 
 
 @pytest.mark.slow  # a second staged compile (~10 s on 2 busy cores)
-@pytest.mark.xla_default_emitters
+@pytest.mark.xla_defaults
 def test_actor_learner_program_equals_the_device_program():
     assert_equals_the_device_program(fragc.compile(ppo_on("gymnax_host:CartPole-v1"), "actor_learner", devices=2))
 

@@ -48,7 +48,7 @@ def grid_members():
 
 
 # members spread over devices are also the fast suite's vectorised 8-device test's; exact over 4 devices with -m slow
-@pytest.mark.xla_default_emitters
+@pytest.mark.xla_defaults
 @pytest.mark.parametrize("devices", [1, pytest.param(4, marks=pytest.mark.slow)])
 def test_each_member_of_a_2x2x2_sweep_is_its_single_run_bit_for_bit(devices):
     prog = fragc.compile(tiny(), fragc.population("single", list(SEEDS), lr=list(LRS), ent_coef=list(ENTS), exact=True),
