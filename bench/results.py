@@ -109,6 +109,12 @@ RUNS = [  # (name, algorithm, policy, devices, threshold on the final return, co
     ("ppo_rnn_masked_cartpole_zoo_sb3_lstm_5e5_eval", "ppo_rnn", "single", 1, 475.0,
      {**ZOO_CRITIC_GRU, "lstm": True, "embed": False, "ortho_init": False, "hidden": 64, "total_steps": 500_000,
       "eval_every": 500_000 // 256 - 1, "eval_episodes": 32}),
+    # its feed-forward baseline on the same statistic: ppo (an MLP of 64, tanh) with the same values where ppo has
+    # them (no observation normalization, no critic of its own), the velocities masked, evaluated greedily on the
+    # masked observation at the last iteration. Fixed before it ran (2026-11-26), after the row above
+    ("ppo_masked_cartpole_zoo_5e5_eval", "ppo_masked_velocity", "single", 1, 475.0,
+     {**ZOO_PPO_LSTM_NOVEL, "clip_value": False, "total_steps": 500_000, "eval_every": 500_000 // 256 - 1,
+      "eval_episodes": 32}),
     # CleanRL's sac_continuous_action.py hyperparameters (= sac's defaults), RL Baselines3 Zoo's Pendulum-v1 budget
     # (hyperparams/sac.yml: n_timesteps 20000); -200 as ppo_continuous' Pendulum threshold
     ("sac", "sac", "single", 1, -200.0, {}),
@@ -149,6 +155,9 @@ def make_algorithm(algo: str, overrides: dict):
             @functools.cached_property
             def env(self):
                 return ppo_rnn.MaskedVelocity(discrete_env(self.config.env, "ppo"))
+
+            def greedy_action(self, params, obs):  # the evaluator steps CartPole itself: mask as the runner does
+                return super().greedy_action(params, self.env.mask(obs))
 
         return MaskedPPO(ppo.Config(**overrides))
     return algos.make(algo, **overrides)
