@@ -14,8 +14,13 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # to back on 2026-11-26). Inherited by the `fragc` subprocesses; benchmarks and users keep XLA's defaults.
 # The flags change how operations are fused and vectorised, so two *different* programs that XLA's defaults make
 # bit-equal (a sweep member and its single run, a host step and a device step, two processes and one) can differ
-# in their last bits under them: those tests are marked `xla_defaults` and run with XLA's defaults.
-os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
+# in their last bits under them: those tests are marked `xla_defaults` and run in a process of their own with XLA's
+# default emitters and LLVM's optimisation off (the suite's flags before the emitters' went in: each marked test in
+# the default suite passed with them), or with XLA's defaults whole, `xla_defaults(llvm_opt=True)`, where LLVM's
+# optimisation matters to the bits too (DQN's population init in -m slow). Whole defaults cost about twice the
+# children's time (the suite 414 s against 344-421 s).
+OPT0 = "--xla_backend_optimization_level=0"
+os.environ.setdefault("XLA_FLAGS", OPT0 + " --xla_cpu_use_fusion_emitters=false")
 IN_A_CHILD = "FRAGC_TEST_XLA_DEFAULTS"
 """Set in the process that runs one marked test (it runs the test itself)."""
 _MADE_CACHE_DIR = None
@@ -67,14 +72,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _run_in_a_child(item):
-    """A test marked `xla_defaults`, run by pytest in a process of its own with XLA's default flags (XLA_FLAGS is
-    read once per process); its output where it fails."""
+    """A test marked `xla_defaults`, run by pytest in a process of its own with XLA's default emitters (XLA_FLAGS
+    is read once per process); its output where it fails."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    env.update({"XLA_FLAGS": "", IN_A_CHILD: "1"})
+    flags = "" if item.get_closest_marker("xla_defaults").kwargs.get("llvm_opt") else OPT0
+    env.update({"XLA_FLAGS": flags, IN_A_CHILD: "1"})
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
                            item.nodeid], cwd=item.config.rootpath, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        pytest.fail(f"in a process with XLA's default flags:\n{proc.stdout[-8000:]}{proc.stderr[-2000:]}",
+        pytest.fail(f"in a process with XLA_FLAGS={flags!r}:\n{proc.stdout[-8000:]}{proc.stderr[-2000:]}",
                     pytrace=False)
 
 
