@@ -43,6 +43,10 @@ ZOO_PPO_LSTM_NOVEL = {  # RL Baselines3 Zoo's RecurrentPPO on CartPoleNoVel-v1 (
 }  # its clip range is annealed from 0.2 (fragc's stays 0.2) and its policy an LSTM of 64 (fragc: GRU of 128)
 ZOO_ITERATIONS = ZOO_PPO_LSTM_NOVEL["total_steps"] // (ZOO_PPO_LSTM_NOVEL["num_envs"] * ZOO_PPO_LSTM_NOVEL["num_steps"])
 """390: the iterations of a zoo row (`Config.iterations`)."""
+ZOO_5E5_EVAL = {"total_steps": 500_000, "eval_every": 500_000 // (ZOO_PPO_LSTM_NOVEL["num_envs"]
+                                                                 * ZOO_PPO_LSTM_NOVEL["num_steps"]) - 1,
+                "eval_episodes": 32}
+"""PureJaxRL's ppo_rnn.py budget on the zoo's rollouts (1,953 iterations), evaluated greedily at the last one."""
 ZOO_CRITIC_GRU = {"mask_velocity": True, **ZOO_PPO_LSTM_NOVEL, "normalize_obs": True, "clip_value": False,
                   "critic_gru": True}
 RUNS = [  # (name, algorithm, policy, devices, threshold on the final return, config overrides)
@@ -107,14 +111,12 @@ RUNS = [  # (name, algorithm, policy, devices, threshold on the final return, co
     # of the zoo's 1e5 (1,953 iterations, the learning rate annealed over them), evaluated at the last iteration as
     # the `_eval` rows. Fixed before it ran (2026-11-26), with no screen
     ("ppo_rnn_masked_cartpole_zoo_sb3_lstm_5e5_eval", "ppo_rnn", "single", 1, 475.0,
-     {**ZOO_CRITIC_GRU, "lstm": True, "embed": False, "ortho_init": False, "hidden": 64, "total_steps": 500_000,
-      "eval_every": 500_000 // 256 - 1, "eval_episodes": 32}),
+     {**ZOO_CRITIC_GRU, "lstm": True, "embed": False, "ortho_init": False, "hidden": 64, **ZOO_5E5_EVAL}),
     # its feed-forward baseline on the same statistic: ppo (an MLP of 64, tanh) with the same values where ppo has
     # them (no observation normalization, no critic of its own), the velocities masked, evaluated greedily on the
     # masked observation at the last iteration. Fixed before it ran (2026-11-26), after the row above
     ("ppo_masked_cartpole_zoo_5e5_eval", "ppo_masked_velocity", "single", 1, 475.0,
-     {**ZOO_PPO_LSTM_NOVEL, "clip_value": False, "total_steps": 500_000, "eval_every": 500_000 // 256 - 1,
-      "eval_episodes": 32}),
+     {**ZOO_PPO_LSTM_NOVEL, "clip_value": False, **ZOO_5E5_EVAL}),
     # CleanRL's sac_continuous_action.py hyperparameters (= sac's defaults), RL Baselines3 Zoo's Pendulum-v1 budget
     # (hyperparams/sac.yml: n_timesteps 20000); -200 as ppo_continuous' Pendulum threshold
     ("sac", "sac", "single", 1, -200.0, {}),
