@@ -70,7 +70,9 @@ def one_process_program(policy, transfers):
 
 
 def reference_fingerprint(policy, iterations):
-    prog = one_process_program(policy, "device_put")
+    """The launched processes' program (collective transfers) in this one process: the same program, so the same
+    bits under the suite's XLA flags too. That collective transfers give device_put's bits is the next test's."""
+    prog = one_process_program(policy, "collective")
     state, _ = prog.run(prog.init(0), iterations)
     return params_fingerprint(state)
 
@@ -94,7 +96,6 @@ def child_pids(proc):
     return [int(p) for p in line.split("pids")[1].split()]
 
 
-@pytest.mark.xla_defaults
 def test_runs_across_processes_match_one_process_and_resume(tmp_path):
     """One launch: per policy, 4 iterations straight, 2 a dispatch (`prog.k` as asked, also for the
     SPMD program of a staged policy), and 2 + 2 through a checkpoint, in two processes."""
