@@ -5,6 +5,7 @@ import io
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,16 +110,19 @@ def _flip_a_byte_of_the_largest_array_file(step_dir: pathlib.Path) -> None:
 
 def test_a_damaged_latest_checkpoint_is_moved_aside_and_the_run_falls_back(tmp_path, capsys):
     """Issue 15.1's commands on the smaller PPO, shortened (48 iterations, where the issue's ran 195 and damaged
-    iteration 96): the resumed run falls back to 16 and writes iteration 32 again, where the damaged one was."""
+    iteration 96): a whole run writes checkpoints 16, 32 and 48; with 48 removed (as if the run had died after
+    writing 32) and 32 damaged, the resumed run falls back to 16, writes 32 again, and ends where the whole run
+    did."""
     ckpt = str(tmp_path / "ckpt")
-    base = ["run", "ppo", *SMALL, "--total-steps", "6144", "--checkpoint-every", "16", "--json", "--quiet"]
+    base = ["run", "ppo", *SMALL, "--total-steps", "6144", "--checkpoint-every", "16", "--json", "--quiet",
+            "--checkpoint-dir", ckpt]
     assert main(base) == 0
     expected = json.loads(capsys.readouterr().out)
-    assert main(base + ["--checkpoint-dir", ckpt, "--stop-after", "32"]) == 0
-    capsys.readouterr()
+    assert sorted(p.name for p in pathlib.Path(ckpt).iterdir() if p.name.isdigit()) == ["16", "32", "48"]
+    shutil.rmtree(pathlib.Path(ckpt) / "48")
     _flip_a_byte_of_the_largest_array_file(pathlib.Path(ckpt) / "32")
     with pytest.warns(UserWarning, match=r"checkpoint 32 in .* is damaged .*moved to '32.damaged'; falling back"):
-        assert main(base + ["--checkpoint-dir", ckpt, "--resume"]) == 0
+        assert main(base + ["--resume"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["resumed_from"] == 16 and got["iterations"] == expected["iterations"]
     assert got["params_fingerprint"] == expected["params_fingerprint"]
