@@ -77,7 +77,33 @@ def test_continuous_action_space_is_refused():
         fragc.trace(dqn.DQN(dqn.Config(env="Pendulum-v1")))
 
 
-@pytest.mark.parametrize("double", [pytest.param(False, marks=pytest.mark.slow), True])  # double DQN has no other test
+@pytest.mark.parametrize("double_dqn", [False, True])
+def test_the_loss_is_the_squared_td_error_to_the_max_or_the_double_target(double_dqn):
+    """Against numpy on made-up Q-values: DQN's target takes the target network's max over the next actions;
+    double DQN's evaluates the online network's argmax with the target network (van Hasselt et al. 2016)."""
+    algo = small(double_dqn=double_dqn)
+    params = algo.init(jax.random.key(0)).learner.params
+    target_params = jax.tree.map(lambda p: p * 0.5 + 0.01, params)  # a target network that disagrees
+    rng = np.random.default_rng(0)
+    batch = dqn.Transition(jnp.asarray(rng.normal(size=(32, 4)), jnp.float32), jnp.asarray(rng.integers(0, 2, 32)),
+                           jnp.asarray(rng.normal(size=32), jnp.float32),
+                           jnp.asarray(rng.normal(size=(32, 4)), jnp.float32), jnp.asarray(rng.random(32) < 0.3))
+    q = np.asarray(algo.network.apply(params, batch.obs), np.float64)
+    q_next_online = np.asarray(algo.network.apply(params, batch.next_obs), np.float64)
+    q_next_target = np.asarray(algo.network.apply(target_params, batch.next_obs), np.float64)
+    rows = np.arange(32)
+    if double_dqn:
+        q_next = q_next_target[rows, q_next_online.argmax(-1)]
+    else:
+        q_next = q_next_target.max(-1)
+    assert (q_next_online.argmax(-1) != q_next_target.argmax(-1)).any()  # the two targets differ on this batch
+    target = np.asarray(batch.reward) + algo.config.gamma * (1.0 - np.asarray(batch.terminated)) * q_next
+    want = np.mean((q[rows, np.asarray(batch.action)] - target) ** 2)
+    np.testing.assert_allclose(float(algo._loss(params, target_params, batch)), want, rtol=1e-5)
+
+
+@pytest.mark.slow  # learning runs; the fast suite checks both targets against numpy above
+@pytest.mark.parametrize("double", [False, True])
 def test_short_run_return_rises(double):
     algo = dqn.DQN(dqn.Config(total_steps=30_000, learning_starts=5_000, eps_decay_steps=30_000, double_dqn=double))
     assert_return_rises(train_returns(algo, iterations_per_dispatch=64), early=slice(20, 60), late=slice(-20, None))
