@@ -284,22 +284,18 @@ def test_the_greedy_evaluation_carries_the_hidden_state_as_a_hand_written_loop(n
 @pytest.mark.parametrize("policy", ["single", pytest.param("anakin", marks=pytest.mark.slow)])
 def test_the_evaluating_program_equals_the_interpreter(policy):
     """normalize_obs and critic_gru, evaluating every 2 iterations: 3 iterations, the second carrying the first's
-    evaluation over; training is bit for bit the interpreter's without evaluation."""
+    evaluation over. (That an evaluation leaves training as it was: the hand-written loop's test above, and
+    test_evaluation's bit-for-bit test of the evaluator's key stream.)"""
     algo, iterations = evaluating(True, True, every=2), 3
     replicas = 1 if policy == "single" else 8
     prog = fragc.compile(algo, policy, devices=replicas, iterations_per_dispatch=iterations)
     state = prog.init(0)
     out, history = prog.run(state, iterations)
-    plain_algo = ppo_rnn.PPORNN(dataclasses.replace(algo.config, eval_every=0))
-    module, plain_module = fragc.trace(algo), fragc.trace(plain_algo)
-    ref, plain = state, ppo_rnn.State(state.learner, state.actor)
+    module, ref = fragc.trace(algo), state
     for i in range(iterations):
         ref, metrics = fragc.interpret(module, ref, replicas=replicas)
-        plain, plain_metrics = fragc.interpret(plain_module, plain, replicas=replicas)
         np.testing.assert_allclose(history["eval_return"][i], metrics["eval_return"], rtol=1e-6)
-        assert metrics["episode_return"] == plain_metrics["episode_return"]
     assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
-    chex.assert_trees_all_equal((ref.learner, ref.actor), (plain.learner, plain.actor))
     returns = np.asarray(history["eval_return"])
     assert returns[1] == returns[0] and returns[0] > 0
 
