@@ -1,6 +1,7 @@
 """Every test runs on 8 simulated CPU devices, set before JAX's backend starts."""
 
 import functools
+import gc
 import os
 import subprocess
 import sys
@@ -42,6 +43,11 @@ jax.config.update("jax_num_cpu_devices", 8)
 from fragc.runtime.reporting import enable_compilation_cache  # noqa: E402
 
 enable_compilation_cache(os.environ["FRAGC_CACHE_DIR"])
+# Tracing makes many short-lived objects, and Python's cyclic collector ran about 2,100 times in 98 s of three test
+# files, taking 7.5 s of them. The modules' objects are frozen (the collector no longer scans them) and it runs
+# every 20,000 new objects instead of 700: 2.4 s, the process's peak memory 907 MiB against 873 (2026-11-26).
+gc.freeze()
+gc.set_threshold(20_000, 10, 10)
 
 LONGEST_FIRST = ["test_checkpoint.py", "test_algorithms_x_policies.py", "test_distributed.py", "test_policies.py",
                  "test_host_loop.py", "test_dqn.py", "test_host_envs.py", "test_semantics.py", "test_ppo_continuous.py",
