@@ -73,6 +73,19 @@ def test_a_module_path_names_an_algorithm_too():
     assert fragc.algos.load("purejaxrl_ppo:PPO") == (purejaxrl_ppo.PPO, purejaxrl_ppo.Config)
 
 
+def test_a_users_state_resumes_from_its_checkpoint_to_the_uninterrupted_parameters(tmp_path, small_ppo):
+    """The user's TrainState-based state through `fragc.train`: stopped after its second checkpoint and resumed,
+    the run ends where an uninterrupted one does (a killed process's run: the test below, with -m slow)."""
+    prog = small_ppo
+    expected = fragc.train(prog, prog.init(0), 8)
+    fragc.train(prog, prog.init(0), 8, checkpoint_dir=tmp_path, checkpoint_every=2, stop_after=4)
+    resumed = fragc.train(prog, prog.init(0), 8, checkpoint_dir=tmp_path, resume=True)
+    assert resumed.resumed_from == 4 and resumed.iterations == 8
+    assert params_fingerprint(resumed.state) == params_fingerprint(expected.state)
+    assert params_fingerprint(resumed.state) != params_fingerprint(prog.init(0))
+
+
+@pytest.mark.slow  # a killed process (the fast suite kills `fragc run` in test_checkpoint.py; the test above)
 def test_python_users_checkpoint_and_resume_exactly(tmp_path, small_ppo):
     """A Python program training with `fragc.train` is killed; `fragc.train(..., resume=True)` continues
     it to the parameters of an uninterrupted run."""
