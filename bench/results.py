@@ -41,11 +41,10 @@ ZOO_PPO_LSTM_NOVEL = {  # RL Baselines3 Zoo's RecurrentPPO on CartPoleNoVel-v1 (
     "num_envs": 8, "num_steps": 32, "total_steps": 100_000, "lr": 1e-3, "update_epochs": 20,  # steps, batch 256
     "num_minibatches": 1, "gamma": 0.98, "gae_lambda": 0.8, "ent_coef": 0.0,  # (one minibatch), 20 epochs, 1e5 steps;
 }  # its clip range is annealed from 0.2 (fragc's stays 0.2) and its policy an LSTM of 64 (fragc: GRU of 128)
-ZOO_ITERATIONS = ZOO_PPO_LSTM_NOVEL["total_steps"] // (ZOO_PPO_LSTM_NOVEL["num_envs"] * ZOO_PPO_LSTM_NOVEL["num_steps"])
+ZOO_STEPS_PER_ITERATION = ZOO_PPO_LSTM_NOVEL["num_envs"] * ZOO_PPO_LSTM_NOVEL["num_steps"]
+ZOO_ITERATIONS = ZOO_PPO_LSTM_NOVEL["total_steps"] // ZOO_STEPS_PER_ITERATION
 """390: the iterations of a zoo row (`Config.iterations`)."""
-ZOO_5E5_EVAL = {"total_steps": 500_000, "eval_every": 500_000 // (ZOO_PPO_LSTM_NOVEL["num_envs"]
-                                                                 * ZOO_PPO_LSTM_NOVEL["num_steps"]) - 1,
-                "eval_episodes": 32}
+ZOO_5E5_EVAL = {"total_steps": 500_000, "eval_every": 500_000 // ZOO_STEPS_PER_ITERATION - 1, "eval_episodes": 32}
 """PureJaxRL's ppo_rnn.py budget on the zoo's rollouts (1,953 iterations), evaluated greedily at the last one."""
 ZOO_CRITIC_GRU = {"mask_velocity": True, **ZOO_PPO_LSTM_NOVEL, "normalize_obs": True, "clip_value": False,
                   "critic_gru": True}

@@ -15,7 +15,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # processes below, is about 8% and within the machine's noise: docs/benchmarks.md). Inherited by the `fragc`
 # subprocesses; benchmarks and users keep XLA's defaults.
 # The flags change how operations are fused and vectorised, so two *different* programs that XLA's defaults make
-# bit-equal (a sweep member and its single run, a host step and a device step, two processes and one) can differ
+# bit-equal (a sweep member and its single run, a host step and a device step, collective and device_put transfers) can differ
 # in their last bits under them: those tests are marked `xla_defaults` and run in a process of their own with XLA's
 # default emitters and LLVM's optimisation off (the suite's flags before the emitters' went in: each marked test in
 # the default suite passed with them), or with XLA's defaults whole, `xla_defaults(llvm_opt=True)`, where LLVM's
