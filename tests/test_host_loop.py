@@ -242,7 +242,10 @@ def test_actor_learner_async_with_two_groups_equals_the_device_program():
     assert_trees_close(runner_numbers(state.runner), runner_numbers(dev_state.runner), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("policy", [pytest.param("anakin", marks=pytest.mark.slow), "actor_learner_async"])
+# -m slow: two launched processes and a one-process reference, 23 s of the default suite's 2 busy cores; the fast
+# suite's multi-process test is test_distributed's (device environments), its host loop test_two_groups_... above
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["anakin", "actor_learner_async"])
 def test_each_process_steps_the_environments_of_its_own_devices(policy):
     """Sebulba on two hosts: 2 processes of 2 devices on jax.distributed, each process stepping the Gymnasium
     environments of its own devices in its host loop, 2 groups; the same bits as one process of 4 devices.

@@ -302,8 +302,9 @@ def test_the_evaluating_program_equals_the_interpreter(policy):
 
 def test_checkpoint_and_exact_resume(tmp_path):
     """Stopped after its first checkpoint and resumed, a run equals an uninterrupted one bit for bit: the GRU's
-    hidden state and done flags per environment are part of the checkpointed state (the program above)."""
-    prog = anakin_program()
+    hidden state and done flags per environment are part of the checkpointed state (the fast program above: the
+    observation statistics and SB3's LSTMs' two carries too)."""
+    prog = anakin_program(True, True)
     whole = fragc.train(prog, prog.init(0), 3 * ITERATIONS)
     fragc.train(prog, prog.init(0), 3 * ITERATIONS, checkpoint_dir=tmp_path, checkpoint_every=ITERATIONS,
                 stop_after=ITERATIONS)
