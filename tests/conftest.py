@@ -17,10 +17,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The flags change how operations are fused and vectorised, so two *different* programs that XLA's defaults make
 # bit-equal (a sweep member and its single run, a host step and a device step, collective and device_put transfers) can differ
 # in their last bits under them: those tests are marked `xla_defaults` and run in a process of their own with XLA's
-# default emitters and LLVM's optimisation off (the suite's flags before the emitters' went in: each marked test in
-# the default suite passed with them), or with XLA's defaults whole, `xla_defaults(llvm_opt=True)`, where LLVM's
-# optimisation matters to the bits too (DQN's population init in -m slow). Whole defaults cost about twice the
-# children's time.
+# default emitters and LLVM's optimisation off, or with XLA's defaults whole, `xla_defaults(llvm_opt=True)`, where
+# LLVM's optimisation matters to the bits too (DQN's population init). Every marked test is in -m slow: a child
+# process compiles its programs again (20-40 s of the default suite's 2 cores each), so the default suite checks
+# the same programs in its own process to float rounding.
 OPT0 = "--xla_backend_optimization_level=0"
 os.environ.setdefault("XLA_FLAGS", OPT0 + " --xla_cpu_use_fusion_emitters=false")
 IN_A_CHILD = "FRAGC_TEST_XLA_DEFAULTS"

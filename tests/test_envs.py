@@ -1,7 +1,6 @@
 """Every gymnax environment can be named, with an algorithm whose spaces it supports."""
 
 import gymnax
-import jax
 import pytest
 
 import fragc
@@ -18,11 +17,9 @@ def test_environment_traces_with_a_matching_algorithm(name):
         algo = ppo.PPO(ppo.Config(**small))
     else:
         algo = ppo_continuous.PPOContinuous(ppo_continuous.Config(**small))
-    module = fragc.trace(algo)
-    state = jax.eval_shape(algo.init, jax.random.key(0))
-    out_state, metrics = jax.eval_shape(algo.iteration, state)
-    assert jax.tree.structure(out_state) == jax.tree.structure(state)
-    assert "episode_return" in metrics and set(module.fragments) == {"rollout", "learn"}
+    module = fragc.trace(algo)  # traces init and iteration, and refuses a state that does not come back the same
+    (returned,) = [line for line in str(module).splitlines() if line.lstrip().startswith("return state=")]
+    assert "episode_return: " in returned.split("metrics=")[1] and set(module.fragments) == {"rollout", "learn"}
 
 
 @pytest.mark.parametrize("algo,env,message", [
