@@ -50,15 +50,17 @@ gc.freeze()
 gc.set_threshold(20_000, 10, 10)
 
 LONGEST_FIRST = ["test_checkpoint.py", "test_algorithms_x_policies.py", "test_distributed.py", "test_policies.py",
-                 "test_host_loop.py", "test_dqn.py", "test_host_envs.py", "test_semantics.py", "test_ppo_continuous.py",
-                 "test_reporting.py", "test_user_algo.py", "test_impala.py", "test_policy_api.py", "test_program.py"]
-"""The test files that take longest (15 to 100 s each, run alone), about longest first; every other file after them.
+                 "test_sweep.py", "test_ppo_rnn.py", "test_host_loop.py", "test_dqn.py", "test_host_envs.py",
+                 "test_semantics.py", "test_ppo_continuous.py", "test_reporting.py", "test_user_algo.py",
+                 "test_impala.py", "test_policy_api.py", "test_program.py", "test_video.py"]
+"""The test files that take longest (15 to 80 s each, run alone), about longest first; every other file after them.
 pytest-xdist (addopts: `--dist loadfile --no-loadscope-reorder`) hands whole files to its 2 workers in this
 order, so the long ones start first and the short ones fill the gaps at the end. The two files of subprocesses
 (checkpoint, distributed) are not the first two, so that they do not start together on the 2 cores. An order led
 by the longest files of 2026-11-26's durations (test_sweep, test_ppo_rnn, test_checkpoint, test_envs, ...), with
 four new tests, took 610 s against 515 s for the tree before it with this order (clean clones, back to back, one run
-each): this order stays."""
+each), so the first four stay; test_sweep and test_ppo_rnn (50-70 s each) come next, where before them collection
+order put test_sweep among the last five files."""
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -242,6 +242,7 @@ def test_processes_stop_with_their_launcher(sig):
     assert not any(alive(pid) for pid in pids), "a process outlived its launcher by 10 s"
 
 
+@pytest.mark.slow  # two launched processes training (~25 s of CPU); SIGTERM to one process: test_checkpoint.py
 def test_sigterm_to_one_process_stops_every_process_with_a_checkpoint(tmp_path):
     """Issue 15.6: JAX's preemption service no longer swallows it; the processes agree on where
     to stop, process 0 saves there, and every process exits with 128 + 15."""
