@@ -117,7 +117,8 @@ def test_runs_across_processes_match_one_process_and_resume(tmp_path):
 # The same bits need XLA's defaults (a process of their own, tests/conftest.py): -m slow. The default suite runs
 # both in this process, where the suite's XLA flags fuse the two programs differently (last bits), and reuses the
 # collective program the test above compiled.
-@pytest.mark.parametrize("bits", [False, pytest.param(True, marks=[pytest.mark.slow, pytest.mark.xla_defaults])])
+@pytest.mark.parametrize("bits", [pytest.param(False, id="to_rounding"),
+                                  pytest.param(True, marks=[pytest.mark.slow, pytest.mark.xla_defaults], id="bits")])
 def test_collective_transfers_give_the_same_bits_in_one_process(bits):
     """The SPMD program that carries a staged policy across processes (with its delay values),
     checked where both lowerings run."""

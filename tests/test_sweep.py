@@ -55,9 +55,9 @@ def grid_members():
 # 4; the default suite checks the same members in this process, where the suite's XLA flags fuse a member's
 # program differently from its single run (last bits). Members spread over devices: the vectorised 8-device test.
 @pytest.mark.parametrize("devices,bits", [
-    (1, False),
-    pytest.param(1, True, marks=[pytest.mark.slow, pytest.mark.xla_defaults]),
-    pytest.param(4, True, marks=[pytest.mark.slow, pytest.mark.xla_defaults]),
+    pytest.param(1, False, id="1-to_rounding"),
+    pytest.param(1, True, marks=[pytest.mark.slow, pytest.mark.xla_defaults], id="1-bits"),
+    pytest.param(4, True, marks=[pytest.mark.slow, pytest.mark.xla_defaults], id="4-bits"),
 ])
 def test_each_member_of_a_2x2x2_sweep_is_its_single_run_bit_for_bit(devices, bits):
     prog = fragc.compile(tiny(), fragc.population("single", list(SEEDS), lr=list(LRS), ent_coef=list(ENTS), exact=True),
@@ -76,6 +76,8 @@ def test_each_member_of_a_2x2x2_sweep_is_its_single_run_bit_for_bit(devices, bit
         else:
             assert_trees_close(member, want, rtol=TO_ROUNDING, atol=TO_ROUNDING)
             assert_trees_close(member_history, want_history, rtol=TO_ROUNDING, atol=TO_ROUNDING)
+            # (ent_coef's effect on the parameters over 2 iterations, 8e-7 at most, is within the tolerance; on the
+            # loss it is ent_coef x entropy, far outside it: a member given the other ent_coef fails here)
     # the grid reaches the maths: members that differ only in lr (or only in ent_coef) differ
     params = as_numbers(state.state.learner.params)
     assert not jax.tree.all(jax.tree.map(lambda p: np.array_equal(p[0], p[4]), params))
