@@ -93,11 +93,13 @@ def test_vectorised_members_on_8_devices_are_their_single_runs_to_float_rounding
     assert "%hyperparameters: " in prog.ir()  # every fragment takes the member's values as an argument
     back = parse(prog.ir())
     assert back.hyperparameters == prog.module.hyperparameters and not back.member_loop
-    state, _ = prog.run(prog.init(0), ITERATIONS)
+    state, history = prog.run(prog.init(0), ITERATIONS)
     assert state.hyper["lr"].sharding.mesh.devices.size == 8
     for m, (lr, ent, seed) in enumerate(grid_members()):
-        assert_trees_close(jax.tree.map(lambda x: x[m], state.state), single_run(lr, ent, seed)[0], rtol=1e-4,
-                           atol=1e-6)
+        want, want_history = single_run(lr, ent, seed)
+        assert_trees_close(jax.tree.map(lambda x: x[m], state.state), want, rtol=1e-4, atol=1e-6)
+        # the metrics too: ent_coef moves the parameters within the tolerance over 2 iterations, the loss beyond it
+        assert_trees_close({k: v[m] for k, v in history.items()}, want_history, rtol=1e-4, atol=1e-6)
 
 
 def test_members_spread_over_the_most_devices_they_divide_over():
