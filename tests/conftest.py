@@ -11,8 +11,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The suite compiles hundreds of small programs and runs each a few iterations, so compile time dominates. Two XLA
 # flags halve it, each changing how XLA compiles, not what a program computes (no fast-math: each operation's
 # result is IEEE's): LLVM's optimisation off (tests/test_sweep.py and test_program.py compiled in 64 s against 94 s)
-# and XLA's older CPU emitters (three programs in 5.5 s against 13.3 s; the suite's net gain, with the marked tests'
-# processes below, is about 8% and within the machine's noise: docs/benchmarks.md). Inherited by the `fragc`
+# and XLA's older CPU emitters (three programs in 5.5 s against 13.3 s; docs/benchmarks.md). Inherited by the `fragc`
 # subprocesses; benchmarks and users keep XLA's defaults.
 # The flags change how operations are fused and vectorised, so two *different* programs that XLA's defaults make
 # bit-equal (a sweep member and its single run, a host step and a device step, collective and device_put transfers) can differ

@@ -113,20 +113,20 @@ def test_a_damaged_latest_checkpoint_is_moved_aside_and_the_run_falls_back(tmp_p
     iteration 96): a whole run writes checkpoints 16, 32 and 48; with 48 removed (as if the run had died after
     writing 32) and 32 damaged, the resumed run falls back to 16, writes 32 again, and ends where the whole run
     did."""
-    ckpt = str(tmp_path / "ckpt")
+    ckpt = tmp_path / "ckpt"
     base = ["run", "ppo", *SMALL, "--total-steps", "6144", "--checkpoint-every", "16", "--json", "--quiet",
-            "--checkpoint-dir", ckpt]
+            "--checkpoint-dir", str(ckpt)]
     assert main(base) == 0
     expected = json.loads(capsys.readouterr().out)
-    assert sorted(p.name for p in pathlib.Path(ckpt).iterdir() if p.name.isdigit()) == ["16", "32", "48"]
-    shutil.rmtree(pathlib.Path(ckpt) / "48")
-    _flip_a_byte_of_the_largest_array_file(pathlib.Path(ckpt) / "32")
+    assert saved_steps(ckpt) == [16, 32, 48]
+    shutil.rmtree(ckpt / "48")
+    _flip_a_byte_of_the_largest_array_file(ckpt / "32")
     with pytest.warns(UserWarning, match=r"checkpoint 32 in .* is damaged .*moved to '32.damaged'; falling back"):
         assert main(base + ["--resume"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["resumed_from"] == 16 and got["iterations"] == expected["iterations"]
     assert got["params_fingerprint"] == expected["params_fingerprint"]
-    assert (pathlib.Path(ckpt) / "32.damaged").is_dir()
+    assert (ckpt / "32.damaged").is_dir()
 
 
 def _metadata_edits():

@@ -72,7 +72,7 @@ def one_process_program(policy, transfers):
 
 def reference_fingerprint(policy, iterations):
     """The launched processes' program (collective transfers) in this one process: the same program, so the same
-    bits under the suite's XLA flags too. That collective transfers give device_put's bits is the next test's."""
+    bits under the suite's XLA flags too. Collective against device_put transfers: the next test."""
     prog = one_process_program(policy, "collective")
     state, _ = prog.run(prog.init(0), iterations)
     return params_fingerprint(state)
