@@ -11,11 +11,14 @@ hyperparameters are read from a `sac.Config`, so both sides train the same confi
 environments, 1 step each, 8 gradient steps an iteration, batch 256, 256x256 networks, Pendulum-v1), with
 `learning_starts` 0 for the timing, so every timed iteration learns.
 
-Sides, timed alternately (A B C A B C ...) in one process, each scanning the same number of iterations per
+Sides, timed alternately (A B C D E A B C D E ...) in one process, each scanning the same number of iterations per
 dispatch and fetching its metrics after every dispatch:
-- `fragc`: `fragc.compile(SAC(config), "single")`, what `fragc run sac` runs;
+- `fragc`: `fragc.compile(SAC(config), "single")`, what `fragc run sac` runs (on a GPU its learner's loop over the
+  iteration's gradient steps is unrolled: `sac.Config.unroll`);
+- `fragc_rolled`: the same with `unroll=1`, the loop rolled;
 - `plain_jit`: `jax.jit(lax.scan(algo.iteration))` of fragc's own SAC (fragc's lowering alone);
-- `cleanrl`: the independent plain-JAX SAC below.
+- `cleanrl`: the independent plain-JAX SAC below, its update loop a rolled `lax.scan` as PureJaxRL writes loops;
+- `cleanrl_unrolled`: the same with the update loop unrolled as fragc's is (the same XLA freedom on both sides).
 
     python bench/sac_plain.py [--repeats 5] [--iterations 64] [--k 16] [--learn] [--out bench/results]
 """
@@ -23,6 +26,7 @@ dispatch and fetching its metrics after every dispatch:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -39,7 +43,7 @@ from flax.training.train_state import TrainState
 import fragc
 from fragc.algos import sac
 
-SIDES = ("fragc", "plain_jit", "cleanrl")
+SIDES = ("fragc", "fragc_rolled", "plain_jit", "cleanrl", "cleanrl_unrolled")
 LOG_STD_MAX, LOG_STD_MIN = 2.0, -5.0
 TORCH_LINEAR = nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform")  # torch nn.Linear's weights
 
@@ -96,9 +100,9 @@ class Train(NamedTuple):
     update_step: Callable  # (runner_state, _) -> (runner_state, metrics)
 
 
-def make_train(c: sac.Config) -> Train:
+def make_train(c: sac.Config, unroll: int = 1) -> Train:
     """CleanRL's sac_continuous_action.py main loop as a jittable iteration of `num_steps` vector steps and
-    `gradient_steps` updates, with the hyperparameters of `c`."""
+    `gradient_steps` updates (`unroll` of them unrolled in their `lax.scan`), with the hyperparameters of `c`."""
     import gymnax
     from gymnax.wrappers.purerl import FlattenObservationWrapper, LogWrapper
 
@@ -206,7 +210,7 @@ def make_train(c: sac.Config) -> Train:
         carry = (rs.actor, rs.qf, rs.qf_target, rs.alpha, rb)
         carry, (qf_loss, actor_loss) = jax.lax.cond(
             global_step > c.learning_starts,
-            lambda carry: jax.lax.scan(update, carry, jax.random.split(k_updates, c.gradient_steps)),
+            lambda carry: jax.lax.scan(update, carry, jax.random.split(k_updates, c.gradient_steps), unroll=unroll),
             lambda carry: (carry, (jnp.zeros(c.gradient_steps), jnp.zeros(c.gradient_steps))), carry)
         actor_state, qf_state, qf_target, alpha_state, rb = carry
         returned = info["returned_episode"]
@@ -219,9 +223,9 @@ def make_train(c: sac.Config) -> Train:
     return Train(init, update_step)
 
 
-def fused(config: sac.Config, k: int) -> tuple[Callable, Any]:
+def fused(config: sac.Config, k: int, unroll: int = 1) -> tuple[Callable, Any]:
     """(jitted init, jitted k-iteration scan of the plain SAC, state donated)."""
-    train = make_train(config)
+    train = make_train(config, unroll)
     return (jax.jit(train.init),
             jax.jit(lambda s: jax.lax.scan(train.update_step, s, None, k), donate_argnums=0))
 
@@ -250,11 +254,14 @@ def main() -> None:
     state = jax.block_until_ready(prog.init(0))
     compile_fragc = time.perf_counter() - start
     jitted = plain_jit(algo, args.k).lower(state).compile()
+    rolled = fragc.compile(sac.SAC(dataclasses.replace(config, unroll=1)), "single", iterations_per_dispatch=args.k)
     start = time.perf_counter()
     init, train = fused(config, args.k)
     plain_state = init(jax.random.key(0))
     train = train.lower(plain_state).compile()
     compile_plain = time.perf_counter() - start
+    _, unrolled = fused(config, args.k, unroll=config.gradient_steps)
+    unrolled = unrolled.lower(plain_state).compile()
 
     def dispatches(step):
         def run(state):
@@ -266,8 +273,10 @@ def main() -> None:
         return run
 
     sides = {"fragc": (state, lambda s: prog.run(s, args.iterations)[0]),
+             "fragc_rolled": (state, lambda s: rolled.run(s, args.iterations)[0]),
              "plain_jit": (state, dispatches(jitted)),
-             "cleanrl": (plain_state, dispatches(train))}
+             "cleanrl": (plain_state, dispatches(train)),
+             "cleanrl_unrolled": (plain_state, dispatches(unrolled))}
     states = {name: run(s) for name, (s, run) in sides.items()}  # warm up
     times: dict[str, list[float]] = {name: [] for name in SIDES}
     for _ in range(args.repeats):
@@ -276,11 +285,12 @@ def main() -> None:
             jax.block_until_ready(sides[name][1](states[name]))
             times[name].append(time.perf_counter() - start)
     sps = {n: [args.iterations * steps / t for t in ts] for n, ts in times.items()}
-    ratios = {f"fragc/{b}": [a / c for a, c in zip(sps["fragc"], sps[b])] for b in ("cleanrl", "plain_jit")}
+    ratios = {f"fragc/{b}": [a / c for a, c in zip(sps["fragc"], sps[b])] for b in SIDES[1:]}
     result = {
         "config": {"env": config.env, "num_envs": config.num_envs, "num_steps": config.num_steps,
                    "gradient_steps": config.gradient_steps, "batch_size": config.batch_size,
                    "hidden": config.hidden, "learning_starts": config.learning_starts,
+                   "fragc_unrolled_steps": algo.unrolled_steps,
                    "iterations_per_repeat": args.iterations, "iterations_per_dispatch": args.k,
                    "repeats": args.repeats, "backend": jax.default_backend(), "device": str(jax.devices()[0]),
                    "load_average": os.getloadavg()},
@@ -290,9 +300,9 @@ def main() -> None:
         "ratios": ratios,
         "compile_s_warm_process": {"fragc": compile_fragc, "cleanrl": compile_plain},
     }
-    print(f"{'':12}{'env-steps/s (median)':>22}")
+    print(f"{'':18}{'env-steps/s (median)':>22}")
     for n in SIDES:
-        print(f"{n:12}{result['env_steps_per_s'][n]:>22.0f}")
+        print(f"{n:18}{result['env_steps_per_s'][n]:>22.0f}")
     for n, r in ratios.items():
         print(f"throughput ratio {n}: median {statistics.median(r):.3f} (min {min(r):.3f}, max {max(r):.3f})")
     if args.learn:

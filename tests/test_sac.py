@@ -159,6 +159,27 @@ def test_anakin_equals_interpreter_and_the_targets_move_by_polyak_averaging():
     assert not np.allclose(jax.tree.leaves(out.learner.critic)[1], jax.tree.leaves(state.learner.critic)[1])
 
 
+def test_an_unrolled_learner_loop_gives_the_rolled_loops_numbers():
+    """`Config.unroll` reaches the learner's scan (its 0 is 1 on the CPU; a GPU unrolls every step), and the
+    single program with two gradient steps unrolled equals the interpreted rolled loop."""
+    def algo(unroll):
+        return sac.SAC(sac.Config(num_envs=8, buffer_size=64, batch_size=16, learning_starts=0, utd_ratio=0.25,
+                                  hidden=16, unroll=unroll))
+
+    assert (algo(0).unrolled_steps, algo(2).unrolled_steps, algo(5).unrolled_steps) == (1, 2, 2)
+    rolled, unrolled = fragc.trace(algo(1)), fragc.trace(algo(2))
+    assert "unroll=1" in str(rolled.fragments["learn"].body) and "unroll=2" not in str(rolled.fragments["learn"].body)
+    assert "unroll=2" in str(unrolled.fragments["learn"].body)
+    prog = fragc.compile(algo(2), "single", devices=1, iterations_per_dispatch=ITERATIONS)
+    state = prog.init(0)
+    out, history = prog.run(state, ITERATIONS)
+    ref, ref_history = interpret_n(rolled, state, 1)
+    assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
+    for i, metrics in enumerate(ref_history):
+        np.testing.assert_allclose(history["qf_loss"][i], metrics["qf_loss"], rtol=1e-4)
+        assert float(metrics["qf_loss"]) > 0  # both iterations learned
+
+
 def test_checkpoint_and_exact_resume(tmp_path):
     """A run stopped after its first checkpoint and resumed equals an uninterrupted one bit for bit (the anakin
     program above: the buffer, the per-environment keys, three optimizers' states and log alpha included)."""
@@ -179,6 +200,7 @@ def test_checkpoint_and_exact_resume(tmp_path):
     ("utd_ratio", 0.1, "sac: utd_ratio * num_envs * num_steps (0.8) must be a whole number of gradient steps per "
                        "iteration, at least 1"),
     ("learning_starts", -1, "sac: learning_starts must be at least 0, got -1"),
+    ("unroll", -1, "sac: unroll must be at least 0, got -1"),
 ])
 def test_a_bad_config_value_is_one_line(field, value, message):
     with pytest.raises(fragc.FragcError) as err:
