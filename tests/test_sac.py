@@ -159,25 +159,19 @@ def test_anakin_equals_interpreter_and_the_targets_move_by_polyak_averaging():
     assert not np.allclose(jax.tree.leaves(out.learner.critic)[1], jax.tree.leaves(state.learner.critic)[1])
 
 
-def test_an_unrolled_learner_loop_gives_the_rolled_loops_numbers():
-    """`Config.unroll` reaches the learner's scan (its 0 is 1 on the CPU; a GPU unrolls every step), and the
-    single program with two gradient steps unrolled equals the interpreted rolled loop."""
-    def algo(unroll):
-        return sac.SAC(sac.Config(num_envs=8, buffer_size=64, batch_size=16, learning_starts=0, utd_ratio=0.25,
-                                  hidden=16, unroll=unroll))
+def unrolling(unroll):
+    """SAC with two gradient steps an iteration, `unroll` of them unrolled."""
+    return sac.SAC(sac.Config(num_envs=8, buffer_size=64, batch_size=16, learning_starts=0, utd_ratio=0.25, hidden=16,
+                              unroll=unroll))
 
-    assert (algo(0).unrolled_steps, algo(2).unrolled_steps, algo(5).unrolled_steps) == (1, 2, 2)
-    rolled, unrolled = fragc.trace(algo(1)), fragc.trace(algo(2))
-    assert "unroll=1" in str(rolled.fragments["learn"].body) and "unroll=2" not in str(rolled.fragments["learn"].body)
-    assert "unroll=2" in str(unrolled.fragments["learn"].body)
-    prog = fragc.compile(algo(2), "single", devices=1, iterations_per_dispatch=ITERATIONS)
-    state = prog.init(0)
-    out, history = prog.run(state, ITERATIONS)
-    ref, ref_history = interpret_n(rolled, state, 1)
-    assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
-    for i, metrics in enumerate(ref_history):
-        np.testing.assert_allclose(history["qf_loss"][i], metrics["qf_loss"], rtol=1e-4)
-        assert float(metrics["qf_loss"]) > 0  # both iterations learned
+
+def test_config_unroll_reaches_the_learners_loop():
+    """`Config.unroll` is the learner scan's `unroll`; its 0 is 1 on the CPU (a GPU unrolls every step). The numbers
+    are checked against the rolled loop with -m slow."""
+    assert (unrolling(0).unrolled_steps, unrolling(2).unrolled_steps, unrolling(5).unrolled_steps) == (1, 2, 2)
+    rolled, unrolled = (str(fragc.trace(unrolling(u)).fragments["learn"].body) for u in (1, 2))
+    assert "unroll=1" in rolled and "unroll=2" not in rolled
+    assert "unroll=2" in unrolled
 
 
 def test_checkpoint_and_exact_resume(tmp_path):
@@ -247,6 +241,19 @@ def test_several_gradient_steps_per_iteration_equal_interpreter():
     out, _ = prog.run(state, ITERATIONS)
     ref, _ = interpret_n(fragc.trace(algo), state, 8)
     assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.slow
+def test_an_unrolled_learner_loop_gives_the_rolled_loops_numbers():
+    """The single program with two gradient steps unrolled equals the interpreted rolled loop."""
+    prog = fragc.compile(unrolling(2), "single", devices=1, iterations_per_dispatch=ITERATIONS)
+    state = prog.init(0)
+    out, history = prog.run(state, ITERATIONS)
+    ref, ref_history = interpret_n(fragc.trace(unrolling(1)), state, 1)
+    assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
+    for i, metrics in enumerate(ref_history):
+        np.testing.assert_allclose(history["qf_loss"][i], metrics["qf_loss"], rtol=1e-4)
+        assert float(metrics["qf_loss"]) > 0  # both iterations learned
 
 
 @pytest.mark.slow
