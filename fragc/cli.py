@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import os
 import sys
 import warnings
@@ -80,8 +81,11 @@ def _literal(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"expected a Python literal, got {text}") from None
 
 
+@functools.lru_cache(maxsize=64)
 def _field_docs(cls: type) -> dict[str, str]:
-    """The string literal under each field of a dataclass, as CleanRL writes its Args."""
+    """The string literal under each field of a dataclass, as CleanRL writes its Args (kept per class: finding a
+    class's source parses its whole module, on every parser built in one process otherwise). Do not change the
+    returned dict."""
     import ast
     import inspect
 
