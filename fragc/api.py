@@ -12,7 +12,6 @@ from jax.sharding import Mesh
 
 from fragc.devices import devices as choose_devices
 from fragc.ir.errors import FragcError
-from fragc.ir.derived import derived
 from fragc.ir.frontend import check_per_replica, trace
 from fragc.ir.sweep import check_grid, explain_shape_field, swept
 from fragc.passes import Policy, Population, PipelineResult, default_passes, resolve, run_pipeline
@@ -166,10 +165,7 @@ def with_pbt_bounds(policy: Policy) -> Policy:
 def trace_for(algo: Any, policy: Policy) -> Any:
     """`algo` traced, as a `SweptAlgorithm` when the policy's population varies config fields (ir/sweep.py)."""
     if not policy.hyperparameters:
-        kept = derived(algo)  # one trace for every policy the same algorithm object compiles under
-        if "module" not in kept:
-            kept["module"] = trace(algo)
-        return kept["module"]
+        return trace(algo)
     grid = tuple((f, tuple(dict.fromkeys(v))) for f, v in policy.hyperparameters)
     check_grid(algo, grid)
     fields = [f for f, _ in grid]

@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fragc.ir.derived import derived
 from fragc.ir.host import apply_env_workers
 from fragc.ir.errors import FragcError
 from fragc.ir.module import Delay, Transfer
@@ -56,7 +55,7 @@ class Program:
         self.last_run: Run | None = None
         self._state_tree = module.graph.inputs[0].type.treedef
         t0 = time.perf_counter()
-        self._init = self._jitted_init()
+        self._init = jax.jit(self._init_fn())
         self._executor = EXECUTORS[module.schedule.shape](module, self.devices)
         self._shardings = self._executor.state_shardings
         self.compile_seconds = time.perf_counter() - t0
@@ -244,17 +243,6 @@ class Program:
 
     # ------------------------------------------------------------ internals
 
-    def _jitted_init(self) -> Callable[[jax.Array], Any]:
-        """`jax.jit` of `_init_fn`; without a population, one per algorithm object (ir/derived.py), so that
-        compiling it under several policies traces and compiles its init once (the init runs unplaced; `_place`
-        then puts its leaves where each program keeps them)."""
-        if self.population:
-            return jax.jit(self._init_fn())
-        kept = derived(self.algo)
-        if "init" not in kept:
-            kept["init"] = jax.jit(self._init_fn())
-        return kept["init"]
-
     def _init_fn(self) -> Callable[[jax.Array], Any]:
         """`seed` -> the initial state; a population's members one after another (`lax.map`), not vmapped.
 
@@ -263,17 +251,16 @@ class Program:
         PPO sweep of docs/sweeps.md hung in its first dispatch on 2 cores, every thread waiting in
         `jax::ParallelBatchMap` (gdb). Init runs once, so running the members in turn costs nothing that matters.
         """
-        algo = self.algo  # the function closes over the algorithm, not this program (ir/derived.py keeps it)
-        init = lambda seed: algo.init(jax.random.key(seed))  # noqa: E731
+        init = lambda seed: self.algo.init(jax.random.key(seed))  # noqa: E731
         if not self.population:
             return init
         offsets = jnp.asarray(self.population, jnp.uint32)
         if not self.module.hyperparameters:
             return lambda seed: jax.lax.map(init, seed + offsets)
-        sweep = swept(self.algo, [f for f, _ in self.module.hyperparameters])
-        table = {f: jnp.asarray(v, sweep.sweep.dtype(f)) for f, v in self.module.hyperparameters}
+        algo = swept(self.algo, [f for f, _ in self.module.hyperparameters])
+        table = {f: jnp.asarray(v, algo.sweep.dtype(f)) for f, v in self.module.hyperparameters}
         members = jnp.arange(len(self.population), dtype=jnp.int32)
-        member_init = lambda args: sweep.init(jax.random.key(args[0]), args[1], args[2])  # noqa: E731
+        member_init = lambda args: algo.init(jax.random.key(args[0]), args[1], args[2])  # noqa: E731
         return lambda seed: jax.lax.map(member_init, (seed + offsets, table, members))
 
     def _collect(self, run: Run, actions: list[Action], rows: list, metrics: Any, queued: list, n: int,

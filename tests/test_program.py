@@ -13,7 +13,7 @@ import pytest
 import fragc
 from conftest import assert_trees_close
 from shared_programs import ITERATIONS, ppo_algo, ppo_run
-from toy_algos import Regression, regression_by_hand
+from toy_algos import Regression
 
 
 @functools.cache
@@ -139,41 +139,3 @@ def test_a_static_trip_dispatch_loop_runs_k_and_compiles_a_remainder_only_when_a
             ref, _ = jax.jit(algo.iteration)(ref)
         assert history["loss"].shape == (iterations,)
         assert_trees_close(got, ref, rtol=1e-5, atol=1e-6)
-
-
-class CountingRegression(Regression):
-    """Regression that notes each call of its init and iteration (in a list: reassigning an attribute would make
-    it another algorithm, ir/derived.py)."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def init(self, key):
-        self.calls.append("init")
-        return super().init(key)
-
-    def iteration(self, state):
-        self.calls.append("iteration")
-        return super().iteration(state)
-
-
-def test_one_algorithm_object_is_traced_and_its_init_compiled_once_for_every_policy():
-    """Compiling one object under two policies traces its iteration once and its init once for the shapes and
-    once for the jitted init; reassigning an attribute makes it another algorithm, traced again, with its new
-    value in the program."""
-    algo = CountingRegression()
-    single = fragc.compile(algo, "single", devices=1, iterations_per_dispatch=1)
-    anakin = fragc.compile(algo, "anakin", devices=8, iterations_per_dispatch=1)
-    state = single.init(0)
-    assert_trees_close(anakin.init(0), state, rtol=0, atol=0)
-    assert (algo.calls.count("iteration"), algo.calls.count("init")) == (1, 2)
-    assert single.pipeline.after("trace") is anakin.pipeline.after("trace")
-
-    algo.lr = 0.5
-    faster = fragc.compile(algo, "single", devices=1, iterations_per_dispatch=1)
-    assert algo.calls.count("iteration") == 2
-    got, _ = faster.run(faster.init(0), 1)
-    ref, _ = regression_by_hand(jax.device_get(state), 1, lr=0.5)
-    assert_trees_close(got, ref, rtol=1e-5, atol=1e-6)
-    assert not np.allclose(got.w, single.run(state, 1)[0].w)
