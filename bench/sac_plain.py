@@ -230,6 +230,18 @@ def fused(config: sac.Config, k: int, unroll: int = 1) -> tuple[Callable, Any]:
             jax.jit(lambda s: jax.lax.scan(train.update_step, s, None, k), donate_argnums=0))
 
 
+def dispatched(step: Callable, iterations: int, k: int) -> Callable:
+    """`state -> state` after `iterations` iterations as `iterations // k` calls of `step` (k iterations a call,
+    its input donated, so it runs on a copy), each call's metrics fetched as `fragc`'s runs fetch them."""
+    def run(state):
+        state = jax.tree.map(jnp.copy, state)
+        for _ in range(iterations // k):
+            state, metrics = step(state)
+            jax.device_get(metrics)
+        return state
+    return run
+
+
 def plain_jit(algo: sac.SAC, k: int):
     """`k` iterations of fragc's SAC in one `jax.jit(lax.scan(...))` (outside a trace a fragment is a function)."""
     return jax.jit(lambda s: jax.lax.scan(lambda s, _: algo.iteration(s), s, None, k), donate_argnums=0)
@@ -264,13 +276,7 @@ def main() -> None:
     unrolled = unrolled.lower(plain_state).compile()
 
     def dispatches(step):
-        def run(state):
-            state = jax.tree.map(jnp.copy, state)  # the step donates its input
-            for _ in range(args.iterations // args.k):
-                state, metrics = step(state)
-                jax.device_get(metrics)
-            return state
-        return run
+        return dispatched(step, args.iterations, args.k)
 
     sides = {"fragc": (state, lambda s: prog.run(s, args.iterations)[0]),
              "fragc_rolled": (state, lambda s: rolled.run(s, args.iterations)[0]),

@@ -13,12 +13,7 @@ config = sac.Config(learning_starts=0)
 
 
 def dispatches(step):
-    def run(s):
-        s = jax.tree.map(jnp.copy, s)
-        for _ in range(IT // K):
-            s, m = step(s); jax.device_get(m)
-        return s
-    return run
+    return sac_plain.dispatched(step, IT, K)
 
 
 sides = {}

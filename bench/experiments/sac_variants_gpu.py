@@ -92,13 +92,7 @@ def fragc_side(algo):
 
 
 def dispatches(step):
-    def run(s):
-        s = jax.tree.map(jnp.copy, s)
-        for _ in range(IT // K):
-            s, m = step(s)
-            jax.device_get(m)
-        return s
-    return run
+    return sac_plain.dispatched(step, IT, K)
 
 
 if __name__ == "__main__":
