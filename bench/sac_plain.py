@@ -275,14 +275,11 @@ def main() -> None:
     _, unrolled = fused(config, args.k, unroll=config.gradient_steps)
     unrolled = unrolled.lower(plain_state).compile()
 
-    def dispatches(step):
-        return dispatched(step, args.iterations, args.k)
-
     sides = {"fragc": (state, lambda s: prog.run(s, args.iterations)[0]),
              "fragc_rolled": (state, lambda s: rolled.run(s, args.iterations)[0]),
-             "plain_jit": (state, dispatches(jitted)),
-             "cleanrl": (plain_state, dispatches(train)),
-             "cleanrl_unrolled": (plain_state, dispatches(unrolled))}
+             "plain_jit": (state, dispatched(jitted, args.iterations, args.k)),
+             "cleanrl": (plain_state, dispatched(train, args.iterations, args.k)),
+             "cleanrl_unrolled": (plain_state, dispatched(unrolled, args.iterations, args.k))}
     states = {name: run(s) for name, (s, run) in sides.items()}  # warm up
     times: dict[str, list[float]] = {name: [] for name in SIDES}
     for _ in range(args.repeats):

@@ -8,8 +8,9 @@ import dataclasses
 import functools
 import os
 import sys
+import types
 import warnings
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from fragc.ir.errors import FragcError
 from fragc.runtime.program import steps_per_iteration
@@ -82,23 +83,22 @@ def _literal(text: str) -> Any:
 
 
 @functools.lru_cache(maxsize=64)
-def _field_docs(cls: type) -> dict[str, str]:
-    """The string literal under each field of a dataclass, as CleanRL writes its Args (kept per class: finding a
-    class's source parses its whole module, on every parser built in one process otherwise). Do not change the
-    returned dict."""
+def _field_docs(cls: type) -> Mapping[str, str]:
+    """The string literal under each field of a dataclass, as CleanRL writes its Args (kept per class, read-only:
+    finding a class's source parses its whole module, on every parser built in one process otherwise)."""
     import ast
     import inspect
 
     try:
         body = ast.parse(inspect.getsource(cls)).body[0].body
     except (OSError, TypeError, IndexError, SyntaxError):
-        return {}
+        return types.MappingProxyType({})
     docs = {}
     for node, after in zip(body, body[1:]):
         if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
                 and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
             docs[node.target.id] = " ".join(after.value.value.split())
-    return docs
+    return types.MappingProxyType(docs)
 
 
 def _whole_number(text: str, least: int) -> int:
