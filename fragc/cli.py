@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import gc
 import os
 import sys
 import types
@@ -1125,5 +1126,15 @@ def _guarded(command: Any, *args: Any) -> Any:
         return 0
 
 
+def console_main() -> int:
+    """The `fragc` command: `main`, then a process that ends quickly. Python's shutdown collects the garbage
+    among every object the run made (JAX's traces and caches): 0.8-1.0 s after a small `fragc run` here, against
+    0.2 s with those objects frozen first, which the collector skips. Exit hooks (a tracker's last upload) still
+    run; only cyclic garbage left at exit goes uncollected, as it may in any Python process."""
+    code = main()
+    gc.freeze()
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())
