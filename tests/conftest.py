@@ -8,10 +8,12 @@ import sys
 
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# The suite compiles hundreds of small programs and runs each a few iterations, so compile time dominates. Two XLA
+# The suite compiles hundreds of small programs and runs each a few iterations, so compile time dominates. Three XLA
 # flags halve it, each changing how XLA compiles, not what a program computes (no fast-math: each operation's
-# result is IEEE's): LLVM's optimisation off (tests/test_sweep.py and test_program.py compiled in 64 s against 94 s)
-# and XLA's older CPU emitters (three programs in 5.5 s against 13.3 s; docs/benchmarks.md). Inherited by the `fragc`
+# result is IEEE's): LLVM's optimisation off (tests/test_sweep.py and test_program.py compiled in 64 s against 94 s),
+# XLA's older CPU emitters (three programs in 5.5 s against 13.3 s; docs/benchmarks.md), and each program's machine
+# code made in one piece, not split to be compiled by several threads, which two busy workers on 2 cores do not have
+# (41 compiles of six programs, alternated: 16.6-17.0 s against 18.4-22.6 s). Inherited by the `fragc`
 # subprocesses; benchmarks and users keep XLA's defaults.
 # The flags change how operations are fused and vectorised, so two *different* programs that XLA's defaults make
 # bit-equal (a sweep member and its single run, a host step and a device step, collective and device_put transfers) can differ
@@ -21,7 +23,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # process compiles its programs again (20-40 s of the default suite's 2 cores each), so the default suite checks
 # the same programs in its own process to float rounding.
 OPT0 = "--xla_backend_optimization_level=0"
-os.environ.setdefault("XLA_FLAGS", OPT0 + " --xla_cpu_use_fusion_emitters=false")
+os.environ.setdefault("XLA_FLAGS", OPT0 + " --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1")
 IN_A_CHILD = "FRAGC_TEST_XLA_DEFAULTS"
 """Set in the process that runs one marked test (it runs the test itself)."""
 _MADE_CACHE_DIR = None
