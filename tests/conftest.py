@@ -136,6 +136,14 @@ def ppo_algo():
     return ppo.PPO(ppo.Config(num_envs=8, num_steps=16))
 
 
+def traced_module(prog):
+    """The module `prog` was compiled from, as `fragc.trace` made it (before any pass): the reference interpreter's
+    input, without tracing the algorithm again. Its fragments keep the bodies that lowering traced at the policy's
+    replica counts (`FragmentDef.body_for`), so the interpreter does not trace those again either (a recurrent
+    PPO on 8 replicas: 6 s of a 20 s test)."""
+    return prog.pipeline.modules[0]
+
+
 def train_returns(algo, policy="single", devices=None, iterations_per_dispatch=32):
     """The per-iteration mean episode return of a full run of `algo`."""
     import fragc

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import fragc
-from conftest import assert_return_rises, assert_trees_close, train_returns
+from conftest import assert_return_rises, assert_trees_close, traced_module, train_returns
 from fragc.algos import dqn
 
 
@@ -66,7 +66,7 @@ def test_buffer_beside_the_actors():
     assert "%buffer = run @insert" in text and "transfer %transition1 @actors -> @learner" in text
     state = prog.init(0)
     out, _ = prog.run(state, 2)
-    ref, module = state, fragc.trace(algo)
+    ref, module = state, traced_module(prog)
     for _ in range(2):
         ref, _ = fragc.interpret(module, ref, replicas=4)
     assert_trees_close(out, ref, rtol=1e-4, atol=1e-5)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fragc
-from conftest import assert_trees_close
+from conftest import assert_trees_close, traced_module
 from fragc.algos import ppo
 from shared_programs import ppo_algo, ppo_program
 from toy_algos import Regression
@@ -32,7 +32,7 @@ def test_a_policy_written_in_a_test_trains_ppo(algo):
     state = prog.init(0)
     out, history = prog.run(state, 4)
     assert np.isfinite(history["loss"]).all()
-    ref, module = state, fragc.trace(algo)
+    ref, module = state, traced_module(prog)
     for _ in range(4):
         ref, _ = fragc.interpret(module, ref, replicas={"actor": 6, "learner": 2})
     assert_trees_close(out, ref, rtol=1e-4, atol=1e-5)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import fragc
-from conftest import assert_trees_close
+from conftest import assert_trees_close, traced_module
 from fragc.algos import ppo, ppo_rnn
 from fragc.algos.envs import VecEnv
 
@@ -30,6 +30,12 @@ def tiny(normalize_obs: bool = False, sb3: bool = False) -> ppo_rnn.PPORNN:
     return ppo_rnn.PPORNN(ppo_rnn.Config(num_envs=16, num_steps=4, update_epochs=1, num_minibatches=2, hidden=8,
                                          total_steps=320, mask_velocity=True, normalize_obs=normalize_obs,
                                          **(SB3_LAYOUT if sb3 else {})))
+
+
+@functools.cache
+def tiny_params():
+    """tiny()'s initial network parameters: those of every configuration below that changes only the losses."""
+    return jax.jit(tiny().init)(jax.random.key(0)).learner.params
 
 
 def gru_step(cell_params, carry, x):
@@ -129,7 +135,7 @@ def test_the_value_loss_clips_the_values_change_unless_clip_value_is_false(clip_
     """Rollout values 0.5 below the network's and targets 1 above: clipped, the value counts as having moved only
     clip_eps = 0.2 from the rollout's (1.3 from the target); unclipped (SB3's default), 1 from the target."""
     algo = ppo_rnn.PPORNN(dataclasses.replace(tiny().config, clip_value=clip_value))
-    params = algo.init(jax.random.key(0)).learner.params
+    params = tiny_params()
     T, N = 3, 2
     zeros = jnp.zeros((T, N))
     obs = jax.random.normal(jax.random.key(1), (T, N, 2))
@@ -152,7 +158,7 @@ def test_the_annealed_ratio_clip_is_sb3s_linear_schedule_and_reaches_the_loss():
     np.testing.assert_allclose(clips, np.repeat([0.16, 0.12, 0.08, 0.04, 0.0], 2), atol=1e-7)
     assert ppo_rnn.PPORNN(tiny().config).ratio_clip(jnp.int32(7)) == 0.2  # not annealed: clip_eps throughout
 
-    params = jax.jit(algo.init)(jax.random.key(0)).learner.params
+    params = tiny_params()
     T, N = 2, 2
     obs, hidden, reset = jnp.ones((T, N, 2)), jnp.zeros((T, N, 8)), jnp.zeros((T, N), bool)
     action = jnp.zeros((T, N), jnp.int32)
@@ -212,8 +218,8 @@ def anakin_program(normalize_obs: bool = False, sb3: bool = False) -> fragc.Prog
 def test_anakin_equals_interpreter(normalize_obs, sb3):
     """8 replicas: per-replica minibatches of whole sequences, the gradients' pmean, the return's psum (and with
     normalize_obs, the observation statistics' psums, replicated)."""
-    module = fragc.trace(tiny(normalize_obs, sb3))
     prog = anakin_program(normalize_obs, sb3)
+    module = traced_module(prog)
     state = prog.init(0)
     out, history = prog.run(state, ITERATIONS)
     ref = state
@@ -291,7 +297,7 @@ def test_the_evaluating_program_equals_the_interpreter(policy):
     prog = fragc.compile(algo, policy, devices=replicas, iterations_per_dispatch=iterations)
     state = prog.init(0)
     out, history = prog.run(state, iterations)
-    module, ref = fragc.trace(algo), state
+    module, ref = traced_module(prog), state
     for i in range(iterations):
         ref, metrics = fragc.interpret(module, ref, replicas=replicas)
         np.testing.assert_allclose(history["eval_return"][i], metrics["eval_return"], rtol=1e-6)
