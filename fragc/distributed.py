@@ -231,7 +231,9 @@ def fail(message: str) -> None:
         return
     _watchdog.stop()  # this process's own error is the one to report, not the others'
     if jax.process_index() == 0:
-        time.sleep(3 * _watchdog.interval_s)
+        deadline = time.monotonic() + 3 * _watchdog.interval_s
+        while time.monotonic() < deadline and not _watchdog.others_stopped():
+            time.sleep(0.05)
 
 
 def start_watchdog(lost_after_s: float = LOST_AFTER_S, interval_s: float = 1.0) -> None:
@@ -289,6 +291,12 @@ class _Watchdog(threading.Thread):
                 elif now - since > self.lost_after_s:
                     what = "never sent a heartbeat" if not value else f"sent no heartbeat for {now - since:.0f} s"
                     self._lost(q, what)
+
+    def others_stopped(self) -> bool:
+        """Whether every other process has failed too or finished: none of them waits for a message from this
+        one (an error every process hits: each reports its own, and process 0 need not wait 3 s for nobody)."""
+        return all(self._get(f"fragc/failed/{q}") or self._get(f"fragc/done/{q}") == "1"
+                   for q in range(self.n) if q != self.me)
 
     def _get(self, key: str) -> str:
         try:
