@@ -13,7 +13,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # result is IEEE's): LLVM's optimisation off (tests/test_sweep.py and test_program.py compiled in 64 s against 94 s),
 # XLA's older CPU emitters (three programs in 5.5 s against 13.3 s; docs/benchmarks.md), and each program's machine
 # code made in one piece, not split to be compiled by several threads, which two busy workers on 2 cores do not have
-# (41 compiles of six programs, alternated: 16.6-17.0 s against 18.4-22.6 s). Inherited by the `fragc`
+# (41 compiles of six programs, alternated: 16.6-17.0 s against 18.4-22.6 s; it moves the last bits of three of the
+# six programs' states, as the emitters do). Inherited by the `fragc`
 # subprocesses; benchmarks and users keep XLA's defaults.
 # The flags change how operations are fused and vectorised, so two *different* programs that XLA's defaults make
 # bit-equal (a sweep member and its single run, a host step and a device step, collective and device_put transfers) can differ
@@ -76,7 +77,8 @@ def pytest_unconfigure(config):
     """An xdist worker ends here, without Python's shutdown. That shutdown collected the worker's garbage and freed
     every program it had compiled: 10 s or more after a whole suite, for nothing, while the controller waited
     (up to 10 s, then killed the worker). By now the worker has sent its results and its "workerfinished" event,
-    after which xdist takes the end of the worker's channel as a normal one."""
+    after which xdist takes the end of the worker's channel as a normal one. (A plugin that writes when the
+    process exits, as coverage does, would lose that: the suite uses none.)"""
     if hasattr(config, "workerinput"):
         sys.stdout.flush()
         sys.stderr.flush()
