@@ -8,7 +8,7 @@ from flax import struct
 from jax.sharding import Mesh, PartitionSpec as P
 
 import fragc
-from conftest import assert_trees_close
+from conftest import assert_trees_close, traced_module
 from fragc.ir.module import REPLICA
 
 PAYLOAD = 1001  # f32 elements per reduction: no device count here divides it, so the chunks are padded
@@ -92,7 +92,7 @@ def test_cost_counts_the_bytes_each_device_receives(deterministic):
     if deterministic:  # the compiled program and the reference interpreter agree to the bit
         prog = fragc.compile(algo, "anakin", devices=8)
         state, _ = prog.run(prog.init(0), 1)
-        ref, _ = fragc.interpret(fragc.trace(algo), prog.init(0), replicas={"learner": 8})
+        ref, _ = fragc.interpret(traced_module(prog), prog.init(0), replicas={"learner": 8})
         np.testing.assert_array_equal(np.asarray(state.w), np.asarray(ref.w))
 
 

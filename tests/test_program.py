@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import fragc
-from conftest import assert_trees_close
-from shared_programs import ITERATIONS, ppo_algo, ppo_run
+from conftest import assert_trees_close, traced_module
+from shared_programs import ITERATIONS, ppo_run
 from toy_algos import Regression
 
 
@@ -23,7 +23,7 @@ def regression_program(k=16):
 
 def test_compiled_single_equals_interpreter_over_three_iterations():
     prog, state, got, history = ppo_run("single", 1)
-    module = fragc.trace(ppo_algo())
+    module = traced_module(prog)
     ref = state
     for i in range(ITERATIONS):
         ref, metrics = fragc.interpret(module, ref)
