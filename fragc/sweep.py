@@ -37,7 +37,7 @@ def add_parser(sub: Any, algo: str | None) -> argparse.ArgumentParser:
     """`fragc sweep`'s options; with `algo` known, its config fields, each taking one value or a list."""
     from fragc import cli
 
-    p = sub.add_parser("sweep", help="train a grid of hyperparameters x seeds as one program; report IQM and 95% CIs")
+    p = sub.add_parser("sweep", help="train a grid of hyperparameters x seeds as one program; report IQM and 95%% CIs")
     cli._algo_argument(p)
     p.add_argument("--seeds", type=seed_list, default=list(range(10)), metavar="SEEDS",
                    help="seeds of every configuration: 0-9 or 0,3,5 (default 0-9)")

@@ -87,3 +87,17 @@ def test_unwritable_dump_dir(capsys, tmp_path):
     blocker.write_text("x")
     assert main(["ir", "ppo", "--dump-dir", str(blocker / "sub")]) == 2
     assert "cannot write IR dumps" in capsys.readouterr().err
+
+
+def test_every_commands_help_prints(capsys):
+    """`fragc --help`, each command's and each algorithm's options print and exit 0 (argparse formats help strings
+    with %: an unescaped `95% CIs` once made `fragc --help` a traceback)."""
+    from fragc.algos import ALGOS
+    from fragc.cli import COMMANDS
+
+    algorithm_helps = [[command, name, "--help"] for command in ("run", "ir", "bench", "sweep") for name in ALGOS]
+    for argv in [["--help"], *[[command, "--help"] for command in COMMANDS], *algorithm_helps]:
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        assert stop.value.code == 0, argv
+        assert capsys.readouterr().out.startswith("usage: fragc"), argv
