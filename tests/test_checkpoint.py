@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -87,17 +88,28 @@ def test_sigterm_saves_where_the_run_stops_and_resume_reaches_the_uninterrupted_
     assert got["params_fingerprint"] == uninterrupted()["params_fingerprint"]
 
 
-def test_a_stop_signal_without_a_checkpoint_folder_exits_with_its_conventional_code(tmp_path):
-    """Nothing to save: SIGHUP stops at once, one line, exit code 128 + 1 (not Ctrl-C's 130)."""
+def test_a_stop_signal_without_a_checkpoint_folder_exits_with_its_conventional_code(tmp_path, capsys):
+    """Nothing to save: SIGHUP stops at once, one line, exit code 128 + 1 (not Ctrl-C's 130). Sent to this process
+    while `main` trains RUN (a subprocess would start Python and JAX for it; the SIGTERM test above checks a stopped
+    process's exit status). A SIGHUP that came after `main` had returned would meet this test's own handler."""
     metrics = tmp_path / "m.jsonl"
-    proc = fragc_subprocess(*RUN, "--metrics", str(metrics))  # RUN's program: compiled (and cached) already
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and metrics.read_text().count("\n") >= 1):  # training
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGHUP)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGHUP, err
+
+    def hang_up_once_training():
+        deadline = time.monotonic() + 120
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 1) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGHUP)
+
+    previous = signal.signal(signal.SIGHUP, lambda *_: None)
+    sender = threading.Thread(target=hang_up_once_training)
+    try:
+        sender.start()
+        code = main([*RUN, "--metrics", str(metrics)])
+        sender.join()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    err = capsys.readouterr().err
+    assert code == 128 + signal.SIGHUP, err
     assert err.strip().splitlines() == ["fragc: interrupted"], err
 
 
