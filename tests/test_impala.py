@@ -80,14 +80,32 @@ def algo():
     return impala.IMPALA(impala.Config(num_envs=8, num_steps=8))
 
 
-def test_impala_async_equals_its_pipelined_module(algo):
-    prog = fragc.compile(algo, "actor_learner_async", devices=8)
+@pytest.fixture(scope="module")
+def program(algo):
+    return fragc.compile(algo, "actor_learner_async", devices=8)
+
+
+def test_impala_async_equals_its_pipelined_module(algo, program):
+    prog = program
     state = prog.init(0)
     out, history = prog.run(state, 3)
     ref, ref_history = fragc.run_iterations(prog.pipeline.after("insert_delays"), state, 3)
     assert_trees_close(out, ref, rtol=1e-4, atol=1e-5)
     assert history["mean_rho"][0] == pytest.approx(1.0)  # first iteration: the delay starts from the same params
     assert abs(float(history["mean_rho"][2]) - 1.0) > 1e-7  # then the actors' parameters are stale
+
+
+def test_pipelined_run_resumes_exactly(program, tmp_path):
+    """The delay values of actor_learner_async are part of the checkpoint: a run of 32 iterations stopped at 13 (in
+    the middle of a dispatch of 16, with a checkpoint there) and resumed ends where the run without a stop did, bit
+    for bit. (`fragc run --resume` is `fragc.train` with these arguments; test_checkpoint.py stops and resumes that
+    command.)"""
+    whole = fragc.train(program, program.init(0), 32)
+    fragc.train(program, program.init(0), 32, checkpoint_dir=tmp_path, checkpoint_every=5, stop_after=13)
+    assert sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()) == [13]
+    resumed = fragc.train(program, program.init(0), 32, checkpoint_dir=tmp_path, resume=True)
+    assert resumed.resumed_from == 13
+    assert_trees_close(resumed.state, whole.state, rtol=0, atol=0)
 
 
 @pytest.mark.slow  # a learning run (11 s); the fast suite checks V-trace and the pipelined program's semantics
