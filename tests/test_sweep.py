@@ -84,10 +84,16 @@ def test_each_member_of_a_2x2x2_sweep_is_its_single_run_bit_for_bit(devices, bit
     assert not jax.tree.all(jax.tree.map(lambda p: np.array_equal(p[0], p[2]), params))
 
 
+@functools.cache
+def vectorised_program() -> fragc.Program:
+    """The 2 x 2 x 2 grid's members vectorised (vmap, the default) over 8 devices."""
+    return fragc.compile(tiny(), fragc.population("single", list(SEEDS), lr=list(LRS), ent_coef=list(ENTS)),
+                         devices=8, iterations_per_dispatch=2)
+
+
 def test_vectorised_members_on_8_devices_are_their_single_runs_to_float_rounding_and_the_ir_shows_them():
     """vmap (the default) sums over a batched axis in another order than the single run: last bits only."""
-    prog = fragc.compile(tiny(), fragc.population("single", list(SEEDS), lr=list(LRS), ent_coef=list(ENTS)),
-                         devices=8, iterations_per_dispatch=2)
+    prog = vectorised_program()
     assert ("population seeds=[0, 1, 0, 1, 0, 1, 0, 1] lr=[0.001, 0.001, 0.001, 0.001, 0.0003, 0.0003, 0.0003, "
             "0.0003] ent_coef=[0.0, 0.0, 0.01, 0.01, 0.0, 0.0, 0.01, 0.01]") in prog.ir()
     assert "%hyperparameters: " in prog.ir()  # every fragment takes the member's values as an argument
@@ -121,13 +127,13 @@ def _factorisations(jaxpr) -> list:
 def test_a_sweeps_init_runs_its_members_in_turn_so_no_factorisation_is_batched():
     """Regression: a vmapped init batched the orthogonal initializer's QR over members, and two batched LAPACK
     kernels at once deadlock XLA's CPU thread pool (a 40-member PPO sweep hung in its first dispatch)."""
-    prog = fragc.compile(tiny(), fragc.population("single", 2, lr=list(LRS)), iterations_per_dispatch=2)
+    prog = vectorised_program()
     qrs = _factorisations(jax.make_jaxpr(prog._init_fn())(jnp.uint32(0)).jaxpr)
     assert qrs, "PPO's orthogonal init should factorise"
     assert all(v.aval.ndim == 2 for eqn in qrs for v in eqn.invars), [str(e) for e in qrs]
     state = prog.init(0)
-    for member, (lr, seed) in enumerate(itertools.product(LRS, (0, 1))):  # configuration-major
-        alone = single_program(lr, 0.0).init(seed)
+    for member, (lr, ent, seed) in enumerate(grid_members()):
+        alone = single_program(lr, ent).init(seed)
         chex.assert_trees_all_equal(jax.tree.map(lambda x: x[member], state.state), alone)
 
 
