@@ -38,6 +38,12 @@ def tiny_params():
     return jax.jit(tiny().init)(jax.random.key(0)).learner.params
 
 
+@functools.cache
+def anakin_program(normalize_obs: bool = False, sb3: bool = False) -> fragc.Program:
+    """tiny() on 8 replicas; its init gives the SB3 layout's parameters too."""
+    return fragc.compile(tiny(normalize_obs, sb3), "anakin", devices=8, iterations_per_dispatch=ITERATIONS)
+
+
 def gru_step(cell_params, carry, x):
     return nn.GRUCell(carry.shape[-1]).apply(cell_params, carry, x)
 
@@ -84,18 +90,15 @@ def test_the_sb3_layout_feeds_the_observation_to_an_lstm_with_pytorch_init():
     observation itself, the carry is both LSTMs' cell and hidden states, and the dense layers' weights lie within
     PyTorch's +-1/sqrt(fan_in); the defaults keep the embedding and orthogonal (wider) weights."""
     H, D = 8, 2
-    algo = ppo_rnn.PPORNN(dataclasses.replace(tiny().config, lstm=True, embed=False, ortho_init=False,
-                                              critic_gru=True, hidden=H))
-    assert algo.carry_size == 4 * H
-    params = jax.jit(algo.network.init)(jax.random.key(0), jnp.zeros((1, 4 * H)), jnp.zeros((1, 1, D)),
-                                        jnp.zeros((1, 1), bool))["params"]  # jit: one compile, not one per op
+    algo = tiny(normalize_obs=True, sb3=True)  # the anakin test's program: its parameters, no compile of their own
+    assert algo.config.hidden == H and algo.carry_size == 4 * H
+    params = anakin_program(True, True).init(0).learner.params["params"]
     assert set(params) == {"ScannedLSTM_0", "ScannedLSTM_1", "Dense_0", "Dense_1", "Dense_2", "Dense_3"}
     for lstm in ("ScannedLSTM_0", "ScannedLSTM_1"):
         chex.assert_shape(params[lstm]["OptimizedLSTMCell_0"]["ii"]["kernel"], (D, H))  # the observation, unembedded
     for layer in ("Dense_0", "Dense_1", "Dense_2", "Dense_3"):  # heads and hidden layers, each on H features
         assert np.abs(params[layer]["kernel"]).max() <= 1 / np.sqrt(H)
-    default = jax.jit(tiny().network.init)(jax.random.key(0), jnp.zeros((1, H)), jnp.zeros((1, 1, D)),
-                                           jnp.zeros((1, 1), bool))["params"]
+    default = tiny_params()["params"]
     chex.assert_shape(default["Dense_0"]["kernel"], (D, H))  # the embedding
     chex.assert_shape(default["Dense_2"]["kernel"], (H, H))  # the actor's hidden layer (Dense_1: its logits)
     assert np.abs(default["Dense_2"]["kernel"]).max() > 1 / np.sqrt(H)  # orthogonal with gain 2
@@ -204,11 +207,6 @@ def test_the_observation_statistics_are_those_of_every_observation_the_rollout_s
                                 rtol=1e-4, atol=1e-7)
     chex.assert_trees_all_close(mean, seen.mean(0), rtol=1e-5)  # 1e-4 observations weigh next to nothing
     assert np.all(var < 0.01)  # positions near 0: what the network sees unnormalized
-
-
-@functools.cache
-def anakin_program(normalize_obs: bool = False, sb3: bool = False) -> fragc.Program:
-    return fragc.compile(tiny(normalize_obs, sb3), "anakin", devices=8, iterations_per_dispatch=ITERATIONS)
 
 
 # the fast cell has both the observation statistics and SB3's LSTMs; the GRU's program equals the interpreter on
