@@ -121,22 +121,21 @@ def _flip_a_byte_of_the_largest_array_file(step_dir: pathlib.Path) -> None:
 
 
 def test_a_damaged_latest_checkpoint_is_moved_aside_and_the_run_falls_back(tmp_path, capsys):
-    """Issue 15.1's commands on the smaller PPO, shortened (48 iterations, where the issue's ran 195 and damaged
-    iteration 96): a whole run writes checkpoints 16, 32 and 48; with 48 removed (as if the run had died after
-    writing 32) and 32 damaged, the resumed run falls back to 16, writes 32 again, and ends where the whole run
-    did."""
+    """Issue 15.1's commands on RUN's program (compiled by now), shortened (48 iterations, where the issue's ran 195
+    and damaged iteration 96): a run stopped at 48 writes checkpoints 16, 32 and 48; with 48 removed (as if the run
+    had died after writing 32) and 32 damaged, the resumed run falls back to 16, writes 32 again, and stops at 48
+    where the first run did."""
     ckpt = tmp_path / "ckpt"
-    base = ["run", "ppo", *SMALL, "--total-steps", "6144", "--checkpoint-every", "16", "--json", "--quiet",
-            "--checkpoint-dir", str(ckpt)]
-    assert main(base) == 0
+    base = [*RUN, "--checkpoint-every", "16", "--checkpoint-dir", str(ckpt)]
+    assert main([*base, "--stop-after", "48"]) == 0
     expected = json.loads(capsys.readouterr().out)
     assert saved_steps(ckpt) == [16, 32, 48]
     shutil.rmtree(ckpt / "48")
     _flip_a_byte_of_the_largest_array_file(ckpt / "32")
     with pytest.warns(UserWarning, match=r"checkpoint 32 in .* is damaged .*moved to '32.damaged'; falling back"):
-        assert main(base + ["--resume"]) == 0
+        assert main([*base, "--resume", "--stop-after", "32"]) == 0
     got = json.loads(capsys.readouterr().out)
-    assert got["resumed_from"] == 16 and got["iterations"] == expected["iterations"]
+    assert got["resumed_from"] == 16 and got["iterations"] == expected["iterations"] == 48
     assert got["params_fingerprint"] == expected["params_fingerprint"]
     assert (ckpt / "32.damaged").is_dir()
 
