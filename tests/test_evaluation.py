@@ -21,7 +21,7 @@ from flax import struct
 
 import fragc
 import toy_algos
-from conftest import assert_trees_close
+from conftest import assert_trees_close, traced_module
 from fragc.algos import dqn, ppo, ppo_continuous
 from fragc.algos.evaluation import Evaluator, EvaluatorState
 from fragc.ir.errors import FragcError
@@ -138,7 +138,7 @@ def test_eval_return_is_the_greedy_policys_mean_return_at_iterations_0_k_2k():
 def test_equals_the_reference_interpreter(policy):
     """Three iterations: one that evaluates, one that carries the evaluation over, one that evaluates."""
     state, out, history, _ = toy_run(policy, 3)
-    module = fragc.trace(toy())
+    module = traced_module(toy_program(policy))
     expected = []
     for _ in range(3):
         state, metrics = fragc.interpret(module, state, replicas=REPLICAS[policy])
