@@ -270,19 +270,30 @@ def hand_written_greedy_return(algo: ppo_rnn.PPORNN, state: ppo_rnn.EvalState) -
     return total / algo.config.eval_episodes
 
 
+EVALUATED_ITERATIONS = 3
+"""Evaluating every 2 iterations: the first evaluates, the second carries it over, the third evaluates again."""
+
+
+@functools.cache
+def evaluating_program(normalize_obs: bool, critic_gru: bool, policy: str = "single") -> fragc.Program:
+    return fragc.compile(evaluating(normalize_obs, critic_gru, every=2), policy, devices=1 if policy == "single" else 8,
+                         iterations_per_dispatch=EVALUATED_ITERATIONS)
+
+
 @pytest.mark.parametrize("normalize_obs,critic_gru", [pytest.param(False, False, marks=pytest.mark.slow),
                                                        pytest.param(True, False, marks=pytest.mark.slow), (True, True)])
 def test_the_greedy_evaluation_carries_the_hidden_state_as_a_hand_written_loop(normalize_obs, critic_gru):
-    """After one iteration (statistics of 64 observations, with normalize_obs), an evaluation's return is the
-    hand-written loop's; it reads the statistics and leaves them, and the rest of training, as they were."""
-    algo = evaluating(normalize_obs, critic_gru)
-    state, _ = fragc.interpret(fragc.trace(algo), algo.init(jax.random.key(0)), replicas=1)
-    assert isinstance(state, ppo_rnn.EvalState) and int(state.evaluator.iteration) == 1
+    """After two iterations (statistics of 128 observations, with normalize_obs) an evaluation is due; its return is
+    the hand-written loop's; it reads the statistics and leaves them, and the rest of training, as they were."""
+    prog = evaluating_program(normalize_obs, critic_gru)
+    algo = prog.algo
+    state, _ = prog.run(prog.init(0), 2)
+    assert isinstance(state, ppo_rnn.EvalState) and int(state.evaluator.iteration) == 2
     evaluated, metrics = jax.jit(lambda s: algo.evaluator.maybe_evaluate(s, algo.policy_params(s)))(state)
     chex.assert_trees_all_equal((evaluated.learner, evaluated.actor), (state.learner, state.actor))
     assert metrics["eval_return"] == hand_written_greedy_return(algo, state)
     if normalize_obs:
-        assert round(float(state.actor.obs_stats.count)) == 4 * 16
+        assert round(float(state.actor.obs_stats.count)) == 2 * 4 * 16
 
 
 @pytest.mark.parametrize("policy", ["single", pytest.param("anakin", marks=pytest.mark.slow)])
@@ -290,14 +301,12 @@ def test_the_evaluating_program_equals_the_interpreter(policy):
     """normalize_obs and critic_gru, evaluating every 2 iterations: 3 iterations, the second carrying the first's
     evaluation over. (That an evaluation leaves training as it was: the hand-written loop's test above, and
     test_evaluation's bit-for-bit test of the evaluator's key stream.)"""
-    algo, iterations = evaluating(True, True, every=2), 3
-    replicas = 1 if policy == "single" else 8
-    prog = fragc.compile(algo, policy, devices=replicas, iterations_per_dispatch=iterations)
+    prog = evaluating_program(True, True, policy)
     state = prog.init(0)
-    out, history = prog.run(state, iterations)
+    out, history = prog.run(state, EVALUATED_ITERATIONS)
     module, ref = traced_module(prog), state
-    for i in range(iterations):
-        ref, metrics = fragc.interpret(module, ref, replicas=replicas)
+    for i in range(EVALUATED_ITERATIONS):
+        ref, metrics = fragc.interpret(module, ref, replicas=1 if policy == "single" else 8)
         np.testing.assert_allclose(history["eval_return"][i], metrics["eval_return"], rtol=1e-6)
     assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
     returns = np.asarray(history["eval_return"])
