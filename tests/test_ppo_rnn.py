@@ -234,11 +234,18 @@ def test_anakin_equals_interpreter(normalize_obs, sb3):
 # ---------------------------------------------------------------- evaluation: the greedy policy carries its memory
 
 
+EVALUATED_ITERATIONS = 3
+REPLICAS = {"single": 1, "anakin": 8}
+
+
 @functools.cache
-def evaluating(normalize_obs: bool, critic_gru: bool = False, every: int = 1) -> ppo_rnn.PPORNN:
-    """The tiny configuration evaluating 8 episodes every `every` iterations (one episode per replica on 8)."""
-    return ppo_rnn.PPORNN(dataclasses.replace(tiny(normalize_obs).config, critic_gru=critic_gru, eval_every=every,
+def evaluating_program(normalize_obs: bool, critic_gru: bool, policy: str) -> fragc.Program:
+    """The tiny configuration evaluating 8 episodes (one per replica on 8) every 2 iterations, compiled for
+    EVALUATED_ITERATIONS: the first iteration evaluates, the second carries it over, the third evaluates again.
+    (Arguments always given in full: functools.cache keys `(a, b)` and `(a, b, "single")` apart.)"""
+    algo = ppo_rnn.PPORNN(dataclasses.replace(tiny(normalize_obs).config, critic_gru=critic_gru, eval_every=2,
                                               eval_episodes=8))
+    return fragc.compile(algo, policy, devices=REPLICAS[policy], iterations_per_dispatch=EVALUATED_ITERATIONS)
 
 
 def hand_written_greedy_return(algo: ppo_rnn.PPORNN, state: ppo_rnn.EvalState) -> float:
@@ -270,22 +277,12 @@ def hand_written_greedy_return(algo: ppo_rnn.PPORNN, state: ppo_rnn.EvalState) -
     return total / algo.config.eval_episodes
 
 
-EVALUATED_ITERATIONS = 3
-"""Evaluating every 2 iterations: the first evaluates, the second carries it over, the third evaluates again."""
-
-
-@functools.cache
-def evaluating_program(normalize_obs: bool, critic_gru: bool, policy: str = "single") -> fragc.Program:
-    return fragc.compile(evaluating(normalize_obs, critic_gru, every=2), policy, devices=1 if policy == "single" else 8,
-                         iterations_per_dispatch=EVALUATED_ITERATIONS)
-
-
 @pytest.mark.parametrize("normalize_obs,critic_gru", [pytest.param(False, False, marks=pytest.mark.slow),
                                                        pytest.param(True, False, marks=pytest.mark.slow), (True, True)])
 def test_the_greedy_evaluation_carries_the_hidden_state_as_a_hand_written_loop(normalize_obs, critic_gru):
     """After two iterations (statistics of 128 observations, with normalize_obs) an evaluation is due; its return is
     the hand-written loop's; it reads the statistics and leaves them, and the rest of training, as they were."""
-    prog = evaluating_program(normalize_obs, critic_gru)
+    prog = evaluating_program(normalize_obs, critic_gru, "single")  # the next test's program
     algo = prog.algo
     state, _ = prog.run(prog.init(0), 2)
     assert isinstance(state, ppo_rnn.EvalState) and int(state.evaluator.iteration) == 2
@@ -306,7 +303,7 @@ def test_the_evaluating_program_equals_the_interpreter(policy):
     out, history = prog.run(state, EVALUATED_ITERATIONS)
     module, ref = traced_module(prog), state
     for i in range(EVALUATED_ITERATIONS):
-        ref, metrics = fragc.interpret(module, ref, replicas=1 if policy == "single" else 8)
+        ref, metrics = fragc.interpret(module, ref, replicas=REPLICAS[policy])
         np.testing.assert_allclose(history["eval_return"][i], metrics["eval_return"], rtol=1e-6)
     assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
     returns = np.asarray(history["eval_return"])
