@@ -97,7 +97,7 @@ def test_a_stop_signal_without_a_checkpoint_folder_exits_with_its_conventional_c
     def hang_up_once_training():
         deadline = time.monotonic() + 120
         while not (metrics.exists() and metrics.read_text().count("\n") >= 1) and time.monotonic() < deadline:
-            time.sleep(0.02)
+            time.sleep(0.005)  # the run trains for about a second (64 dispatches) once its first line is out
         os.kill(os.getpid(), signal.SIGHUP)
 
     previous = signal.signal(signal.SIGHUP, lambda *_: None)
