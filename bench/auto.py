@@ -102,7 +102,7 @@ def main() -> None:
     from fragc import auto
     from fragc.devices import devices as choose
     from fragc.ir.frontend import trace
-    from fragc.runtime.program import steps_per_iteration
+    from fragc.runtime.actions import steps_per_iteration
 
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     devs = choose(args.devices)

@@ -6,10 +6,11 @@ them, start without importing JAX (about 2 s a process)."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-_EXPORTS = {
+from fragc.ir.lazy import lazy_names
+
+__getattr__, __dir__, __all__ = lazy_names(__name__, {
     "fragc.ir": ("REPLICA", "FragcError", "FragmentError", "Module", "VerifyError", "fragment", "interpret", "pmean",
                  "psum", "trace"),
     "fragc.api": ("compile",),
@@ -18,26 +19,8 @@ _EXPORTS = {
     "fragc.ir.sweep": ("PBT", "SweepState"),
     "fragc.runtime.program": ("Program",),
     "fragc.training": ("TrainResult", "train"),
-}
-_SUBMODULES = ("actions", "distributed")
-_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
-
-__all__ = sorted([*_HOME, *_SUBMODULES])
+}, submodules=("actions", "distributed"))
 __version__ = "0.1.0"
-
-
-def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")
-    if name not in _HOME:
-        raise AttributeError(f"module 'fragc' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOME[name]), name)
-    globals()[name] = value  # later uses are plain attribute reads
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
 
 
 if TYPE_CHECKING:  # what type checkers and editors see

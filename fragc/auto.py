@@ -755,7 +755,7 @@ def search(algo: Any, devices: int | Sequence[Any] | None = None, *, budget: flo
     import fragc
     from fragc.devices import devices as choose_devices
     from fragc.ir.frontend import trace
-    from fragc.runtime.program import steps_per_iteration
+    from fragc.runtime.actions import steps_per_iteration
 
     say = log or (lambda line: None)
     if jax.process_count() > 1:

@@ -14,14 +14,7 @@ import warnings
 from typing import Any, Iterator, Mapping, Sequence
 
 from fragc.ir.errors import FragcError
-
-
-def steps_per_iteration(algo: Any) -> int:
-    """`fragc.runtime.program.steps_per_iteration`, imported when a command needs it (it imports JAX, which
-    `fragc launch` and `fragc --help` do without)."""
-    from fragc.runtime.program import steps_per_iteration as steps
-
-    return steps(algo)
+from fragc.runtime.actions import steps_per_iteration  # no JAX: `fragc launch` and `--help` start without it
 
 
 def _config_options(parser: argparse.ArgumentParser, algo: str, values: Any = None,

@@ -103,7 +103,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     import fragc
     from fragc import algos, cli
     from fragc.devices import devices
-    from fragc.runtime.program import steps_per_iteration
+    from fragc.runtime.actions import steps_per_iteration
     from fragc.runtime.reporting import enable_compilation_cache
     from fragc.runtime.stopping import Stopped
     from fragc.training import algo_meta, train

@@ -5,38 +5,24 @@ whether the command will use JAX, imports no JAX."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-_EXPORTS = {
-    "collectives": ("pmean", "psum"),
-    "dot": ("to_dot",),
-    "errors": ("FragcError", "FragmentError", "VerifyError"),
-    "frontend": ("Fragment", "fragment", "trace"),
-    "host": ("HostStep", "host_call"),
-    "interpreter": ("interpret",),
-    "module": ("REPLICA", "Delay", "FragmentDef", "Glue", "Graph", "Mesh", "Module", "Placement", "Run", "Schedule",
-               "Stage", "Transfer", "Use", "Value"),
-    "parser": ("ParseError", "parse"),
-    "printer": ("format_module",),
-    "types": ("LeafType", "TreeType"),
-    "verifier": ("verify",),
-}
-_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
+from .lazy import lazy_names
 
-__all__ = sorted(_HOME)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module 'fragc.ir' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-    globals()[name] = value  # later uses are plain attribute reads
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__, __all__ = lazy_names(__name__, {
+    ".collectives": ("pmean", "psum"),
+    ".dot": ("to_dot",),
+    ".errors": ("FragcError", "FragmentError", "VerifyError"),
+    ".frontend": ("Fragment", "fragment", "trace"),
+    ".host": ("HostStep", "host_call"),
+    ".interpreter": ("interpret",),
+    ".module": ("REPLICA", "Delay", "FragmentDef", "Glue", "Graph", "Mesh", "Module", "Placement", "Run", "Schedule",
+                "Stage", "Transfer", "Use", "Value"),
+    ".parser": ("ParseError", "parse"),
+    ".printer": ("format_module",),
+    ".types": ("LeafType", "TreeType"),
+    ".verifier": ("verify",),
+})
 
 
 if TYPE_CHECKING:  # what type checkers and editors see

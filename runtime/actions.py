@@ -174,3 +174,11 @@ def _positive(who: str, every: Any) -> int:
     if not isinstance(every, (int, np.integer)) or isinstance(every, bool) or every < 1:
         raise FragcError(f"{who}: every must be a positive whole number of iterations, got {every!r}")
     return int(every)
+
+
+def steps_per_iteration(algo: Any) -> int:
+    """Environment steps per iteration: the algorithm's or its config's `steps_per_iteration`, else 0
+    (unknown; metric lines then count 0 env steps)."""
+    steps = getattr(algo, "steps_per_iteration", None) or getattr(getattr(algo, "config", None),
+                                                                   "steps_per_iteration", None)
+    return int(steps) if isinstance(steps, (int, np.integer)) and not isinstance(steps, bool) and steps > 0 else 0

@@ -30,7 +30,7 @@ from fragc.passes.pipeline import PipelineResult
 from fragc.passes.policy import Policy
 
 from .cost import fragment_collective_bytes, hlo_collective_bytes, host_bytes, transfer_bytes
-from .actions import Action, OnMetrics, Run, check_actions
+from .actions import Action, OnMetrics, Run, check_actions, steps_per_iteration
 from .fused import FusedProgram
 from .multihost import place, to_host
 from .seeds import check_seed
@@ -308,14 +308,6 @@ def copies(tree: Any) -> Any:
         for i, y in zip(indices, _copy_all([leaves[i] for i in indices])):
             out[i] = y
     return jax.tree.unflatten(treedef, out)
-
-
-def steps_per_iteration(algo: Any) -> int:
-    """Environment steps per iteration: the algorithm's or its config's `steps_per_iteration`, else 0
-    (unknown; metric lines then count 0 env steps)."""
-    steps = getattr(algo, "steps_per_iteration", None) or getattr(getattr(algo, "config", None),
-                                                                   "steps_per_iteration", None)
-    return int(steps) if isinstance(steps, (int, np.integer)) and not isinstance(steps, bool) and steps > 0 else 0
 
 
 def _metrics_dict(metrics: Any) -> dict[str, Any]:

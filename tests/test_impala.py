@@ -85,11 +85,10 @@ def program(algo):
     return fragc.compile(algo, "actor_learner_async", devices=8)
 
 
-def test_impala_async_equals_its_pipelined_module(algo, program):
-    prog = program
-    state = prog.init(0)
-    out, history = prog.run(state, 3)
-    ref, ref_history = fragc.run_iterations(prog.pipeline.after("insert_delays"), state, 3)
+def test_impala_async_equals_its_pipelined_module(program):
+    state = program.init(0)
+    out, history = program.run(state, 3)
+    ref, ref_history = fragc.run_iterations(program.pipeline.after("insert_delays"), state, 3)
     assert_trees_close(out, ref, rtol=1e-4, atol=1e-5)
     assert history["mean_rho"][0] == pytest.approx(1.0)  # first iteration: the delay starts from the same params
     assert abs(float(history["mean_rho"][2]) - 1.0) > 1e-7  # then the actors' parameters are stale
