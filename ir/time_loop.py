@@ -32,7 +32,7 @@ from jax.extend import core as jex
 from .errors import FragcError
 from .jax_compat import scan_counts
 from .host import is_host_call
-from .module import FragmentDef, Loop, Module
+from .module import FragmentDef
 
 COLLECTIVES = {"psum", "pmax", "pmin", "ppermute", "all_gather", "all_to_all", "axis_index", "psum_scatter",
                "reduce_scatter", "pbroadcast", "psum_invariant"}
@@ -161,26 +161,7 @@ def _refuse_reductions(fdef: FragmentDef, step: Any, in_axes: tuple, out_axes: t
 
 
 PARTS = ("infer", "env_step", "absorb")
-"""The fragments a host loop's region runs, named `{fragment}.{part}` (`lower_host_loops`)."""
-
-
-def time_loop_of(module: Module, loop: Loop) -> TimeLoop:
-    """The time loop a `Loop` node runs, read from the module: its prefix and suffix, its parts' bodies for
-    its environment groups (`body_for(groups)`) and the groups' axes from the region's types (`@env`)."""
-    G = loop.groups
-    infer, env_step, absorb = (module.fragments[f"{loop.fragment}.{part}"] for part in PARTS)
-    call = env_step.body_for(G).jaxpr.eqns[0]
-    nc, nk = loop.num_consts, loop.num_carry
-    in_axes = [leaf.axis for leaf in infer.in_leaf_types]
-    over_time = lambda axes: tuple(None if a is None else a + 1 for a in axes)  # noqa: E731 - a leading time axis
-    return TimeLoop(
-        name=call.params["callback"].callback_func.name, prefix=loop.prefix, infer=infer.body_for(G),
-        callback=call.params["callback"], result_avals=tuple(v.aval for v in call.outvars),
-        call=env_step.body_for(G), absorb=absorb.body_for(G), suffix=loop.suffix, length=loop.steps,
-        reverse=loop.reverse, num_consts=nc, num_carry=nk, num_xs=len(in_axes) - nc - nk,
-        num_operands=len(call.invars), group_axes=tuple(in_axes[:nc + nk]) + over_time(in_axes[nc + nk:]),
-        ys_group_axes=over_time(leaf.axis for leaf in absorb.out_leaf_types[nk:]),
-        step_group_axes=tuple(leaf.axis for leaf in infer.out_leaf_types + env_step.out_leaf_types))
+"""The fragments `lower_host_loops` cuts a host loop's step into, named `{fragment}.{part}`."""
 
 
 def time_loop_error(fdef: FragmentDef, replicas: int, groups: int) -> str | None:

@@ -78,7 +78,7 @@ def test_one_spmd_program_equals_the_reference(name, policy):
     """transfers='collective': the regions run inside one SPMD program over both groups (a loop's transfers
     are collectives every trip, an if's index is broadcast from its group's row)."""
     prog = fragc.compile(SHAPES[name](), policy, devices=8, transfers="collective")
-    assert prog.module.schedule.shape == "spmd"
+    assert prog.module.schedule.executor == "spmd"
     state = prog.init(0)
     out, history = prog.run(state, ITERATIONS)
     ref, ref_history = fragc.run_iterations(prog.module, state, ITERATIONS)
@@ -91,8 +91,9 @@ def test_a_loop_spanning_actor_and_learner_is_run_from_the_schedule():
     """Under actor_learner the scan's body samples on the actors and learns on the learner: the loop is not in
     one program; its body has stages of its own and transfers that move every trip."""
     prog = compiled("actor_learner_scan", "actor_learner")
-    loop = next(n for n in prog.module.graph.nodes if isinstance(n, For))
-    assert [s.group for s in loop.stages] == ["actors", "learner"]  # its constant in the learner's stage
+    i, loop = next((i, n) for i, n in enumerate(prog.module.graph.nodes) if isinstance(n, For))
+    stages = prog.module.schedule.stages_of((i, 0))  # the schedule's, keyed by the body's path
+    assert [s.group for s in stages] == ["actors", "learner"]  # its constant in the learner's stage
     moved = [n for n in loop.body.nodes if n.kind == "transfer"]
     assert {(n.src, n.dst) for n in moved} == {("learner", "actors"), ("actors", "learner")}
     assert prog.cost()["total"]["transfer_bytes"] == loop.trips * sum(n.nbytes for n in moved)
@@ -102,9 +103,9 @@ def test_a_branch_spanning_groups_is_chosen_by_the_schedule():
     """Under actor_learner the cond's branches run on different groups: each branch has stages of its own (the
     index is read on the host); compiled equals the reference in test_compiled_equals_the_reference."""
     prog = compiled("spanning_cond", "actor_learner")
-    node = next(n for n in prog.module.graph.nodes if isinstance(n, If))
+    i, node = next((i, n) for i, n in enumerate(prog.module.graph.nodes) if isinstance(n, If))
     assert prog.module.group_of(node) is None
-    assert [[s.group for s in stages] for stages in node.stages] == [["learner"], ["actors"]]
+    assert [[s.group for s in prog.module.schedule.stages_of((i, k))] for k in range(2)] == [["learner"], ["actors"]]
 
 
 def test_collective_bytes_of_a_loop_are_trips_times_a_trip():
