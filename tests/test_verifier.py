@@ -10,10 +10,12 @@ import dataclasses
 
 import jax
 import pytest
+from jax.extend import core as jex
 
 import fragc
 from fragc.algos import ppo
 from fragc.ir import Delay, Mesh, Run, Schedule, TreeType, Use, Value, verify
+from fragc.ir.graph_builder import glue_debug_info
 from fragc.ir.verifier import MODULE_RULES, NODE_RULES, STEP_RULES
 from fragc.passes import default_passes, resolve, run_pipeline
 import user_shapes
@@ -31,7 +33,9 @@ def modules():
     hosted = run_pipeline(fragc.trace(host_ppo), default_passes(two_groups, 4)).final
     scan = fragc.trace(user_shapes.Scan())
     cond = run_pipeline(fragc.trace(user_shapes.CondSync()), default_passes(resolve("single", 1), 4)).modules[1]
-    return {"traced": traced, "staged": staged, "delayed": delayed, "hosted": hosted, "scan": scan, "cond": cond}
+    loop = fragc.trace(user_shapes.WhileLoss())
+    return {"traced": traced, "staged": staged, "delayed": delayed, "hosted": hosted, "scan": scan, "cond": cond,
+            "while": loop}
 
 
 def with_nodes(module, nodes):
@@ -271,8 +275,8 @@ def glue_on_the_host(m):
     """A glue step added after the host step, reading its results on the host."""
     infer, to_host, env_step, back, absorb = region_nodes(m)
     leaf = env_step.outputs[0].uses()[0]
-    var = fragc.ir.module.jex.Var(jax.core.ShapedArray(leaf.type.shape, leaf.type.dtype))
-    body = fragc.ir.module.jex.ClosedJaxpr(fragc.ir.module.jex.Jaxpr([], [var], [var], []), [])
+    var = jex.Var(jax.core.ShapedArray(leaf.type.shape, leaf.type.dtype))
+    body = jex.ClosedJaxpr(jex.Jaxpr([], [var], [var], [], debug_info=glue_debug_info(1, 1)), [])
     value = Value("on_host", TreeType.of((leaf.type.struct(),)).with_leaves((leaf.type,)))
     glue = fragc.ir.Glue(body, (leaf,), (value,))
     return with_region(m, nodes=(infer, to_host, env_step, glue, back, absorb))
@@ -305,6 +309,14 @@ def loop_reading_a_constant_of_another_shape(m):
     return replace_node(m, i, inputs=(node.inputs[1],) + node.inputs[1:])  # the targets y where data.x goes
 
 
+def condition_yielding_the_counter(m):
+    """The while's condition yields the carry's update counter (an i32) instead of its test."""
+    i = region_index(m, "while")
+    node = m.graph.nodes[i]
+    counter = node.cond.inputs[1].uses()[-1]
+    return replace_node(m, i, cond=node.cond.replace(outputs=(counter,)))
+
+
 def branch_yielding_twice(m):
     i = region_index(m, "if")
     node = m.graph.nodes[i]
@@ -328,6 +340,8 @@ CASES = [
      r"\(for -> %carry1, %ys\): operand 0 is f32\[8@env\], but the body reads f32\[8@env,3\]"),
     ("for_results_are_the_carry_and_the_stacked_outputs", "scan", loop_over_five_trips,
      r"\(for -> %carry1, %ys\): %ys is not the body's outputs stacked over 5 trips"),
+    ("while_operands_match_the_graphs", "while", condition_yielding_the_counter,
+     r"\(while -> %carry\d*\): the condition yields i32\[\], not one bool\[\] scalar"),
     ("if_branches_take_the_operands_and_yield_the_results", "cond", branch_yielding_twice,
      r"\(if -> %branch\): the else branch does not yield the types of %branch"),
     ("region_holds_no_delay_or_host_loop", "cond", delay_in_a_branch,
