@@ -423,6 +423,38 @@ def test_per_step_outputs_with_and_without_an_environment_axis():
         split_time_loop(fdef, 1, 2)
 
 
+class CentredPositions(PerStepOutputs):
+    """Each step's cart positions centred on their mean over the environments: an operation across them whose
+    result keeps their axis."""
+
+    @fragc.fragment(role="actor", in_axes=(0,), out_axes=(0, 1, None))
+    def rollout(self, runner):
+        def step(carry, _):
+            runner, count = carry
+            runner, out = self.env.step(runner, (runner.obs[:, 2] > 0).astype(jnp.int32))
+            x = runner.obs[:, 0]
+            return (runner, count + 1), (x - x.mean(), count)
+
+        (runner, _), (positions, per_step) = jax.lax.scan(step, (runner, jnp.int32(0)), None, 5)
+        return runner, positions, per_step
+
+
+def test_an_operation_across_the_environments_that_keeps_their_axis_is_refused_with_two_groups():
+    """Centring each step's positions on their mean over the environments keeps the environment axis, but two
+    groups would each centre on their own mean: refused in one line naming the operation and the user's line;
+    one group runs it as the in-program host step does."""
+    fdef = fragc.trace(CentredPositions()).fragments["rollout"]
+    with pytest.raises(fragc.FragcError, match=r"per-step output 0 of its time loop is computed by an operation "
+                                               r"across the environments \(reduce_sum along their axis, at "
+                                               r"tests/test_host_loop.py:\d+\)") as err:
+        split_time_loop(fdef, 1, 2)
+    assert "\n" not in str(err.value)
+    runs = [fragc.compile(CentredPositions(), "single", env_groups=g) for g in (0, 1)]
+    (_, a), (_, b) = (p.run(p.init(0), 1) for p in runs)
+    assert_trees_close(a, b, rtol=0, atol=0)
+    np.testing.assert_allclose(a["positions"].mean(axis=-1), 0, atol=1e-6)
+
+
 def test_a_reversed_time_loop_on_two_replicas_runs_as_its_loop_node_says():
     """A time loop scanned in reverse, 2 replicas of 4 environments in 2 groups: the staged host loop, the
     reference interpreter running the loop node's region, and the in-program host step give the same bits."""
