@@ -423,6 +423,30 @@ def test_per_step_outputs_with_and_without_an_environment_axis():
         split_time_loop(fdef, 1, 2)
 
 
+class NaNPerStep(PerStepOutputs):
+    """A per-step output the same on every replica and NaN (a diverged statistic)."""
+
+    @fragc.fragment(role="actor", in_axes=(0,), out_axes=(0, 1, None))
+    def rollout(self, runner):
+        def step(carry, _):
+            runner, count = carry
+            runner, out = self.env.step(runner, (runner.obs[:, 2] > 0).astype(jnp.int32))
+            return (runner, count + 1), (runner.obs[:, 0], jnp.float32(jnp.nan) * count)
+
+        (runner, _), (positions, per_step) = jax.lax.scan(step, (runner, jnp.int32(0)), None, 5)
+        return runner, positions, per_step
+
+
+def test_the_reference_reports_a_nan_metric_as_nan_not_as_a_replica_mismatch():
+    """Two replicas' host loop in the reference interpreter: a replicated per-step output that is NaN on both is
+    NaN, not "differs between replicas"."""
+    algo = NaNPerStep()
+    final = run_passes(algo, "anakin", 2, env_groups=1)[0].final
+    assert any(isinstance(n, HostLoop) for n in final.graph.nodes)
+    _, history = run_iterations(final, algo.init(jax.random.key(0)), 1)
+    assert np.isnan(history[0]["per_step"]).all() and np.isfinite(history[0]["positions"]).all()
+
+
 class CentredPositions(PerStepOutputs):
     """Each step's cart positions centred on their mean over the environments: an operation across them whose
     result keeps their axis."""
