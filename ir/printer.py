@@ -2,7 +2,9 @@
 
 Types of more than one leaf get an alias (`!Runner`) printed once at the top;
 fragment signatures show global types; node operands are printed as the
-shortest `%value.path` that names exactly their leaves.
+shortest `%value.path` that names exactly their leaves. The printer reads a
+module (module.py, whose `str()` is this) by its fields alone: it imports the
+graph's node kinds, not the module.
 """
 
 from __future__ import annotations
@@ -10,12 +12,10 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Sequence
 
+import jax
 import numpy as np
 
-from .module import (
-    Delay, For, FragmentDef, Glue, Graph, GraphPath, HostLoop, If, Module, RegionNode, Run, Stage, Transfer, Use, Value,
-    While,
-)
+from .graph import Delay, For, Glue, Graph, GraphPath, HostLoop, If, RegionNode, Run, Stage, Transfer, Use, Value, While
 from .types import TreeType
 
 
@@ -395,8 +395,6 @@ def _const_text(node: Glue) -> str:
 
 
 def _is_key_array(x: object) -> bool:
-    import jax
-
     return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
