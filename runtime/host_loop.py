@@ -88,6 +88,32 @@ def split_step(module: Module, step: Graph) -> list[Segment]:
     return segments
 
 
+@dataclasses.dataclass(frozen=True)
+class DeviceProgram:
+    """One compiled program of a step's device work: its segments (the step's last device segment and, with two,
+    the next step's first, run on the carry the first yields), whether it writes the step's outputs into the
+    trajectory, and its arguments and results: the leaves it reads from outside (per replica), the time-major
+    step inputs it reads (sliced at the step inside) and the leaves it makes that later segments read."""
+
+    name: str
+    segments: tuple[Segment, ...]
+    writes: bool
+    reads: tuple[Use, ...]
+    xs: tuple[Use, ...]
+    makes: tuple[Use, ...]
+
+    @classmethod
+    def of(cls, name: str, segments: Sequence[Segment], writes: bool, carry: Sequence[Use],
+           x: Sequence[Use]) -> "DeviceProgram":
+        reads: list[Use] = []
+        for k, seg in enumerate(segments):
+            handed = set(carry) if k else set()  # the next step's carry comes from the step before, inside
+            reads += [u for u in seg.reads if u not in x and u not in handed and u not in reads]
+        xs = tuple(u for u in x if any(u in seg.reads for seg in segments))
+        makes = segments[-1].makes if len(segments) > 1 or not writes else ()
+        return cls(name, tuple(segments), writes, tuple(reads), xs, tuple(makes))
+
+
 def _group(module: Module, node: Run) -> str | None:
     p = module.fragments[node.fragment].placement
     return p.group if p is not None else None
@@ -165,13 +191,14 @@ class HostLoopExecutor:
         kept_and_carry = [self._struct((R,) + tuple(a.shape), a.dtype)
                           for a in node.suffix.in_avals[:len(node.suffix.in_avals) - len(ys)]]
         first, last = self.device[0], self.device[-1]
-        programs = [("prefix", self._prefix_program(), prefix),
-                    ("first", *self._program([first], False, group_struct, over_time, t))]
-        for j, segment in enumerate(self.device[1:-1], start=1):
-            programs.append((f"between{j}", *self._program([segment], False, group_struct, over_time, t)))
-        programs += [("step", *self._program([last, first], True, group_struct, over_time, t, ys)),
-                     ("last", *self._program([last], True, group_struct, over_time, t, ys)),
-                     ("suffix", self._suffix_program(n_kept + node.num_carry), (*kept_and_carry, *ys))]
+        plans = [("first", [first], False)] + [(f"between{j}", [seg], False) for j, seg in enumerate(self.device[1:-1], 1)]
+        plans += [("step", [last, first], True), ("last", [last], True)]
+        self.device_programs = {name: DeviceProgram.of(name, segs, writes, self.carry, self.x)
+                                for name, segs, writes in plans}
+        programs = [("prefix", self._prefix_program(), prefix)]
+        programs += [(name, *self._program(d, group_struct, over_time, t, ys if d.writes else ()))
+                     for name, d in self.device_programs.items()]
+        programs += [("suffix", self._suffix_program(n_kept + node.num_carry), (*kept_and_carry, *ys))]
         executables = [_compile(f"{stage}.{name}", stage, self.fdef, program, structs)
                        for name, program, structs in programs]
         self._programs = {e.name.rpartition(".")[2]: e.compiled for e in executables}
@@ -182,42 +209,31 @@ class HostLoopExecutor:
         there), as `lower_fragment` drops a one-replica body's (XLA would keep each as an all-reduce)."""
         return without_unit_reductions(body) if self.mesh.size == 1 else body
 
-    def _program(self, segments: list[Segment], writes: bool, group_struct: Any, over_time: Any, t: Any,
-                 ys: Sequence[Any] = ()) -> tuple[Any, tuple]:
-        """The program of one device segment, or (`writes`) of the step's last one, which writes the step's
-        outputs into the trajectory at (step, group), followed by the next step's first (two segments).
-
-        Arguments: the leaves the segments read from outside (per replica), the step inputs' time-major leaves
-        they read (`x`: sliced at the step inside), then the trajectory (`writes`), then the step, the next step
-        and the group indices. Results: with `writes`, the carry and the trajectory; then what the segments make
-        that later ones read."""
-        nk, step = self.node.num_carry, self.node.body
-        reads: list[Use] = []
-        for k, seg in enumerate(segments):
-            handed = set(self.carry) if k else set()  # the next step's carry comes from the step before, inside
-            reads += [u for u in seg.reads if u not in self.x and u not in handed and u not in reads]
-        xs = [u for u in self.x if any(u in seg.reads for seg in segments)]
-        makes = list(segments[-1].makes) if len(segments) > 1 or not writes else []
-        layouts = self._ys
+    def _program(self, d: DeviceProgram, group_struct: Any, over_time: Any, t: Any, ys: Sequence[Any]
+                 ) -> tuple[Any, tuple]:
+        """`d`'s program and the shapes it compiles for. Arguments: what it reads from outside, the time-major
+        step inputs it reads, the trajectory (where it writes it), then the step, the next step and the group
+        indices. Results: where it writes, the carry and the trajectory; then what it makes for later segments."""
+        nk, step, layouts = self.node.num_carry, self.node.body, self._ys
 
         def body(read: list, x: list, trajectory: list, t: Any, t_next: Any, g: Any) -> tuple:
-            env = dict(zip(reads, read))
-            env.update((u, v[t]) for u, v in zip(xs, x))
-            self._run(segments[0], env)
+            env = dict(zip(d.reads, read))
+            env.update((u, v[t]) for u, v in zip(d.xs, x))
+            self._run(d.segments[0], env)
             out: tuple = ()
-            if writes:
+            if d.writes:
                 yielded = [env[u] for u in step.outputs]
                 trajectory = [layout.write(buf, y, t, g) for layout, buf, y in zip(layouts, trajectory, yielded[nk:])]
                 out = (yielded[:nk], trajectory)
-                if len(segments) > 1:  # the next step's first segment, on the carry just made
-                    env = dict(zip(reads, read))
+                if len(d.segments) > 1:  # the next step's first segment, on the carry just made
+                    env = dict(zip(d.reads, read))
                     env.update(zip(self.carry, yielded[:nk]))
-                    env.update((u, v[t_next]) for u, v in zip(xs, x))
-                    self._run(segments[1], env)
-            return out + ([env[u] for u in makes],)
+                    env.update((u, v[t_next]) for u, v in zip(d.xs, x))
+                    self._run(d.segments[1], env)
+            return out + ([env[u] for u in d.makes],)
 
-        structs = ([group_struct(u) for u in reads], [over_time(u) for u in xs], list(ys), t, t, t)
-        return self._stacked(body, ys_at=2 if writes else None, n_out=3 if writes else 1), structs
+        structs = ([group_struct(u) for u in d.reads], [over_time(u) for u in d.xs], list(ys), t, t, t)
+        return self._stacked(body, ys_at=2 if d.writes else None, n_out=3 if d.writes else 1), structs
 
     def _struct(self, shape: tuple[int, ...], dtype: Any, partition: P = P(REPLICA)) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(self.mesh, partition))
@@ -277,7 +293,7 @@ class HostLoopExecutor:
         ys = self._trajectory_buffers(frame)  # every group writes its own environments' part of them
         steps = list(range(node.steps - 1, -1, -1) if node.reverse else range(node.steps))
         for g in range(G):
-            self._dispatch(envs[g], xs[g], "first", self.device[0], None, steps[0], steps[0], g)
+            self._dispatch(envs[g], xs[g], "first", None, steps[0], steps[0], g)
         started: list[Any] = [None] * G  # each group's host work in flight: a function that waits for it
         try:
             ys = self._turns(steps, envs, xs, ys, started)
@@ -323,32 +339,26 @@ class HostLoopExecutor:
                     started[nxt] = self._begin(envs[nxt], self.host[turns[k_nxt][1]])
                 t = steps[n]
                 if j + 1 < m:
-                    self._dispatch(envs[g], xs[g], f"between{j + 1}", self.device[j + 1], None, t, t, g)
+                    self._dispatch(envs[g], xs[g], f"between{j + 1}", None, t, t, g)
                 elif n + 1 < len(steps):  # step t's last device work and step t + 1's first
-                    ys = self._dispatch(envs[g], xs[g], "step", self.device[-1], ys, t, steps[n + 1], g)
+                    ys = self._dispatch(envs[g], xs[g], "step", ys, t, steps[n + 1], g)
                 else:
-                    ys = self._dispatch(envs[g], xs[g], "last", self.device[-1], ys, t, t, g)
+                    ys = self._dispatch(envs[g], xs[g], "last", ys, t, t, g)
                 if G == 1 and k + 1 < len(turns):
                     started[0] = self._begin(envs[0], self.host[turns[k + 1][1]])
         return ys
 
-    def _dispatch(self, env: dict, xs: list, name: str, segment: Any, ys: Any, t: int, t_next: int, g: int) -> Any:
-        """Queue a device program on a group's values; its results into the group's `env`; the trajectory it
-        wrote, if it writes one."""
-        program = self._programs[name]
-        segments = [segment, self.device[0]] if name == "step" else [segment]
-        reads: list[Use] = []
-        for k, seg in enumerate(segments):
-            handed = set(self.carry) if k else set()
-            reads += [u for u in seg.reads if u not in self.x and u not in handed and u not in reads]
-        x = [v for u, v in zip(self.x, xs) if any(u in seg.reads for seg in segments)]
-        index = self._index
-        outs = program([env[u] for u in reads], x, ys if ys is not None else [], index[t], index[t_next], index[g])
-        makes = segments[-1].makes if name != "last" else ()
-        if ys is not None:
+    def _dispatch(self, env: dict, xs: list, name: str, ys: Any, t: int, t_next: int, g: int) -> Any:
+        """Queue device program `name` on a group's values; its results into the group's `env`; the trajectory it
+        wrote, where it writes one."""
+        d, index = self.device_programs[name], self._index
+        x = [v for u, v in zip(self.x, xs) if u in d.xs]
+        outs = self._programs[name]([env[u] for u in d.reads], x, ys if d.writes else [], index[t], index[t_next],
+                                    index[g])
+        if d.writes:
             env.update(zip(self.carry, outs[0]))
             ys = outs[1]
-        env.update(zip(makes, outs[-1]))
+        env.update(zip(d.makes, outs[-1]))
         return ys
 
     def _begin(self, env: dict[Use, Any], segment: Segment) -> Callable[[], dict[Use, Any]]:

@@ -198,32 +198,39 @@ def test_a_second_run_at_once_of_a_program_with_host_environments_is_refused(sin
     prog.run(prog.init(0), 1)
 
 
-def edited(final, glue_scale=None, G=None):
+def edited(final, round_trip=False):
     """`final`'s text with a glue step added to its host loop: the host's rewards scaled by 2 before absorb reads
-    them, parsed back with the glue's body."""
+    them (`round_trip`: and sent to the host and back once more, a second crossing), parsed back with the glue's
+    body."""
     text = str(final)
     back = "%rollout_env_to_main = transfer %rollout_env @host -> @main via device_put"
     line = next(ln for ln in text.splitlines() if back in ln)
     indent = line[:len(line) - len(line.lstrip())]
-    rewards = "f32[16@env]@main"
-    text = text.replace(line, line + f"\n{indent}%scaled: ({rewards}) = glue(%rollout_env_to_main.1)   // mul")
-    results = ", ".join(f"%rollout_env_to_main.{k}" if k != 1 else "%scaled" for k in range(6))
+    added = [f"%scaled: (f32[16@env]@main) = glue(%rollout_env_to_main.1)   // mul"]
+    if round_trip:
+        added += ["%scaled_to_host = transfer %scaled @main -> @host via device_get",
+                  "%scaled_back = transfer %scaled_to_host @host -> @main via device_put"]
+    text = text.replace(line, line + "".join(f"\n{indent}{a}" for a in added))
+    reward = "%scaled_back" if round_trip else "%scaled"
+    results = ", ".join(f"%rollout_env_to_main.{k}" if k != 1 else reward for k in range(6))
     text = text.replace("run @rollout.absorb(%rollout_res, %rollout_env_to_main)",
                         f"run @rollout.absorb(%rollout_res, [{results}])")
-    assert "%scaled" in text
     return parse(text, bodies=final, glue={"scaled": lambda r: r * 2.0})
 
 
-@pytest.mark.parametrize("groups", [1, 2])
-def test_an_edited_step_runs_as_its_text_says(groups):
-    """The host loop runs the step the IR holds: a step edited by hand (printed, a glue step added, parsed back)
-    verifies, compiles, and its program equals the reference interpreter on the edited module, and not the
-    unedited program (the rewards it learns from are doubled)."""
+@pytest.mark.parametrize("groups,round_trip", [(1, False), (2, False), (2, True)])
+def test_an_edited_step_runs_as_its_text_says(groups, round_trip):
+    """The host loop runs the step the IR holds: a step edited by hand (printed, a glue step added, parsed back;
+    with `round_trip` crossing to the host twice a step) verifies, compiles, and its program equals the
+    reference interpreter on the edited module, and not the unedited program (the rewards it learns from are
+    doubled)."""
     algo = ppo_on(HOST_CARTPOLE)
     pipeline, devices, policy = run_passes(algo, "single", 1, iterations_per_dispatch=2, env_groups=groups)
-    module = verify(edited(pipeline.final))
+    module = verify(edited(pipeline.final, round_trip))
     assert "%scaled" in str(module) and str(parse(str(module), bodies=module)) == str(module)
     prog = Program(algo, PipelineResult(pipeline.modules + [module]), devices, policy)
+    loop = prog._executor.host_loop_executor("rollout")
+    assert len(loop.host) == 1 + round_trip and ("main.between1" in prog.executables) == round_trip
     state, metrics = prog.run(prog.init(0), 2)
     ref_state, ref_history = run_iterations(module, prog.init(0), 2)
     assert_trees_close(state.learner, ref_state.learner, rtol=1e-5, atol=1e-5)
