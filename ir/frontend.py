@@ -34,6 +34,12 @@ from .types import LeafType, TreeType
 
 _TRACING: contextvars.ContextVar["_TraceContext | None"] = contextvars.ContextVar("fragc_trace", default=None)
 
+_JIT_CACHE_SCOPE = jax.make_user_context(None)
+"""Part of JAX's tracing-cache key (`jax.make_user_context`), set to the trace's id while `trace` runs. JAX caches
+the jaxpr of a `jax.jit` of the user's own (a jitted method or helper that calls fragments) by function and
+argument types; a fragc trace must neither reuse one traced outside fragc (its fragments ran as plain functions,
+and would silently become glue) nor leave its own fragment calls for a later trace or `jax.jit` to find."""
+
 fragment_call_p = jex.Primitive("fragment_call")
 fragment_call_p.multiple_results = True
 
@@ -397,7 +403,8 @@ def trace(algo: Any, name: str | None = None) -> Module:
     ctx = _TraceContext()
     token = _TRACING.set(ctx)
     try:
-        closed = jax.make_jaxpr(flat_iteration)(*state_leaves)
+        with _JIT_CACHE_SCOPE(ctx.trace_id):
+            closed = jax.make_jaxpr(flat_iteration)(*state_leaves)
     finally:
         _TRACING.reset(token)
     if isinstance(algo, sweep.SweptAlgorithm):  # SweepState's leaves: the algorithm's, hyper's (sorted), lineage

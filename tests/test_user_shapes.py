@@ -1,0 +1,63 @@
+"""Held-out user code (tests/user_shapes.py) that once went wrong in the frontend: fragments inside the user's own
+`jax.jit`, Python scalars in the state, non-array arguments, defaults left out. Each is traced as written and
+computes what `jax.jit` of the iteration computes, or is refused in one line naming the user's code."""
+
+import jax
+import numpy as np
+import pytest
+
+import fragc
+from conftest import assert_trees_close
+from fragc.ir.module import Run, walk
+from user_shapes import SHAPES
+
+
+def runs(module):
+    return [n.fragment for n in walk(module.graph.nodes) if isinstance(n, Run)]
+
+
+# ---------------------------------------------------------------- a fragment inside the user's own jax.jit
+
+
+CACHED = [("jit_method", ["learn"]), ("jit_helper", ["sgd_step", "sgd_step"]), ("scan_of_function", ["sgd_step"])]
+"""Shapes whose fragment calls JAX's caches hold, with the fragments each runs."""
+
+
+@pytest.mark.parametrize("name,learns", CACHED)
+def test_a_jitted_helper_traced_by_jax_first_still_calls_its_fragments(name, learns):
+    """`jax.jit(algo.iteration)` first runs the fragments as plain functions and JAX caches the helper's jaxpr;
+    `fragc.trace` must not reuse it (its learner step would become glue, run on the actors, without a word)."""
+    algo = SHAPES[name]()
+    state = algo.init(jax.random.key(0))
+    expected = jax.jit(algo.iteration)(state)
+    module = fragc.trace(algo)
+    assert runs(module) == ["sample"] + learns
+    assert_trees_close(fragc.interpret(module, state), expected, rtol=1e-6, atol=1e-6)
+
+
+CACHED = [("jit_method", ["learn"]), ("jit_helper", ["sgd_step", "sgd_step"]), ("scan_of_function", ["sgd_step"])]
+"""Shapes whose fragment calls JAX's caches hold, with the fragments each runs."""
+
+
+@pytest.mark.parametrize("name,learns", CACHED)
+def test_a_jitted_helper_traces_twice_and_runs_under_jit_after(name, learns):
+    """A second trace does not meet the first one's fragment calls in JAX's cache, nor does jax.jit after it."""
+    algo = SHAPES[name]()
+    first, second = fragc.trace(algo), fragc.trace(algo)
+    assert runs(first) == ["sample"] + learns and str(first) == str(second)
+    state = algo.init(jax.random.key(1))
+    assert_trees_close(jax.jit(algo.iteration)(state), fragc.interpret(second, state), rtol=1e-6, atol=1e-6)
+
+
+def test_a_jitted_method_compiles_twice_with_its_learner_on_the_learner_group():
+    algo = SHAPES["jit_method"]()
+    jax.jit(algo.iteration)(algo.init(jax.random.key(0)))
+    for _ in range(2):
+        prog = fragc.compile(algo, "actor_learner", devices=8)
+        learn = [n for n in prog.module.graph.nodes if isinstance(n, Run) and n.fragment == "learn"]
+        assert len(learn) == 1 and prog.module.fragments["learn"].placement.group == "learner"
+    state = prog.init(0)
+    out, history = prog.run(state, 2)
+    ref, ref_history = fragc.run_iterations(prog.module, state, 2)
+    assert_trees_close(out, ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(history["loss"], [m["loss"] for m in ref_history], rtol=1e-5)
