@@ -23,6 +23,7 @@ from .module import (
     HOST, REGION_KINDS, REPLICA, Delay, For, FragmentDef, Glue, Graph, If, Loop, Module, Run, Stage, Transfer, Use, walk,
 )
 from .replicas import check_divides, merge_axis, replicated_output_differs, run_replicated, split_axis
+from .types import as_arrays
 
 _COMPILED: "weakref.WeakKeyDictionary[FragmentDef, dict[int, Any]]" = weakref.WeakKeyDictionary()
 
@@ -276,7 +277,7 @@ def _merge_replicas(x: jax.Array, axis: int | None, name: str) -> jax.Array:
 
 
 def _check_state(module: Module, state: Any) -> list[Any]:
-    leaves, tree = jax.tree.flatten(state)
+    leaves, tree = jax.tree.flatten(as_arrays(state))
     expected = module.graph.inputs[0].type
     if tree != expected.treedef or [tuple(x.shape) for x in leaves] != [t.shape for t in expected.leaves]:
         raise FragcError(f"interpret: the state does not have the module's state type {expected}")

@@ -61,3 +61,20 @@ def test_a_jitted_method_compiles_twice_with_its_learner_on_the_learner_group():
     ref, ref_history = fragc.run_iterations(prog.module, state, 2)
     assert_trees_close(out, ref, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(history["loss"], [m["loss"] for m in ref_history], rtol=1e-5)
+
+
+# ---------------------------------------------------------------- Python numbers in the state
+
+
+def test_a_train_states_python_int_step_is_an_array_to_interpret_and_run():
+    """`TrainState.create` leaves `step` the Python int 0: taken as an array, as jax.jit takes it."""
+    algo = SHAPES["flax_train_state"]()
+    state = algo.init(jax.random.key(0))
+    assert type(state.train.step) is int
+    expected = jax.jit(algo.iteration)(state)
+    assert_trees_close(fragc.interpret(fragc.trace(algo), state), expected, rtol=1e-6, atol=1e-6)
+    prog = fragc.compile(algo, "anakin", devices=4)
+    out, history = prog.run(state, 2)
+    ref, _ = fragc.run_iterations(prog.module, state, 2)
+    assert_trees_close(out, ref, rtol=1e-5, atol=1e-6)
+    assert list(history["step"]) == [0, 1] and int(out.train.step) == 2

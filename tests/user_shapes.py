@@ -7,7 +7,9 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import struct
+from flax.training.train_state import TrainState
 
 import fragc
 from toy_algos import TRUE_W, Data
@@ -260,10 +262,38 @@ class ScanOfFunction(Base):
         return self.finish(state, w, data, {"loss": ms["loss"][-1]})
 
 
+@struct.dataclass
+class TrainerState:
+    train: TrainState
+    data: Data
+
+
+class FlaxTrainState(Base):
+    """A flax TrainState as `TrainState.create` makes it (its `step` the Python int 0), with an optax.chain."""
+
+    def __init__(self):
+        self.tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(0.05))
+
+    def init(self, key):
+        state = super().init(key)
+        return TrainerState(TrainState.create(apply_fn=None, params={"w": state.w}, tx=self.tx), state.data)
+
+    @fragc.fragment(role="learner", in_axes=(None, 0, 0), out_axes=(None, None))
+    def update(self, train, x, y):
+        loss, grads = jax.value_and_grad(lambda p: jnp.mean((x @ p["w"] - y) ** 2))(train.params)
+        return train.apply_gradients(grads=fragc.pmean(grads)), {"loss": fragc.pmean(loss), "step": train.step}
+
+    def iteration(self, state):
+        y, data = self.sample(state.train.params["w"], state.data)
+        train, m = self.update(state.train, data.x, y)
+        return TrainerState(train, data), m
+
+
 SHAPES = {
     "const_float": ConstFloat, "jnp_scalar": JnpScalar, "numpy_scalar": NumpyScalar, "const_metric": ConstMetric,
     "int_metric": IntMetric, "keywords": Keywords, "two_calls": TwoCalls, "scan": Scan, "fori_loop": ForiLoop,
     "cond": CondSync, "switch": Switch, "nested": Nested, "actor_learner_scan": ActorLearnerScan,
     "scan_minibatches": ScanMinibatches, "spanning_cond": SpanningCond, "jit_method": JitMethod,
     "jit_helper": JitHelper, "scan_of_function": ScanOfFunction,
+    "flax_train_state": FlaxTrainState,
 }
