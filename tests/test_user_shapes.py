@@ -1,4 +1,4 @@
-"""Held-out user code (tests/user_shapes.py) that once went wrong in the frontend: fragments inside the user's own
+"""Held-out user code (tests/held_out_shapes.py) that once went wrong in the frontend: fragments inside the user's own
 `jax.jit`, Python scalars in the state, non-array arguments, defaults left out. Each is traced as written and
 computes what `jax.jit` of the iteration computes, or is refused in one line naming the user's code."""
 
@@ -9,7 +9,7 @@ import pytest
 import fragc
 from conftest import assert_trees_close
 from fragc.ir.module import Run, walk
-from user_shapes import SHAPES
+from held_out_shapes import HELD_OUT
 
 
 def runs(module):
@@ -27,7 +27,7 @@ CACHED = [("jit_method", ["learn"]), ("jit_helper", ["sgd_step", "sgd_step"]), (
 def test_a_jitted_helper_traced_by_jax_first_still_calls_its_fragments(name, learns):
     """`jax.jit(algo.iteration)` first runs the fragments as plain functions and JAX caches the helper's jaxpr;
     `fragc.trace` must not reuse it (its learner step would become glue, run on the actors, without a word)."""
-    algo = SHAPES[name]()
+    algo = HELD_OUT[name]()
     state = algo.init(jax.random.key(0))
     expected = jax.jit(algo.iteration)(state)
     module = fragc.trace(algo)
@@ -42,7 +42,7 @@ CACHED = [("jit_method", ["learn"]), ("jit_helper", ["sgd_step", "sgd_step"]), (
 @pytest.mark.parametrize("name,learns", CACHED)
 def test_a_jitted_helper_traces_twice_and_runs_under_jit_after(name, learns):
     """A second trace does not meet the first one's fragment calls in JAX's cache, nor does jax.jit after it."""
-    algo = SHAPES[name]()
+    algo = HELD_OUT[name]()
     first, second = fragc.trace(algo), fragc.trace(algo)
     assert runs(first) == ["sample"] + learns and str(first) == str(second)
     state = algo.init(jax.random.key(1))
@@ -50,7 +50,7 @@ def test_a_jitted_helper_traces_twice_and_runs_under_jit_after(name, learns):
 
 
 def test_a_jitted_method_compiles_twice_with_its_learner_on_the_learner_group():
-    algo = SHAPES["jit_method"]()
+    algo = HELD_OUT["jit_method"]()
     jax.jit(algo.iteration)(algo.init(jax.random.key(0)))
     for _ in range(2):
         prog = fragc.compile(algo, "actor_learner", devices=8)
@@ -68,7 +68,7 @@ def test_a_jitted_method_compiles_twice_with_its_learner_on_the_learner_group():
 
 def test_a_train_states_python_int_step_is_an_array_to_interpret_and_run():
     """`TrainState.create` leaves `step` the Python int 0: taken as an array, as jax.jit takes it."""
-    algo = SHAPES["flax_train_state"]()
+    algo = HELD_OUT["flax_train_state"]()
     state = algo.init(jax.random.key(0))
     assert type(state.train.step) is int
     expected = jax.jit(algo.iteration)(state)

@@ -2,14 +2,10 @@
 cond, switch, nested) around fragments. Each class is a whole algorithm, written as a user would, not in the
 shape of the built-ins; tests/test_control_flow.py traces, compiles and checks each against the reference."""
 
-from functools import partial
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import struct
-from flax.training.train_state import TrainState
 
 import fragc
 from toy_algos import TRUE_W, Data
@@ -215,85 +211,9 @@ class SpanningCond(Base):
         return self.finish(state, w, data, {**m, "score": score})
 
 
-class JitMethod(Base):
-    """The learner's step in a method the user jitted (`partial(jax.jit, static_argnums=0)`): JAX caches the
-    method's jaxpr, which must never be one traced outside fragc (the fragment run as a plain function)."""
-
-    @partial(jax.jit, static_argnums=0)
-    def update(self, w, x, y):
-        return self.learn(w, x, y, self.lr)
-
-    def iteration(self, state):
-        y, data = self.sample(state.w, state.data)
-        w, m = self.update(state.w, data.x, y)
-        return self.finish(state, w, data, m)
-
-
-@fragc.fragment(role="learner", in_axes=(None, 0, 0), out_axes=(None, None))
-def sgd_step(w, x, y):
-    loss, grad = jax.value_and_grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
-    return w - 0.1 * fragc.pmean(grad), {"loss": fragc.pmean(loss)}
-
-
-@jax.jit
-def two_sgd_steps(w, x, y):
-    """A module-level jitted helper calling a module-level fragment twice: one cache entry for every algorithm."""
-    w, _ = sgd_step(w, x, y)
-    return sgd_step(w, x, y)
-
-
-class JitHelper(Base):
-    def iteration(self, state):
-        y, data = self.sample(state.w, state.data)
-        w, m = two_sgd_steps(state.w, data.x, y)
-        return self.finish(state, w, data, m)
-
-
-def sgd_trip(w, xy):
-    return sgd_step(w, *xy)
-
-
-class ScanOfFunction(Base):
-    """A module-level function as a scan's body: JAX caches the body's jaxpr by function, as it does a jit's."""
-
-    def iteration(self, state):
-        y, data = self.sample(state.w, state.data)
-        w, ms = jax.lax.scan(sgd_trip, state.w, (jnp.stack([data.x, data.x]), jnp.stack([y, y])))
-        return self.finish(state, w, data, {"loss": ms["loss"][-1]})
-
-
-@struct.dataclass
-class TrainerState:
-    train: TrainState
-    data: Data
-
-
-class FlaxTrainState(Base):
-    """A flax TrainState as `TrainState.create` makes it (its `step` the Python int 0), with an optax.chain."""
-
-    def __init__(self):
-        self.tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(0.05))
-
-    def init(self, key):
-        state = super().init(key)
-        return TrainerState(TrainState.create(apply_fn=None, params={"w": state.w}, tx=self.tx), state.data)
-
-    @fragc.fragment(role="learner", in_axes=(None, 0, 0), out_axes=(None, None))
-    def update(self, train, x, y):
-        loss, grads = jax.value_and_grad(lambda p: jnp.mean((x @ p["w"] - y) ** 2))(train.params)
-        return train.apply_gradients(grads=fragc.pmean(grads)), {"loss": fragc.pmean(loss), "step": train.step}
-
-    def iteration(self, state):
-        y, data = self.sample(state.train.params["w"], state.data)
-        train, m = self.update(state.train, data.x, y)
-        return TrainerState(train, data), m
-
-
 SHAPES = {
     "const_float": ConstFloat, "jnp_scalar": JnpScalar, "numpy_scalar": NumpyScalar, "const_metric": ConstMetric,
     "int_metric": IntMetric, "keywords": Keywords, "two_calls": TwoCalls, "scan": Scan, "fori_loop": ForiLoop,
     "cond": CondSync, "switch": Switch, "nested": Nested, "actor_learner_scan": ActorLearnerScan,
-    "scan_minibatches": ScanMinibatches, "spanning_cond": SpanningCond, "jit_method": JitMethod,
-    "jit_helper": JitHelper, "scan_of_function": ScanOfFunction,
-    "flax_train_state": FlaxTrainState,
+    "scan_minibatches": ScanMinibatches, "spanning_cond": SpanningCond,
 }
