@@ -10,14 +10,13 @@ the top level, which `build_graph` turns into a `Module`.
 from __future__ import annotations
 
 import contextvars
-import itertools
+import dataclasses
 import functools
+import itertools
 import inspect
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from jax.extend import core as jex
 from jax.interpreters import ad, batching
 
@@ -30,7 +29,7 @@ from .host import find_host_steps
 from .module import REPLICA, FragmentDef, Module
 from .replicas import run_replicated
 from .shared_keys import warn_shared_draws
-from .types import LeafType, TreeType
+from .types import NUMBERS, LeafType, TreeType, as_arrays
 
 _TRACING: contextvars.ContextVar["_TraceContext | None"] = contextvars.ContextVar("fragc_trace", default=None)
 
@@ -66,6 +65,11 @@ def fragment(*, role: str, in_axes: Any = 0, out_axes: Any = 0) -> Callable[[Cal
       environment (batch) axis, `None` for replicated values, or a pytree prefix.
       Axes count from the front (no negative axes: one entry may cover leaves of
       different ranks).
+
+    Arguments are arrays; Python and NumPy numbers are taken as arrays, as `jax.jit`
+    takes them. Any other value (a string, an enum member, a function, one in a dict)
+    is bound into the body, as `jax.jit`'s static arguments are: a call with another
+    value defines another fragment. Parameters left out take their defaults.
     """
     if not isinstance(role, str) or not role:
         raise FragmentError(f"fragment role must be a non-empty string, got {role!r}")
@@ -97,7 +101,7 @@ class Fragment:
         if (sweeping := sweep.active()) is not None:  # the swept hyperparameters as one more argument
             bound = self._bind(args, kwargs)
             return sweeping[0].fragment(self, len(bound))(*bound, sweeping[1])
-        args = _as_arrays(self._bind(args, kwargs))
+        args = self._arguments(self._bind(args, kwargs))
         ctx = _TRACING.get()
         if ctx is not None and ctx.defining:
             raise FragmentError(f"fragment '{self.name}' is called inside fragment '{ctx.defining[-1]}' (at "
@@ -119,20 +123,46 @@ class Fragment:
 
     def _bind(self, args: tuple, kwargs: dict) -> tuple:
         """The arguments as Python binds them, positionally: keyword arguments in their parameters' places,
-        defaults filled in for the parameters left out before them."""
-        if not kwargs:
+        defaults filled in for the parameters left out."""
+        keywords = f" with keywords ({', '.join(kwargs)})" if kwargs else ""
+        try:
+            signature = inspect.signature(self.fn)
+        except (TypeError, ValueError):  # a callable without a signature (a C function): its arguments as given
+            if kwargs:
+                raise FragmentError(f"fragment '{self.name}' called at {caller()}{keywords}: its signature is "
+                                    "unknown; pass its arguments positionally") from None
             return args
         try:
-            bound = inspect.signature(self.fn).bind(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
         except TypeError as err:
-            raise FragmentError(f"fragment '{self.name}' called at {caller()} with keywords "
-                                f"({', '.join(kwargs)}): {err}") from None
+            raise FragmentError(f"fragment '{self.name}' called at {caller()}{keywords}: {err}") from None
         bound.apply_defaults()
         if bound.kwargs:
             raise FragmentError(f"fragment '{self.name}' called at {caller()}: keyword-only parameters "
                                 f"({', '.join(sorted(bound.kwargs))}) cannot carry values between fragments; "
                                 "make them positional-or-keyword")
         return tuple(bound.args)
+
+    def _arguments(self, args: tuple) -> tuple:
+        """The bound arguments as fragc traces them: numbers as arrays (constants of the graph), and every
+        other leaf that is not an array (a string, an enum member, a function) as `Static`."""
+        names = self.arg_names(len(args))
+
+        def leaf(path: Any, x: Any) -> Any:
+            if isinstance(x, NUMBERS) or (hasattr(x, "shape") and hasattr(x, "dtype")):
+                return x
+            try:
+                hash(x)
+            except TypeError:
+                where = names[path[0].idx] + jax.tree_util.keystr(path[1:])
+                raise FragmentError(
+                    f"fragment '{self.name}', argument '{where}' (called at {caller()}): a {type(x).__name__} is "
+                    "neither an array nor a hashable value; fragc binds a non-array argument into the body, as "
+                    "jax.jit does a static argument, and tells its values apart by hash: pass an array, or a "
+                    "hashable value (a tuple, a frozenset)") from None
+            return Static(x)
+
+        return as_arrays(jax.tree_util.tree_map_with_path(leaf, args))
 
     def arg_names(self, count: int) -> tuple[str, ...]:
         try:
@@ -157,6 +187,10 @@ class SweptFragment(Fragment):
         super().__init__(body, frag.role, in_axes + (None,), frag.out_axes)
         self.name, self.original = frag.name, frag
 
+    def _bind(self, args: tuple, kwargs: dict) -> tuple:
+        """The arguments the swept fragment bound (`Fragment.__call__`), and the values last."""
+        return args
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         token = sweep._ACTIVE.set(None)  # this call is the swept one
         try:
@@ -168,14 +202,21 @@ class SweptFragment(Fragment):
         return self.original.arg_names(count - 1) + ("hyperparameters",)
 
 
-def _as_arrays(args: tuple) -> tuple:
-    """Python numbers and NumPy scalars or arrays among the arguments as JAX arrays (constants of the graph)."""
-    def convert(x: Any) -> Any:
-        if isinstance(x, (bool, int, float, complex, np.generic, np.ndarray)):
-            return jnp.asarray(x)
-        return x
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class Static:
+    """A leaf of a fragment's arguments that is not an array: a string, an enum member, a function. Like
+    `jax.jit`'s static arguments it is bound into the body, not passed: it is a pytree node without leaves
+    whose value is part of the arguments' treedef, so calls with another value define another fragment
+    (`fit`, `fit_1`), and an argument that is all static is not an argument of the IR's fragment at all."""
 
-    return jax.tree.map(convert, args)
+    value: Any
+
+
+def _unwrap_static(tree: Any) -> Any:
+    """The user's values back in place of their `Static` wrappers, for the body."""
+    return jax.tree.map(lambda x: x.value if isinstance(x, Static) else x, tree,
+                        is_leaf=lambda x: isinstance(x, Static))
 
 
 def _refuse_batching(args: Any, dims: Any, *, fragment: str, trace_id: int) -> Any:
@@ -212,16 +253,17 @@ def define(frag: Fragment, args: tuple, name: str | None = None) -> FragmentDef:
     out_leaf_types = [LeafType.of(a, ax) for a, ax in zip(body.out_avals, out_axes)]
     out_types = (_split_types(out_tree, out_leaf_types) if isinstance(outs, tuple)
                  else (TreeType(out_tree, tuple(out_leaf_types)),))
+    passed = [i for i, arg in enumerate(args) if not isinstance(arg, Static)]  # a static argument is in the body
     fdef = FragmentDef(
         name=name or frag.name,
         role=frag.role,
         fn=flat_fn,
-        arg_names=names,
-        in_tree=in_tree,
+        arg_names=tuple(names[i] for i in passed),
+        in_tree=jax.tree.structure(tuple(args[i] for i in passed)),
         out_tree=out_tree,
         in_axes=tuple(in_axes),
         out_axes=tuple(out_axes),
-        in_types=_split_types(in_tree, in_leaf_types),
+        in_types=tuple(_split_types(in_tree, in_leaf_types)[i] for i in passed),
         out_types=out_types,
         body=body,
         source=_source(frag.fn),
@@ -311,7 +353,7 @@ def _trace_body(frag: Fragment, in_tree: Any, leaf_types: list[LeafType]) -> tup
     out_tree_cell: list[Any] = []
 
     def flat_fn(*leaves: Any) -> list[Any]:
-        out = frag.fn(*jax.tree.unflatten(in_tree, leaves))
+        out = frag.fn(*_unwrap_static(jax.tree.unflatten(in_tree, leaves)))
         out_leaves, out_tree = jax.tree.flatten(out)
         out_tree_cell[:] = [out_tree]
         return out_leaves

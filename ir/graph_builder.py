@@ -138,10 +138,11 @@ class _Builder:
         """Nodes for `jaxpr`'s equations, appended to `nodes`; `env` maps its vars to the leaves they are."""
         pending: list[Any] = []
         used_after = _last_uses(jaxpr)
+        declared = self.declared_axes(jaxpr)
 
         def flush(upto: int) -> None:
             if pending:
-                nodes.append(self.glue(pending, env, consts, used_after, upto, nodes))
+                nodes.append(self.glue(pending, env, consts, used_after, upto, nodes, declared))
                 pending.clear()
 
         for i, eqn in enumerate(jaxpr.eqns):
@@ -220,7 +221,9 @@ class _Builder:
         return Run(fragment=fdef.name, inputs=inputs, outputs=tuple(outputs))
 
     def glue(self, eqns: list[Any], env: dict[Any, Use], consts: dict[Any, Any], used_after: dict[Any, int],
-             end: int, nodes: list[Any]) -> Glue:
+             end: int, nodes: list[Any], declared: dict[Any, int | None] | None = None) -> Glue:
+        """Glue of `eqns`; an output that a fragment reads has the batch axis that fragment declares for it
+        (`declared`), as a state leaf has: a per-environment value the iteration computes between fragments."""
         defined = {v for e in eqns for v in e.outvars}
         inputs, constvars = [], []
         for e in eqns:
@@ -235,7 +238,8 @@ class _Builder:
         jaxpr = jex.Jaxpr(constvars=constvars, invars=inputs, outvars=outputs, eqns=eqns, effects=effects,
                           debug_info=glue_debug_info(len(inputs), len(outputs)))
         body = jex.ClosedJaxpr(jaxpr, [consts[v] for v in constvars])
-        value = Value(self.names.fresh("g"), TreeType.of(tuple(_struct(v) for v in outputs)))
+        axes = tuple((declared or {}).get(v) for v in outputs)
+        value = Value(self.names.fresh("g"), TreeType.of(tuple(_struct(v) for v in outputs), axes))
         node = Glue(body=body, inputs=tuple(env[v] for v in inputs), outputs=(value,))
         for j, v in enumerate(outputs):
             env[v] = Use(value, j)

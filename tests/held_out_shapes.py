@@ -5,6 +5,7 @@ between fragments. Each went wrong in the frontend once (issue 42); tests/test_u
 needed, and tests/test_control_flow.py runs them with tests/user_shapes.py's under every policy. Kept apart from
 user_shapes.py, whose line numbers the golden IRs print."""
 
+import enum
 from functools import partial
 
 import jax
@@ -92,7 +93,49 @@ class FlaxTrainState(Base):
         return TrainerState(train, data), m
 
 
+class Loss(enum.Enum):
+    SQUARED = "squared"
+    HUBER = "huber"
+
+
+class StaticArguments(Base):
+    """Non-array arguments that pick code, bound into the body as jax.jit's static arguments: a string, an enum
+    member, a function, and a config dict holding a string beside a number (the number stays an array)."""
+
+    @fragc.fragment(role="learner", in_axes=(None, 0, 0, None, None), out_axes=(None, None))
+    def fit(self, w, x, y, loss, config):
+        def objective(w):
+            err = config["transform"](x @ w - y)
+            return jnp.mean(optax.huber_loss(err) if loss in ("huber", Loss.HUBER) else err ** 2)
+
+        value, grad = jax.value_and_grad(objective)(w)
+        return w - config["lr"] * fragc.pmean(grad), {config["name"]: fragc.pmean(value)}
+
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        w, m1 = self.fit(state.w, data.x, y, "huber", {"lr": 0.1, "name": "huber", "transform": jnp.tanh})
+        w, m2 = self.fit(w, data.x, y, Loss.SQUARED, {"lr": 0.05, "name": "squared", "transform": jnp.tanh})
+        w, m3 = self.fit(w, data.x, y, "huber", {"lr": 0.2, "name": "huber", "transform": jnp.tanh})
+        return self.finish(state, w, data, {**m1, **m2, "again": m3["huber"]})
+
+
+class DefaultLeftOut(Base):
+    """A parameter with a default of None, left out of a positional call (a mask that only some callers pass)."""
+
+    @fragc.fragment(role="learner", in_axes=(None, 0, 0, 0), out_axes=(None, None))
+    def masked_learn(self, w, x, y, mask=None):
+        mask = jnp.ones_like(y) if mask is None else mask
+        loss, grad = jax.value_and_grad(lambda w: jnp.mean(mask * (x @ w - y) ** 2))(w)
+        return w - self.lr * fragc.pmean(grad), {"loss": fragc.pmean(loss)}
+
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        w, m = self.masked_learn(state.w, data.x, y)
+        w, m_masked = self.masked_learn(w, data.x, y, (y > 0).astype(jnp.float32))
+        return self.finish(state, w, data, {**m, "masked": m_masked["loss"]})
+
+
 HELD_OUT = {
     "jit_method": JitMethod, "jit_helper": JitHelper, "scan_of_function": ScanOfFunction,
-    "flax_train_state": FlaxTrainState,
+    "flax_train_state": FlaxTrainState, "static_arguments": StaticArguments, "default_left_out": DefaultLeftOut,
 }

@@ -78,3 +78,68 @@ def test_a_train_states_python_int_step_is_an_array_to_interpret_and_run():
     ref, _ = fragc.run_iterations(prog.module, state, 2)
     assert_trees_close(out, ref, rtol=1e-5, atol=1e-6)
     assert list(history["step"]) == [0, 1] and int(out.train.step) == 2
+
+
+# ---------------------------------------------------------------- arguments as Python binds them
+
+
+def test_non_array_arguments_are_bound_into_the_body_like_jits_static_arguments():
+    """A string, an enum member, a function in a dict: part of the fragment's definition (a new value defines
+    another fragment; the same one reuses it), not arguments of the IR; numbers beside them stay arrays."""
+    algo = HELD_OUT["static_arguments"]()
+    module = fragc.trace(algo)
+    assert runs(module) == ["sample", "fit", "fit_1", "fit"]
+    assert module.fragments["fit"].arg_names == ("w", "x", "y", "config")
+    assert [str(t) for t in module.fragments["fit"].in_types][-1] == "{lr: f32[]}"
+    state = algo.init(jax.random.key(0))
+    assert_trees_close(fragc.interpret(module, state, replicas=2), jax.jit(algo.iteration)(state), rtol=1e-5,
+                       atol=1e-6)
+
+
+def test_a_non_array_argument_that_cannot_be_static_is_refused_naming_it():
+    @fragc.fragment(role="learner", in_axes=(None, None), out_axes=None)
+    def scaled(w, options):
+        return w * len(options["names"])
+
+    with pytest.raises(fragc.FragmentError) as err:
+        scaled(jax.numpy.ones(3), {"names": {"a", "b"}})
+    message = str(err.value)
+    assert "\n" not in message and "fragment 'scaled', argument 'options['names']'" in message, message
+    assert "set" in message and "hashable" in message, message
+
+
+def test_a_default_left_out_of_a_positional_call_is_filled_in():
+    algo = HELD_OUT["default_left_out"]()
+    module = fragc.trace(algo)
+    assert runs(module) == ["sample", "masked_learn", "masked_learn_1"]
+    assert module.fragments["masked_learn"].arg_names == ("w", "x", "y", "mask")
+    state = algo.init(jax.random.key(0))
+    assert_trees_close(fragc.interpret(module, state, replicas=2), jax.jit(algo.iteration)(state), rtol=1e-5,
+                       atol=1e-6)
+
+
+def test_a_positional_call_missing_an_argument_is_refused_naming_it():
+    @fragc.fragment(role="learner", in_axes=(None, 0), out_axes=None)
+    def needs_two(w, x):
+        return w
+
+    with pytest.raises(fragc.FragmentError, match=r"^fragment 'needs_two' called at .*test_user_shapes.py:\d+: "
+                                                  r"missing a required argument: 'x'$"):
+        needs_two(jax.numpy.ones(3))
+
+
+# ---------------------------------------------------------------- per-environment values between fragments
+
+
+def test_a_per_environment_value_computed_between_fragments_has_the_axis_its_reader_declares():
+    """`(y > 0).astype(...)` in the iteration, passed where `masked_learn` declares axis 0: the glue's output is
+    `f32[8@env]`, as a state leaf read there would be, and the program under anakin equals the reference."""
+    algo = HELD_OUT["default_left_out"]()
+    module = fragc.trace(algo)
+    assert "%g: (f32[8@env]) = glue(%sample_0)" in str(module)
+    prog = fragc.compile(algo, "anakin", devices=4)
+    state = prog.init(0)
+    out, history = prog.run(state, 2)
+    ref, ref_history = fragc.run_iterations(prog.module, state, 2)
+    assert_trees_close(out, ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(history["masked"], [m["masked"] for m in ref_history], rtol=1e-5)
