@@ -100,7 +100,7 @@ class Fragment:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if (sweeping := sweep.active()) is not None:  # the swept hyperparameters as one more argument
             bound = self._bind(args, kwargs)
-            return sweeping[0].fragment(self, len(bound))(*bound, sweeping[1])
+            return sweeping[0].fragment(self, len(bound), SweptFragment)(*bound, sweeping[1])
         args = self._arguments(self._bind(args, kwargs))
         ctx = _TRACING.get()
         if ctx is not None and ctx.defining:
@@ -192,11 +192,8 @@ class SweptFragment(Fragment):
         return args
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        token = sweep._ACTIVE.set(None)  # this call is the swept one
-        try:
+        with sweep.suspended():  # this call is the swept one
             return super().__call__(*args, **kwargs)
-        finally:
-            sweep._ACTIVE.reset(token)
 
     def arg_names(self, count: int) -> tuple[str, ...]:
         return self.original.arg_names(count - 1) + ("hyperparameters",)
