@@ -2,6 +2,9 @@
 `jax.jit`, Python scalars in the state, non-array arguments, defaults left out. Each is traced as written and
 computes what `jax.jit` of the iteration computes, or is refused in one line naming the user's code."""
 
+import dataclasses
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -9,7 +12,9 @@ import pytest
 import fragc
 from conftest import assert_trees_close
 from fragc.ir.module import Run, walk
+from fragc.passes import default_passes, resolve, run_pipeline
 from held_out_shapes import HELD_OUT
+from user_shapes import SHAPES as WRITTEN, Base
 
 
 def runs(module):
@@ -143,3 +148,40 @@ def test_a_per_environment_value_computed_between_fragments_has_the_axis_its_rea
     ref, ref_history = fragc.run_iterations(prog.module, state, 2)
     assert_trees_close(out, ref, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(history["masked"], [m["masked"] for m in ref_history], rtol=1e-5)
+
+
+# ---------------------------------------------------------------- nothing to pipeline, said in the user's terms
+
+
+class LearnThenAct(Base):
+    """The actor acts with this iteration's update: it reads no state that the learner's group updates."""
+
+    def iteration(self, state):
+        w, m = self.learn(state.w, state.data.x, state.data.x @ state.w, self.lr)
+        y, data = self.sample(w, state.data)
+        return self.finish(state, w, data, {**m, "y": y.mean()})
+
+
+class LearnerOnly(Base):
+    def iteration(self, state):
+        w, m = self.learn(state.w, state.data.x, state.data.x @ state.w, self.lr)
+        return self.finish(state, w, state.data, m)
+
+
+@pytest.mark.parametrize("algo,why", [
+    (WRITTEN["actor_learner_scan"], r"in actorlearnerscan: @sample \(defined at tests/user_shapes.py:34\) runs only "
+                                    r"inside the for at tests/user_shapes.py:174\. "),
+    (LearnThenAct, r"in learnthenact: @sample \(defined at tests/user_shapes.py:34\) reads no state that another "
+                   r"device group updates\. "),
+    (LearnerOnly, r"in learneronly: it has no 'actor' fragment \(its fragments: @learn \(learner, "
+                  r"tests/user_shapes.py:\d+\)\)\. "),
+])
+def test_nothing_to_pipeline_names_the_algorithms_fragments_and_lines(algo, why):
+    policy = resolve("actor_learner_async", 8)
+    if algo is LearnerOnly:  # a policy of the user's own placing every role, so that place passes it
+        policy = dataclasses.replace(policy, roles={"*": policy.roles["*"]})
+    with pytest.raises(fragc.FragcError) as err:
+        run_pipeline(fragc.trace(algo()), default_passes(policy, 4))
+    message = str(err.value)
+    assert "\n" not in message and re.search("insert_delays: nothing to pipeline " + why, message), message
+    assert message.endswith("use a synchronous policy such as actor_learner"), message
