@@ -87,10 +87,10 @@ class Fragment:
     def __init__(self, fn: Callable[..., Any], role: str, in_axes: Any, out_axes: Any):
         functools.update_wrapper(self, fn)
         self.fn, self.role, self.in_axes, self.out_axes = fn, role, in_axes, out_axes
-        self.name = getattr(fn, "__name__", "fragment")
+        self.name = _name(fn, role)
 
     def __get__(self, obj: Any, objtype: Any = None) -> "Fragment":
-        if obj is None:
+        if obj is None or not hasattr(self.fn, "__get__"):  # a functools.partial binds no `self`
             return self
         return Fragment(self.fn.__get__(obj, objtype), self.role, self.in_axes, self.out_axes)
 
@@ -136,7 +136,11 @@ class Fragment:
             bound = signature.bind(*args, **kwargs)
         except TypeError as err:
             raise FragmentError(f"fragment '{self.name}' called at {caller()}{keywords}: {err}") from None
+        passed = set(bound.arguments)
         bound.apply_defaults()
+        for name, param in signature.parameters.items():  # left out, a keyword-only one keeps its default itself
+            if param.kind is param.KEYWORD_ONLY and name not in passed:  # (a functools.partial's keywords)
+                del bound.arguments[name]
         if bound.kwargs:
             raise FragmentError(f"fragment '{self.name}' called at {caller()}: keyword-only parameters "
                                 f"({', '.join(sorted(bound.kwargs))}) cannot carry values between fragments; "
@@ -158,8 +162,8 @@ class Fragment:
                 raise FragmentError(
                     f"fragment '{self.name}', argument '{where}' (called at {caller()}): a {type(x).__name__} is "
                     "neither an array nor a hashable value; fragc binds a non-array argument into the body, as "
-                    "jax.jit does a static argument, and tells its values apart by hash: pass an array, or a "
-                    "hashable value (a tuple, a frozenset)") from None
+                    "jax.jit does a static argument, and tells its values apart by hash: pass arrays, or make it "
+                    "hashable (a frozen dataclass, a tuple, a frozenset)") from None
             return Static(x)
 
         return as_arrays(jax.tree_util.tree_map_with_path(leaf, args))
@@ -359,8 +363,7 @@ def _trace_body(frag: Fragment, in_tree: Any, leaf_types: list[LeafType]) -> tup
     try:
         body = jax.make_jaxpr(flat_fn, axis_env=[(REPLICA, 1)])(*structs)
     except TypeError as err:
-        traps.explain_carry_dtype(frag.name, frag.arg_names(len(in_tree.children())),
-                                  _split_types(in_tree, leaf_types), err)
+        _explain_body_error(frag, in_tree, leaf_types, flat_fn.__name__, err)
         raise
     if any(isinstance(c, jax.core.Tracer) for c in body.consts):
         hint = (" (under a hyperparameter sweep: an object built once from the config, such as an optimizer in a "
@@ -370,6 +373,24 @@ def _trace_body(frag: Fragment, in_tree: Any, leaf_types: list[LeafType]) -> tup
             f"fragment '{frag.name}' closes over a value traced outside it; pass that value as an argument{hint}"
         )
     return body, out_tree_cell[0], flat_fn
+
+
+def _explain_body_error(frag: Fragment, in_tree: Any, leaf_types: list[LeafType], function: str,
+                        err: TypeError) -> None:
+    """Raise the frontend's one-line account of a body that JAX failed to trace, where it has one: a scan's
+    carry changing dtype, an argument used as a Python value (a sweep's values are the sweep's to explain)."""
+    names, types = frag.arg_names(len(in_tree.children())), _split_types(in_tree, leaf_types)
+    traps.explain_carry_dtype(frag.name, names, types, err)
+    leaf_names = [f"'{arg}{'.' + path if path else ''}' ({leaf})" for arg, t in zip(names, types)
+                  for path, leaf in zip(t.paths, t.leaves)]
+    swept = frozenset()
+    if isinstance(frag, SweptFragment):  # its last argument, `hyperparameters`
+        swept = frozenset(range(len(leaf_names) - len(types[-1].leaves), len(leaf_names)))
+    traps.explain_python_value(
+        function, f"fragment '{frag.name}' uses argument", leaf_names, err,
+        "a fragment's arguments are traced arrays, Python numbers passed to it too (as under jax.jit); take a flag, "
+        "size or count that picks code from the algorithm (self.config) or a closure, or pass it as a string or an "
+        "enum member, which fragc binds into the body", swept, FragmentError)
 
 
 def _split_types(tree: Any, leaf_types: list[LeafType]) -> tuple[TreeType, ...]:
@@ -382,8 +403,23 @@ def _split_types(tree: Any, leaf_types: list[LeafType]) -> tuple[TreeType, ...]:
     return tuple(parts)
 
 
+def _function(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The Python function behind a method, a static method, a `functools.partial` or a decorator's wrapper."""
+    while True:
+        inner = fn.func if isinstance(fn, functools.partial) else inspect.unwrap(getattr(fn, "__func__", fn))
+        if inner is fn:
+            return fn
+        fn = inner
+
+
+def _name(fn: Callable[..., Any], role: str) -> str:
+    """A fragment's name in the IR: its function's (a partial's function's); a lambda's, its role's."""
+    name = getattr(_function(fn), "__name__", "")
+    return name if name.isidentifier() else (role if role.isidentifier() else "fragment")
+
+
 def _source(fn: Callable[..., Any]) -> str:
-    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    fn = _function(fn)
     try:
         file = inspect.getsourcefile(fn) or "?"
         line = inspect.getsourcelines(fn)[1]
@@ -422,6 +458,19 @@ class _TraceContext:
         return self.defs[key]
 
 
+def _explain_python_value(algo: Any, function: str, state: Any, err: TypeError) -> None:
+    """An iteration that branches in Python on a state value: name the leaf and the line (a sweep's values
+    are the sweep's to explain: fragc/api.py `trace_for`)."""
+    paths = [f"state{jax.tree_util.keystr(p)}" for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+    swept = frozenset()
+    if isinstance(algo, sweep.SweptAlgorithm):
+        swept = frozenset(range(len(paths) - len(algo.sweep.fields) - 1, len(paths) - 1))
+    traps.explain_python_value(
+        function, f"{type(algo).__name__}.iteration uses state leaf", paths, err,
+        "the iteration is traced once for every step, so the state's values are known only when it runs; choose "
+        "with lax.cond, lax.switch or jnp.where on it, or keep what picks code in the algorithm (self.config)", swept)
+
+
 def trace(algo: Any, name: str | None = None) -> Module:
     """Trace `algo.iteration` into a module of fragments and glue."""
     for attr in ("init", "iteration"):
@@ -444,6 +493,9 @@ def trace(algo: Any, name: str | None = None) -> Module:
     try:
         with _JIT_CACHE_SCOPE(ctx.trace_id):
             closed = jax.make_jaxpr(flat_iteration)(*state_leaves)
+    except TypeError as err:
+        _explain_python_value(algo, flat_iteration.__name__, state, err)
+        raise
     finally:
         _TRACING.reset(token)
     if isinstance(algo, sweep.SweptAlgorithm):  # SweepState's leaves: the algorithm's, hyper's (sorted), lineage

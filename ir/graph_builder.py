@@ -79,9 +79,12 @@ def calls_fragments(eqn: Any, call_p: Any) -> bool:
 
 
 def _inherit_axes(state_type: TreeType, jaxpr: jex.Jaxpr, builder: "_Builder") -> TreeType:
-    """A state leaf's batch axis is the one its first consuming fragment declares."""
-    axes = builder.declared_axes(jaxpr)
-    leaves = [t.replace(axis=axes.get(v)) for v, t in zip(jaxpr.invars, state_type.leaves)]
+    """A state leaf's batch axis is the one its first consuming fragment declares; a leaf that no fragment reads
+    has the one its next value has where a fragment makes it (a leaf the iteration only writes). The state's
+    leaves come first among the iteration's results, in the same order."""
+    read, made = builder.declared_axes(jaxpr), builder.produced_axes(jaxpr)
+    leaves = [t.replace(axis=read[v] if v in read else made.get(out))
+              for v, out, t in zip(jaxpr.invars, jaxpr.outvars, state_type.leaves)]
     return state_type.with_leaves(tuple(leaves))
 
 
@@ -181,6 +184,15 @@ class _Builder:
                     for v, w in zip(_operands_of(eqn, sub), sub.invars):
                         if w in inner and isinstance(v, jex.Var):
                             axes.setdefault(v, _outer_axis(eqn, sub, w, inner[w]))
+        return axes
+
+    def produced_axes(self, jaxpr: jex.Jaxpr) -> dict[Any, int | None]:
+        """For each var of `jaxpr` that a fragment called at its top level returns, the batch axis declared for it."""
+        axes: dict[Any, int | None] = {}
+        for eqn in jaxpr.eqns:
+            if eqn.primitive is self.call_p:
+                for v, leaf in zip(eqn.outvars, self.defs[eqn.params["fragment"]].out_leaf_types):
+                    axes[v] = leaf.axis
         return axes
 
     # ---------------------------------------------------------------- operands

@@ -5,8 +5,10 @@ between fragments. Each went wrong in the frontend once (issue 42); tests/test_u
 needed, and tests/test_control_flow.py runs them with tests/user_shapes.py's under every policy. Kept apart from
 user_shapes.py, whose line numbers the golden IRs print."""
 
+import dataclasses
 import enum
 from functools import partial
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -15,8 +17,8 @@ from flax import struct
 from flax.training.train_state import TrainState
 
 import fragc
-from toy_algos import Data
-from user_shapes import Base
+from toy_algos import TRUE_W, Data
+from user_shapes import Base, State
 
 
 class JitMethod(Base):
@@ -135,7 +137,130 @@ class DefaultLeftOut(Base):
         return self.finish(state, w, data, {**m, "masked": m_masked["loss"]})
 
 
+def _sgd(w, x, y, *, lr=0.1):
+    return w - lr * fragc.pmean(jax.grad(lambda w: jnp.mean((x @ w - y) ** 2))(w))
+
+
+lambda_step = fragc.fragment(role="learner", in_axes=(None, 0, 0), out_axes=None)(lambda w, x, y: _sgd(w, x, y, lr=0.05))
+partial_step = fragc.fragment(role="learner", in_axes=(None, 0, 0), out_axes=None)(partial(_sgd, lr=0.2))
+
+
+class LambdaAndPartial(Base):
+    """Fragments made by calling `fragc.fragment(...)` on a lambda (named after its role in the IR) and on a
+    `functools.partial` whose keyword-only `lr` keeps the value the partial gives it (named after `_sgd`)."""
+
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        w = partial_step(lambda_step(state.w, data.x, y), data.x, y)
+        return self.finish(state, w, data, {"w0": w[0]})
+
+
+class RunnerTuple(Base):
+    """PureJaxRL's loop: the state a tuple `(w, x, rng)`, the key split in the iteration into one key per
+    environment for the actor, and `x` a leaf the iteration only writes (the actor makes its next value)."""
+
+    def init(self, key):
+        return (Base.init(self, key).w, jnp.zeros((self.num_envs, 3)), key)
+
+    @fragc.fragment(role="actor", in_axes=(None, 0), out_axes=0)
+    def act(self, w, keys):
+        return jax.vmap(lambda k: jax.random.normal(k, (3,)))(keys) + 0.1 * w
+
+    def iteration(self, runner_state):
+        w, _, rng = runner_state
+        rng, step_rng = jax.random.split(rng)
+        x = self.act(w, jax.random.split(step_rng, self.num_envs))
+        w, metrics = self.learn(w, x, x @ TRUE_W, self.lr)
+        return (w, x, rng), metrics
+
+
+class Transition(NamedTuple):
+    x: jax.Array
+    y: jax.Array
+    done: jax.Array
+
+
+class NamedTupleTrajectory(Base):
+    """A rollout's `lax.scan` stacking `Transition`s ([T, N]), axes declared as a `Transition` of axes."""
+
+    @fragc.fragment(role="actor", in_axes=(None, 0), out_axes=(Transition(1, 1, 1), 0))
+    def rollout(self, w, data):
+        def step(data, _):
+            y, data = Base.sample.fn(self, w, data)
+            return data, Transition(data.x, y, y > 0)
+
+        data, trajectory = jax.lax.scan(step, data, None, length=4)
+        return trajectory, data
+
+    @fragc.fragment(role="learner", in_axes=(None, Transition(1, 1, 1)), out_axes=(None, None))
+    def learn_trajectory(self, w, trajectory):
+        x, y = trajectory.x.reshape(-1, 3), trajectory.y.reshape(-1)
+        loss, grad = jax.value_and_grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
+        return w - self.lr * fragc.pmean(grad), {"loss": fragc.pmean(loss), "done": fragc.pmean(trajectory.done.mean())}
+
+    def iteration(self, state):
+        trajectory, data = self.rollout(state.w, state.data)
+        w, metrics = self.learn_trajectory(state.w, trajectory)
+        return self.finish(state, w, data, metrics)
+
+
+def make_train(config):
+    """PureJaxRL's `make_train(config)`: fragments are closures over a config dict, the algorithm a small object."""
+
+    @fragc.fragment(role="actor", in_axes=(None, 0), out_axes=(0, 0))
+    def sample(w, data):
+        return Base.sample.fn(None, w, data)
+
+    @fragc.fragment(role="learner", in_axes=(None, 0, 0), out_axes=(None, None))
+    def update(w, x, y):
+        loss, grad = jax.value_and_grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
+        return w - config["LR"] * fragc.pmean(grad), {"loss": fragc.pmean(loss)}
+
+    class Train:
+        def init(self, key):
+            return Base().init(key)
+
+        def iteration(self, state):
+            y, data = sample(state.w, state.data)
+            w = state.w
+            for _ in range(config["UPDATE_EPOCHS"]):
+                w, metrics = update(w, data.x, y)
+            return State(w, state.target, data, state.step + 1), metrics
+
+    return Train()
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenConfig:
+    lr: float = 0.1
+    loss: str = "squared"
+
+
+class StaticMethodsAndConfig(Base):
+    """Fragments that are static methods (decorated either side of `staticmethod`), and a frozen dataclass
+    config passed as an argument (bound into the body: a hashable non-array value)."""
+
+    config = FrozenConfig()
+
+    @fragc.fragment(role="learner", in_axes=(None, 0, 0, None), out_axes=None)
+    @staticmethod
+    def step_config(w, x, y, config):
+        return _sgd(w, x, y, lr=config.lr)
+
+    @staticmethod
+    @fragc.fragment(role="learner", in_axes=(None, 0, 0), out_axes=None)
+    def step(w, x, y):
+        return _sgd(w, x, y)
+
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        w = self.step(self.step_config(state.w, data.x, y, self.config), data.x, y)
+        return self.finish(state, w, data, {"w0": w[0]})
+
+
 HELD_OUT = {
     "jit_method": JitMethod, "jit_helper": JitHelper, "scan_of_function": ScanOfFunction,
     "flax_train_state": FlaxTrainState, "static_arguments": StaticArguments, "default_left_out": DefaultLeftOut,
+    "lambda_and_partial": LambdaAndPartial, "runner_tuple": RunnerTuple, "named_tuple_trajectory": NamedTupleTrajectory,
+    "make_train": lambda: make_train({"LR": 0.1, "UPDATE_EPOCHS": 2}), "static_methods_and_config": StaticMethodsAndConfig,
 }

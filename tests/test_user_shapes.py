@@ -6,10 +6,12 @@ import dataclasses
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import fragc
+import fragc.ir
 from conftest import assert_trees_close
 from fragc.ir.module import Run, walk
 from fragc.passes import default_passes, resolve, run_pipeline
@@ -185,3 +187,92 @@ def test_nothing_to_pipeline_names_the_algorithms_fragments_and_lines(algo, why)
     message = str(err.value)
     assert "\n" not in message and re.search("insert_delays: nothing to pipeline " + why, message), message
     assert message.endswith("use a synchronous policy such as actor_learner"), message
+
+
+# ---------------------------------------------------------------- more of what researchers write (issue 42, item 7)
+
+
+def test_a_lambda_and_a_partial_are_fragments_named_in_the_ir():
+    """A lambda is named after its role (`@<lambda>` did not parse back), a partial after its function, with its
+    source line; the partial's keyword-only `lr` keeps the partial's value instead of being refused."""
+    module = fragc.trace(HELD_OUT["lambda_and_partial"]())
+    assert runs(module) == ["sample", "learner", "_sgd"]
+    assert [module.fragments[f].source.split(":")[0] for f in ("learner", "_sgd")] == ["tests/held_out_shapes.py"] * 2
+    assert str(fragc.ir.parse(str(module), bodies=module)) == str(module)
+
+
+def test_a_state_leaf_the_iteration_only_writes_has_its_makers_axis():
+    """PureJaxRL's runner tuple: `x` is made by the actor (out_axes 0) and read by no fragment, the keys per
+    environment are split between fragments: both carry the environment axis, so the module verifies."""
+    module = fragc.trace(HELD_OUT["runner_tuple"]())
+    fragc.ir.verify(module)
+    assert [str(t) for t in module.graph.inputs[0].type.leaves] == ["f32[3]", "f32[8@env,3]", "key<fry>[]"]
+    assert "key<fry>[8@env]" in str(module.graph.nodes[0].outputs[0].type)
+
+
+class FlagArgument(Base):
+    @fragc.fragment(role="learner", in_axes=(None, 0, 0, None), out_axes=None)
+    def learn_flag(self, w, x, y, normalize):
+        if normalize:
+            y = y / jnp.std(y)
+        return w - 0.1 * fragc.pmean(jax.grad(lambda w: jnp.mean((x @ w - y) ** 2))(w))
+
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        w = self.learn_flag(state.w, data.x, y, True)
+        return self.finish(state, w, data, {"w0": w[0]})
+
+
+class SizeArgument(Base):
+    @fragc.fragment(role="learner", in_axes=(None, 0, 0, None), out_axes=None)
+    def learn_minibatch(self, w, x, y, num_minibatches):
+        x, y = x.reshape(num_minibatches, -1, 3)[0], y.reshape(num_minibatches, -1)[0]
+        return w - 0.1 * fragc.pmean(jax.grad(lambda w: jnp.mean((x @ w - y) ** 2))(w))
+
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        w = self.learn_minibatch(state.w, data.x, y, 2)
+        return self.finish(state, w, data, {"w0": w[0]})
+
+
+class PythonIfOnState(Base):
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        w, m = self.learn(state.w, data.x, y, self.lr)
+        if state.step % 2 == 0:
+            w = self.polyak(state.target, w)
+        return self.finish(state, w, data, m)
+
+
+@dataclasses.dataclass
+class MutableConfig:
+    lr: float = 0.1
+
+
+class MutableConfigArgument(Base):
+    @fragc.fragment(role="learner", in_axes=(None, 0, 0, None), out_axes=None)
+    def learn_config(self, w, x, y, config):
+        return w - config.lr * fragc.pmean(jax.grad(lambda w: jnp.mean((x @ w - y) ** 2))(w))
+
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        w = self.learn_config(state.w, data.x, y, MutableConfig())
+        return self.finish(state, w, data, {"w0": w[0]})
+
+
+@pytest.mark.parametrize("algo,start,words", [
+    (FlagArgument, "fragment 'learn_flag' uses argument 'normalize' (bool[]) as a Python value "
+                   "(TracerBoolConversionError at tests/test_user_shapes.py:", ["self.config", "enum"]),
+    (SizeArgument, "fragment 'learn_minibatch' uses argument 'num_minibatches' (i32[]) as a Python value "
+                   "(TypeError at tests/test_user_shapes.py:", ["Python numbers passed to it too"]),
+    (PythonIfOnState, "PythonIfOnState.iteration uses state leaf state.step as a Python value "
+                      "(TracerBoolConversionError at tests/test_user_shapes.py:", ["lax.cond"]),
+    (MutableConfigArgument, "fragment 'learn_config', argument 'config' (called at tests/test_user_shapes.py:",
+     ["a MutableConfig is neither an array nor a hashable value", "frozen dataclass"]),
+])
+def test_a_python_value_where_fragc_traces_an_array_is_refused_in_one_line(algo, start, words):
+    with pytest.raises(fragc.FragcError) as err:
+        fragc.trace(algo())
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(start), message
+    assert all(w in message for w in words), message
