@@ -197,31 +197,33 @@ class _Builder:
 
     # ---------------------------------------------------------------- operands
 
-    def use(self, v: Any, env: dict[Any, Use], consts: dict[Any, Any], nodes: list[Any]) -> Use:
-        """The leaf a var or literal is; a literal or closed-over constant becomes a `const` glue node."""
+    def use(self, v: Any, env: dict[Any, Use], consts: dict[Any, Any], nodes: list[Any], axis: int | None = None
+            ) -> Use:
+        """The leaf a var or literal is; a literal or closed-over constant becomes a `const` glue node, with the
+        batch `axis` its reader declares (a NumPy array of one value per environment passed to a fragment)."""
         if isinstance(v, jex.Var) and v in env:
             return env[v]
         value = v.val if isinstance(v, jex.Literal) else consts[v]
-        node = self.constant(v.aval, value)
+        node = self.constant(v.aval, value, axis)
         nodes.append(node)
         use = Use(node.outputs[0], 0)
         if isinstance(v, jex.Var):
             env[v] = use
         return use
 
-    def constant(self, aval: Any, value: Any) -> Glue:
+    def constant(self, aval: Any, value: Any, axis: int | None = None) -> Glue:
         var = jex.Var(aval)
         if not jax.dtypes.issubdtype(aval.dtype, jax.dtypes.prng_key):
             value = np.asarray(value, dtype=aval.dtype)  # Python scalars as arrays: one type in every branch
         jaxpr = jex.Jaxpr(constvars=[var], invars=[], outvars=[var], eqns=[], debug_info=glue_debug_info(0, 1))
-        out = Value(self.names.fresh("c"), TreeType.of((LeafType.of(aval).struct(),)))
+        out = Value(self.names.fresh("c"), TreeType.of((LeafType.of(aval).struct(),), (axis,)))
         return Glue(body=jex.ClosedJaxpr(jaxpr, [value]), inputs=(), outputs=(out,))
 
     # ---------------------------------------------------------------- nodes
 
     def run(self, eqn: Any, env: dict[Any, Use], consts: dict[Any, Any], nodes: list[Any]) -> Run:
         fdef = self.defs[eqn.params["fragment"]]
-        inputs = tuple(self.use(v, env, consts, nodes) for v in eqn.invars)
+        inputs = tuple(self.use(v, env, consts, nodes, leaf.axis) for v, leaf in zip(eqn.invars, fdef.in_leaf_types))
         outputs, offset = [], 0
         for i, out_type in enumerate(fdef.out_types):
             base = (out_type.class_name or "").lower() or f"{fdef.name}_{i}"

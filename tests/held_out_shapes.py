@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import struct
 from flax.training.train_state import TrainState
@@ -258,9 +259,24 @@ class StaticMethodsAndConfig(Base):
         return self.finish(state, w, data, {"w0": w[0]})
 
 
+class PerEnvironmentConstant(Base):
+    """A NumPy array of one value per environment passed to the actor (a constant of the graph with an axis)."""
+
+    @fragc.fragment(role="actor", in_axes=(None, 0, 0), out_axes=(0, 0))
+    def sample_offset(self, w, data, offsets):
+        y, data = Base.sample.fn(self, w, data)
+        return y + offsets, data
+
+    def iteration(self, state):
+        y, data = self.sample_offset(state.w, state.data, np.linspace(-0.1, 0.1, self.num_envs, dtype=np.float32))
+        w, metrics = self.learn(state.w, data.x, y, self.lr)
+        return self.finish(state, w, data, metrics)
+
+
 HELD_OUT = {
     "jit_method": JitMethod, "jit_helper": JitHelper, "scan_of_function": ScanOfFunction,
     "flax_train_state": FlaxTrainState, "static_arguments": StaticArguments, "default_left_out": DefaultLeftOut,
     "lambda_and_partial": LambdaAndPartial, "runner_tuple": RunnerTuple, "named_tuple_trajectory": NamedTupleTrajectory,
     "make_train": lambda: make_train({"LR": 0.1, "UPDATE_EPOCHS": 2}), "static_methods_and_config": StaticMethodsAndConfig,
+    "per_environment_constant": PerEnvironmentConstant,
 }

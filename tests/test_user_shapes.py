@@ -152,6 +152,13 @@ def test_a_per_environment_value_computed_between_fragments_has_the_axis_its_rea
     np.testing.assert_allclose(history["masked"], [m["masked"] for m in ref_history], rtol=1e-5)
 
 
+
+def test_a_per_environment_constant_has_the_axis_its_reader_declares():
+    module = fragc.trace(HELD_OUT["per_environment_constant"]())
+    fragc.ir.verify(module)
+    assert "%c: (f32[8@env]) = glue()" in str(module)
+
+
 # ---------------------------------------------------------------- nothing to pipeline, said in the user's terms
 
 
