@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .module import For, Glue, If, Loop, Module, Run, Transfer, fragments_run_in
+from .module import For, Glue, HostLoop, If, Module, RegionNode, Run, Transfer, While, fragments_run_in
 
 _SHAPES = {"run": "box", "glue": "ellipse", "transfer": "cds", "delay": "diamond", "loop": "box3d", "for": "box3d",
-           "if": "hexagon"}
+           "while": "box3d", "if": "hexagon"}
 
 
 def to_dot(module: Module) -> str:
@@ -35,12 +35,13 @@ def to_dot(module: Module) -> str:
 
 
 def _label(module: Module, node: object) -> tuple[str, str | None]:
-    if isinstance(node, Loop):  # its region's step on one line
+    if isinstance(node, HostLoop):  # its step's runs on one line
         group = module.fragments[node.fragment].placement.group
-        return (f"loop @{node.fragment}\\nsteps={node.steps} groups={node.groups}\\n"
-                f"infer -> @host env_step -> absorb", group)
-    if isinstance(node, (For, If)):  # a region on one node: what it is and the fragments it runs
-        head = f"for trips={node.trips}" if isinstance(node, For) else f"if ({len(node.branches)} branches)"
+        runs = " -> ".join(n.fragment.rpartition(".")[2] for n in node.body.nodes if isinstance(n, Run))
+        return f"loop @{node.fragment}\\nsteps={node.steps} groups={node.groups}\\n{runs}", group
+    if isinstance(node, RegionNode):  # a region on one node: what it is and the fragments it runs
+        head = {For: lambda: f"for trips={node.trips}", While: lambda: "while",
+                If: lambda: f"if ({len(node.branches)} branches)"}[type(node)]()
         runs = " ".join(f"@{name}" for name in fragments_run_in((node,)))
         return f"{head}\\n{runs}\\n{node.source}", module.group_of(node)
     if isinstance(node, Run):

@@ -3,17 +3,18 @@
 `fragment_call` equations become `Run` nodes; maximal runs of other equations
 between them become `Glue` nodes. Control flow around fragment calls becomes
 region nodes: a `scan` (and `fori_loop` with a static trip count, which JAX
-traces as one) whose body calls a fragment is a `For`, a `cond` (`lax.cond`,
-`lax.switch`) one an `If`, each holding graphs built the same way; a `jit` of
-the user's own around fragment calls is inlined. Constants a node reads (a
+traces as one) whose body calls a fragment is a `For`, a `while` (`lax.while_loop`,
+`fori_loop` with traced bounds) a `While`, a `cond` (`lax.cond`, `lax.switch`)
+an `If`, each holding graphs built the same way; a `jit` of the user's own
+around fragment calls is inlined. Constants a node reads (a
 Python number passed to a fragment, a `jnp` literal, a constant metric, a
 closed-over array) are `const` glue: glue with no inputs. Values are named
 after their pytree class (`%transition`) or their fragment and position
 (`%learn_1`).
 
 What cannot be a region is refused here, in one line naming the fragment and
-the user's line: a fragment called in a `while_loop` (its trip count is data),
-under `custom_jvp`/`custom_vjp`/`remat` of the user's own, and so on.
+the user's line: a fragment called under `custom_jvp`/`custom_vjp`/`remat` of
+the user's own, and so on.
 """
 
 from __future__ import annotations
@@ -28,16 +29,13 @@ from jax.extend import source_info_util
 from .errors import FragcError
 from .jax_compat import scan_counts
 from .traps import short_location
-from .module import FragmentDef, For, Glue, Graph, If, Run, Use, Value
+from .module import FragmentDef, For, Glue, Graph, If, Run, Use, Value, While
 from .types import LeafType, TreeType
 
 INLINED = ("pjit", "jit", "closed_call", "core_call")
 """Calls of a jaxpr (the user's own `jax.jit`): their equations are the enclosing graph's."""
 
 REFUSED = {
-    "while": "a lax.while_loop (or fori_loop with traced bounds), whose trip count is known only at run time; "
-             "use lax.scan or lax.fori_loop with Python int bounds (a `for` region), and lax.cond inside it to "
-             "skip trips",
     "custom_jvp_call": "a jax.custom_jvp function; call the fragment outside it",
     "custom_vjp_call": "a jax.custom_vjp function; call the fragment outside it",
     "custom_vjp_call_jaxpr": "a jax.custom_vjp function; call the fragment outside it",
@@ -160,11 +158,13 @@ class _Builder:
                 nodes.append(self.for_region(eqn, env, consts, nodes))
             elif name == "cond":
                 nodes.append(self.if_region(eqn, env, consts, nodes))
+            elif name == "while":
+                nodes.append(self.while_region(eqn, env, consts, nodes))
             elif name in INLINED:
                 self.inline(eqn, env, consts, nodes)
             else:
                 what = REFUSED.get(name, f"a '{name}' of your own (fragc holds fragment calls under lax.scan, "
-                                         "fori_loop, lax.cond, lax.switch and jax.jit)")
+                                         "fori_loop, lax.while_loop, lax.cond, lax.switch and jax.jit)")
                 raise FragcError(f"fragment '{first_fragment(eqn, self.call_p)}' is called inside {what} "
                                  f"(at {call_site(eqn)})")
         flush(len(jaxpr.eqns))
@@ -296,6 +296,33 @@ class _Builder:
         return For(inputs=inputs, outputs=(carry, stacked), body=body, trips=int(p["length"]),
                    reverse=bool(p["reverse"]), source=call_site(eqn))
 
+    def while_region(self, eqn: Any, env: dict[Any, Use], consts: dict[Any, Any], nodes: list[Any]) -> While:
+        """`lax.while_loop` around fragment calls: its condition and body as graphs of (constants, carry)."""
+        p = eqn.params
+        ncc, nbc = p["cond_nconsts"], p["body_nconsts"]
+        inputs = tuple(self.use(v, env, consts, nodes) for v in eqn.invars)
+        cond_consts, body_consts, carry = inputs[:ncc], inputs[ncc:ncc + nbc], inputs[ncc + nbc:]
+        body_jaxpr, cond_jaxpr = p["body_jaxpr"].jaxpr, p["cond_jaxpr"].jaxpr
+        body_axes, cond_axes = self.declared_axes(body_jaxpr), self.declared_axes(cond_jaxpr)
+        carry_leaves = []  # one type for both graphs' carry: the axis a fragment in either declares, else the operand's
+        for u, b, c in zip(carry, body_jaxpr.invars[nbc:], cond_jaxpr.invars[ncc:]):
+            declared = {b: body_axes[b]} if b in body_axes else ({b: cond_axes[c]} if c in cond_axes else {})
+            carry_leaves.append(_leaf(b, declared, u, False))
+        carry_leaves = tuple(carry_leaves)
+        graphs = []
+        for closed, own, n in ((p["cond_jaxpr"], cond_consts, ncc), (p["body_jaxpr"], body_consts, nbc)):
+            inner = self.declared_axes(closed.jaxpr)
+            leaves = tuple(_leaf(w, inner, u, False) for u, w in zip(own, closed.jaxpr.invars[:n]))
+            params = (Value(self.names.fresh("consts"), _structured_type(own, leaves)),
+                      Value(self.names.fresh("carry"), _structured_type(carry, carry_leaves)))
+            out_tree = jax.tree.structure(tuple(closed.jaxpr.outvars))
+            graphs.append(self.graph(closed.jaxpr, dict(zip(closed.jaxpr.constvars, closed.consts)), params,
+                                     [u for v in params for u in v.uses()], out_tree))
+        out = Value(self.names.fresh("carry"), graphs[1].inputs[1].type)
+        for var, use in zip(eqn.outvars, out.uses()):
+            env[var] = use
+        return While(inputs=inputs, outputs=(out,), cond=graphs[0], body=graphs[1], source=call_site(eqn))
+
     def if_region(self, eqn: Any, env: dict[Any, Use], consts: dict[Any, Any], nodes: list[Any]) -> If:
         inputs = tuple(self.use(v, env, consts, nodes) for v in eqn.invars)
         branches = []
@@ -316,9 +343,16 @@ class _Builder:
 
 
 def _operands_of(eqn: Any, sub: jex.Jaxpr) -> list[Any]:
-    """The equation's operands that `sub`'s invars stand for (a cond's branches skip the index)."""
+    """The equation's operands that `sub`'s invars stand for (a cond's branches skip the index; a while's condition
+    and body take their own constants and the carry)."""
     if eqn.primitive.name == "cond":
         return list(eqn.invars[1:])
+    if eqn.primitive.name == "while":
+        ncc, nbc = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+        carry = list(eqn.invars[ncc + nbc:])
+        if sub is eqn.params["cond_jaxpr"].jaxpr:
+            return list(eqn.invars[:ncc]) + carry
+        return list(eqn.invars[ncc:ncc + nbc]) + carry
     return list(eqn.invars)
 
 

@@ -18,13 +18,16 @@ from typing import Any, Iterator
 
 import jax
 import numpy as np
+from jax.extend import core as jex
 
 from .errors import FragcError
+from .graph_builder import glue_debug_info
+from .printer import alias_types
 from .host import HostStep
 from .sweep import PBT
 from .module import (
-    Delay, For, FragmentDef, Glue, Graph, If, Loop, Mesh, Module, Placement, Run, Schedule, Stage, Transfer, Use,
-    Value, walk,
+    Delay, For, FragmentDef, Glue, Graph, GraphPath, HostLoop, If, Mesh, Module, Placement, Run, Schedule, Stage,
+    Transfer, Use, Value, While, walk,
 )
 from .types import _SHORT_DTYPES, LeafType, TreeType
 
@@ -114,11 +117,14 @@ def _build(name: str | None, fields: list[tuple[tuple[str, ...], Any]]) -> Any:
 
 
 class _Types:
-    """Type aliases (`type !Name = {...}`), resolved on first use (a field may name a later alias)."""
+    """Type aliases (`type !Name = {...}`), resolved on first use (a field may name a later alias). `known`: the
+    types a module of the same trace names so (`alias_types`): an alias that reads back with the same leaf paths
+    takes its pytree classes from there."""
 
-    def __init__(self) -> None:
+    def __init__(self, known: dict[str, TreeType] | None = None) -> None:
         self.raw: dict[str, list[tuple[str, str]]] = {}
         self.trees: dict[str, Any] = {}
+        self.known = known or {}
 
     def tree(self, text: str) -> Any:
         text = text.strip()
@@ -131,8 +137,18 @@ class _Types:
             if name not in self.raw:
                 raise ParseError(f"unknown type alias !{name}")
             fields = [(tuple(path.split(".")), self.tree(t)) for path, t in self.raw[name]]
-            self.trees[name] = _build(name, fields)
+            self.trees[name] = self._classes(name, _build(name, fields))
         return self.trees[name]
+
+    def _classes(self, name: str, tree: Any) -> Any:
+        """`tree` with the pytree classes of the known type of the same alias, where their leaf paths agree."""
+        known = self.known.get(name)
+        if known is None:
+            return tree
+        read = _tree_type(tree)
+        if read.path_parts != known.path_parts:
+            return tree
+        return jax.tree.unflatten(known.treedef, list(read.leaves))
 
     def type(self, text: str) -> TreeType:
         return _tree_type(self.tree(text))
@@ -244,11 +260,15 @@ class _Values:
 # ---------------------------------------------------------------- the module
 
 
-def parse(text: str, bodies: Module | None = None) -> Module:
-    """The module `text` prints (see the module docstring for what it holds)."""
+def parse(text: str, bodies: Module | None = None, glue: dict[str, Any] | None = None) -> Module:
+    """The module `text` prints (see the module docstring for what it holds).
+
+    glue: bodies for glue nodes by their result's name, where `bodies` has none (glue written by hand into the
+      text): a function of the glue's operand leaves, traced at their types, or a `ClosedJaxpr`.
+    """
     lines = iter(text.splitlines())
     try:
-        return _Parser(lines, bodies).module()
+        return _Parser(lines, bodies, glue or {}).module()
     except ParseError:
         raise
     except (ValueError, KeyError, IndexError, StopIteration) as err:
@@ -256,14 +276,16 @@ def parse(text: str, bodies: Module | None = None) -> Module:
 
 
 class _Parser:
-    def __init__(self, lines: Iterator[str], bodies: Module | None):
+    def __init__(self, lines: Iterator[str], bodies: Module | None, glue: dict[str, Any]):
         self.lines = lines
         self.bodies = bodies
-        self.types = _Types()
+        self.glue = glue
+        self.types = _Types(alias_types(bodies) if bodies is not None else None)
         self.values = _Values()
         self.fields: dict[str, Any] = {"meshes": [], "population": (), "carrier": None, "schedule": None,
                                        "hyperparameters": (), "member_loop": False, "pbt": None}
         self.fragments: dict[str, FragmentDef] = {}
+        self.stages: dict[GraphPath, tuple[Stage, ...]] = {}  # per graph, as the stage blocks say
 
     def module(self) -> Module:
         m = re.match(r"^// fragc\.ir · (.+) · after (.+)$", next(self.lines))
@@ -273,11 +295,14 @@ class _Parser:
         line = next(self.lines)
         while not line.startswith("func @iteration("):
             line = self.header_line(line)
-        graph, stages = self.func(line)
+        graph = self.func(line)
         f = self.fields
+        schedule = f["schedule"]
+        if self.stages:
+            schedule = (schedule or Schedule()).replace(stages=tuple(sorted(self.stages.items())))
         return Module(name, self.fragments, graph, label, meshes=tuple(f["meshes"]), population=f["population"],
                       carrier=f["carrier"], hyperparameters=f["hyperparameters"], member_loop=f["member_loop"],
-                      pbt=f["pbt"], stages=tuple(stages), schedule=f["schedule"])
+                      pbt=f["pbt"], schedule=schedule)
 
     def header_line(self, line: str) -> str:
         """One top-level line (and the lines that belong to it) -> the next top-level line."""
@@ -297,7 +322,7 @@ class _Parser:
         elif m := re.match(r"^transfers via (\w+)$", line):
             self.fields["carrier"] = m[1]
         elif m := re.match(r"^schedule (\w+) iterations_per_dispatch=(\d+)$", line):
-            self.fields["schedule"] = Schedule(m[1], int(m[2]))
+            self.fields["schedule"] = Schedule(m[1], int(m[2]))  # the executor, k
         elif m := re.match(r"^type !(\w+) = \{", line):
             fields = []
             for field in self.lines:
@@ -352,19 +377,22 @@ class _Parser:
             values.append(self.values.define(Value(name.lstrip("%"), self.types.type(t))))
         return values
 
-    def func(self, line: str) -> tuple[Graph, list[Stage]]:
+    def func(self, line: str) -> Graph:
         inputs = self.params(re.match(r"^func @iteration\((.*)\) \{$", line)[1])
-        nodes, stages, text = self.block("return ")
+        nodes, text = self.block("return ", ())
         m = re.match(r"^return state=(.*), metrics=(.*)$", text)
         state_tree, state_uses = self.values.tree(m[1])
         metrics_tree, metrics_uses = self.values.tree(m[2])
         del state_tree  # the returned state has the input state's structure (the verifier checks it)
         out_tree = jax.tree.structure((jax.tree.unflatten(inputs[0].type.treedef, [0] * len(state_uses)),
                                        metrics_tree))
-        return Graph(tuple(inputs), tuple(nodes), tuple(state_uses + metrics_uses), out_tree), stages
+        if self.bodies is not None and _same_paths(self.bodies.graph.out_tree, out_tree):
+            out_tree = self.bodies.graph.out_tree  # the metrics' own pytree classes
+        return Graph(tuple(inputs), tuple(nodes), tuple(state_uses + metrics_uses), out_tree)
 
-    def block(self, end: str) -> tuple[list[Any], list[Stage], str]:
-        """Nodes and stages up to the line starting with `end` (`return `, `yield `) -> (nodes, stages, that line)."""
+    def block(self, end: str, path: GraphPath) -> tuple[list[Any], str]:
+        """The nodes of the graph at `path` up to the line starting with `end` (`return `, `yield `) -> (nodes, that
+        line); its stage blocks into `self.stages`."""
         nodes, stages, open_stage = [], [], None
         for line in self.lines:
             text = line.strip()
@@ -376,78 +404,54 @@ class _Parser:
                                     tuple(self.values.operands(m[1]))))
                 open_stage = None
             elif text.startswith(end):
-                return nodes, stages, text
+                if stages:
+                    self.stages[path] = tuple(stages)
+                return nodes, text
             elif text:
-                nodes.append(self.node(text))
+                nodes.append(self.node(text, path + (len(nodes),)))
         raise ParseError(f"a block has no {end.strip()}")
 
-    def region_graph(self, line: str) -> tuple[str, Graph, tuple[Stage, ...], str]:
-        """`^label(params):   // source`, nodes, `yield operands` -> (label, the graph, its stages, the source)."""
-        line, _, source = line.partition("   // ")
-        m = re.match(r"^\^(\w+)\((.*)\):$", line.strip())
-        if not m:
-            raise ParseError(f"a region does not start with ^label(...): {line.strip()!r}")
-        inputs = self.params(m[2])
-        nodes, stages, text = self.block("yield ")
-        outputs = self.values.operands(text[len("yield "):])
-        out_tree = jax.tree.structure(tuple(range(len(outputs))))
-        return m[1], Graph(tuple(inputs), tuple(nodes), tuple(outputs), out_tree), tuple(stages), source.strip()
-
-    def for_node(self, m: Any) -> For:
-        _, body, stages, source = self.region_graph(next(self.lines))
-        if next(self.lines).strip() != "}":
-            raise ParseError("a for's body does not end with } after its yield")
-        groups = [self.values.operands(m[k]) for k in (4, 5, 6)]
-        trips, nk = int(m[2]), len(body.inputs[1].type.leaves)
-        ys = tuple(u.type.stacked(trips) for u in body.outputs[nk:])
-        names = [n.strip().lstrip("%") for n in m[1].split(",")]
-        outs = (self.values.define(Value(names[0], body.inputs[1].type)),
-                self.values.define(Value(names[1], _tree_type(ys))))
-        return For(tuple(u for g in groups for u in g), outs, body, trips, bool(m[3]), source or "?", stages)
-
-    def if_node(self, m: Any) -> If:
-        leaves = self.types.type(m[2]).leaves
-        inputs = tuple(self.values.uses(m[4]) + self.values.operands(m[5]))
-        branches: dict[int, tuple[Graph, tuple[Stage, ...]]] = {}
+    def regions(self, at: GraphPath, labels: dict[str, int]) -> tuple[list[Graph], str]:
+        """The regions of a region node at `at` (its graph's path and its index), each `^label(params):   //
+        source`, its nodes and `yield operands`, separated by `} word {` lines or none, up to the node's `}` ->
+        (the graphs by region index, the first region's source)."""
+        graphs: dict[int, Graph] = {}
         line, source = next(self.lines), ""
         while True:
-            label, graph, stages, comment = self.region_graph(line)
-            source = source or comment
-            index = {"else": 0, "then": 1}.get(label)
-            branches[int(label[len("case"):]) if index is None else index] = (graph, stages)
-            line = next(self.lines).strip()
-            if line == "}":
+            line, _, comment = line.partition("   // ")
+            m = re.match(r"^\^(\w+)\((.*)\):$", line.strip())
+            if not m or m[1] not in labels:
+                raise ParseError(f"a region does not start with one of ^{', ^'.join(labels) or 'caseN'}: "
+                                 f"{line.strip()!r}")
+            k = labels[m[1]]
+            source = source or comment.strip()
+            inputs = self.params(m[2])
+            nodes, text = self.block("yield ", at + (k,))
+            outputs = self.values.operands(text[len("yield "):])
+            graphs[k] = Graph(tuple(inputs), tuple(nodes), tuple(outputs), jax.tree.structure(tuple(range(len(outputs)))))
+            line = next(self.lines)
+            if line.strip() == "}":
                 break
-            if line == "} else {":
+            if re.match(r"^\} \w+ \{$", line.strip()):
                 line = next(self.lines)
-        order = sorted(branches)
-        value = self.values.define(Value(m[1], _tree_type(leaves)))
-        stages = tuple(branches[k][1] for k in order)
-        return If(inputs, (value,), tuple(branches[k][0] for k in order), source or "?",
-                  stages if any(stages) else ())
+        count = len(labels) or len(graphs)  # a switch has as many branches as it prints
+        if sorted(graphs) != list(range(count)):
+            raise ParseError(f"a region node holds regions {sorted(graphs)}, not {list(range(count))}")
+        return [graphs[k] for k in range(count)], source
 
-    def node(self, text: str) -> Any:
+    def node(self, text: str, at: GraphPath) -> Any:
+        """One node (a region node with its regions, from the following lines); `at`: where it lies."""
         text = text.partition("   // ")[0]
-        if m := re.match(r"^(.*) = for trips=(\d+)( reverse)? consts\((.*?)\) carry\((.*?)\) xs\((.*)\) \{$", text):
-            return self.for_node(m)
-        if m := re.match(r"^%(\w+): (\S+) = (if|switch) (\S+) \((.*)\) \{$", text):
-            return self.if_node(m)
-        if m := re.match(r"^(.*) = loop @(\w+)\((.*)\) steps=(\d+)( reverse)? groups=(\d+) \{$", text):
-            run = self.node(f"{m[1]} = run @{m[2]}({m[3]})")
-            like = self._loop(m[2])
-            return Loop(run.fragment, run.inputs, run.outputs, self.region(), int(m[4]), int(m[6]), bool(m[5]),
-                        like and like.prefix, like and like.suffix)
+        for pattern, parse_region_node in REGION_NODES:
+            if m := re.match(pattern, text):
+                return parse_region_node(self, m, at)
         if m := re.match(r"^(.*) = run @([\w.]+)\((.*)\)$", text):
-            fdef = self.fragments[m[2]]
-            group = fdef.placement.group if fdef.placement else None
-            outs = tuple(self.values.define(Value(n.strip().lstrip("%"), _on(t, group)))
-                         for n, t in zip(m[1].split(","), fdef.out_types))
-            return Run(m[2], tuple(self.values.operands(m[3])), outs)
+            return self.run(m[1], m[2], m[3])
         if m := re.match(r"^%(\w+): \((.*)\) = glue\((.*)\)$", text):
             leaves = tuple(parse_leaf(t) for t in split_top(m[2]))
             inputs = tuple(self.values.operands(m[3]))
             value = self.values.define(Value(m[1], _tree_type(leaves)))
-            return Glue(self._glue_body(m[1]), inputs, (value,))
+            return Glue(self._glue_body(m[1], inputs), inputs, (value,))
         if m := re.match(r"^%(\w+) = transfer (.*) @(\w+) -> @(\w+) via (\w+)$", text):
             inputs = tuple(self.values.uses(m[2]))
             value = self.values.define(Value(m[1], _tree_type(tuple(u.type.replace(group=m[4]) for u in inputs))))
@@ -458,41 +462,100 @@ class _Parser:
             return Delay(inputs, initial, (value,))
         raise ParseError(f"not a node: {text!r}")
 
-    def region(self) -> Graph:
-        """A loop's region: `^step(params):`, its nodes, `yield operands`, then `}`."""
-        m = re.match(r"^\^step\((.*)\):$", next(self.lines).strip())
-        if not m:
-            raise ParseError("a loop's region does not start with ^step(...):")
-        inputs = []
-        for p in split_top(m[1]):
-            name, _, t = p.partition(": ")
-            inputs.append(self.values.define(Value(name.lstrip("%"), self.types.type(t))))
-        nodes = []
-        for line in self.lines:
-            text = line.strip()
-            if text.startswith("yield "):
-                outputs = self.values.operands(text[len("yield "):])
-                if next(self.lines).strip() != "}":
-                    raise ParseError("a loop's region does not end with } after its yield")
-                n_carry = len(inputs[1].type.leaves)
-                out_tree = jax.tree.structure((tuple(range(n_carry)), tuple(range(len(outputs) - n_carry))))
-                return Graph(tuple(inputs), tuple(nodes), tuple(outputs), out_tree)
-            nodes.append(self.node(text))
-        raise ParseError("a loop's region has no yield")
+    def run(self, outs: str, fragment: str, args: str) -> Run:
+        fdef = self.fragments[fragment]
+        group = fdef.placement.group if fdef.placement else None
+        values = tuple(self.values.define(Value(n.strip().lstrip("%"), _on(t, group)))
+                       for n, t in zip(outs.split(","), fdef.out_types))
+        return Run(fragment, tuple(self.values.operands(args)), values)
 
-    def _loop(self, fragment: str) -> Loop | None:
+    # ------------------------------------------------------------ region nodes, one reader a kind
+
+    def for_node(self, m: Any, at: GraphPath) -> For:
+        inputs = [u for k in (4, 5, 6) for u in self.values.operands(m[k])]
+        (body,), source = self.regions(at, {"trip": 0})
+        trips, nk = int(m[2]), len(body.inputs[1].type.leaves)
+        ys = tuple(u.type.stacked(trips) for u in body.outputs[nk:])
+        names = [n.strip().lstrip("%") for n in m[1].split(",")]
+        outs = (self.values.define(Value(names[0], body.inputs[1].type)),
+                self.values.define(Value(names[1], _tree_type(ys))))
+        return For(tuple(inputs), outs, body, trips, bool(m[3]), source or "?")
+
+    def while_node(self, m: Any, at: GraphPath) -> While:
+        inputs = [u for k in (2, 3, 4) for u in self.values.operands(m[k])]
+        (cond, body), source = self.regions(at, {"cond": 0, "body": 1})
+        value = self.values.define(Value(m[1].strip().lstrip("%"), body.inputs[1].type))
+        return While(tuple(inputs), (value,), cond, body, source or "?")
+
+    def if_node(self, m: Any, at: GraphPath) -> If:
+        leaves = self.types.type(m[2]).leaves
+        inputs = tuple(self.values.uses(m[4]) + self.values.operands(m[5]))
+        labels = {"else": 0, "then": 1} if m[3] == "if" else None
+        branches, source = self.regions(at, labels or _CaseLabels())
+        value = self.values.define(Value(m[1], _tree_type(leaves)))
+        return If(inputs, (value,), tuple(branches), source or "?")
+
+    def loop_node(self, m: Any, at: GraphPath) -> HostLoop:
+        inputs = tuple(self.values.operands(m[3]))
+        (step,), _ = self.regions(at, {"step": 0})
+        run = self.run(m[1], m[2], m[3])
+        like = self._loop(m[2])
+        nk = len(step.inputs[1].type.leaves)
+        step = step.replace(out_tree=jax.tree.structure((tuple(range(nk)), tuple(range(len(step.outputs) - nk)))))
+        return HostLoop(run.fragment, inputs, run.outputs, step, int(m[4]), int(m[6]), bool(m[5]),
+                        like and like.prefix, like and like.suffix)
+
+    def _loop(self, fragment: str) -> HostLoop | None:
         """The loop node of `fragment` in the module bodies are taken from (its prefix and suffix)."""
         if self.bodies is None:
             return None
-        return next((n for n in self.bodies.graph.nodes if isinstance(n, Loop) and n.fragment == fragment), None)
+        return next((n for n in self.bodies.graph.nodes if isinstance(n, HostLoop) and n.fragment == fragment), None)
 
-    def _glue_body(self, name: str) -> Any:
+    def _glue_body(self, name: str, inputs: tuple[Use, ...]) -> Any:
+        """The body of glue `%name`: given by hand (`glue=`), else the same-named glue's of `bodies`."""
+        if name in self.glue:
+            given = self.glue[name]
+            if isinstance(given, jex.ClosedJaxpr):
+                return given
+            body = jax.make_jaxpr(lambda *xs: tuple(jax.tree.leaves(given(*xs))))(*[u.type.struct() for u in inputs])
+            return jex.ClosedJaxpr(body.jaxpr.replace(debug_info=glue_debug_info(len(inputs), len(body.out_avals))),
+                                   body.consts)
         if self.bodies is None:
             return None
         for node in walk(self.bodies.graph.nodes):
             if isinstance(node, Glue) and node.outputs[0].name == name:
                 return node.body
         return None
+
+
+def _same_paths(a: Any, b: Any) -> bool:
+    """Whether two treedefs have the same leaves under the same printed key paths."""
+    def paths(tree: Any) -> list[str]:
+        flat = jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(tree, [0] * tree.num_leaves))[0]
+        return [jax.tree_util.keystr(p, simple=True, separator=".") for p, _ in flat]
+    return a.num_leaves == b.num_leaves and paths(a) == paths(b)
+
+
+class _CaseLabels(dict):
+    """`^case0`, `^case1`, ...: a switch's branches by index, however many."""
+
+    def __contains__(self, label: object) -> bool:
+        return isinstance(label, str) and re.fullmatch(r"case\d+", label) is not None
+
+    def __getitem__(self, label: str) -> int:
+        return int(label[len("case"):])
+
+    def __len__(self) -> int:
+        return 0
+
+
+REGION_NODES = (
+    (r"^(.*) = for trips=(\d+)( reverse)? consts\((.*?)\) carry\((.*?)\) xs\((.*)\) \{$", _Parser.for_node),
+    (r"^(.*) = while consts\((.*?)\) body_consts\((.*?)\) carry\((.*)\) \{$", _Parser.while_node),
+    (r"^%(\w+): (\S+) = (if|switch) (\S+) \((.*)\) \{$", _Parser.if_node),
+    (r"^(.*) = loop @([\w.]+)\((.*)\) steps=(\d+)( reverse)? groups=(\d+) \{$", _Parser.loop_node),
+)
+"""Per region kind, the head line it prints and how to read the node from it and its regions."""
 
 
 def _structure(types: tuple[TreeType, ...]) -> Any:

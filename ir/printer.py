@@ -8,11 +8,14 @@ shortest `%value.path` that names exactly their leaves.
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .module import Delay, For, FragmentDef, Glue, Graph, If, Loop, Module, Run, Stage, Transfer, Use, Value
+from .module import (
+    Delay, For, FragmentDef, Glue, Graph, GraphPath, HostLoop, If, Module, RegionNode, Run, Stage, Transfer, Use, Value,
+    While,
+)
 from .types import TreeType
 
 
@@ -67,8 +70,19 @@ class _Aliases:
         return fields
 
 
-def format_module(module: Module, bodies: bool = False) -> str:
+def alias_types(module: Module) -> dict[str, TreeType]:
+    """The types the printed module names by alias (`!Runner`), by name: what `parse(text, bodies=module)` gives
+    their pytree classes back from."""
     aliases = _Aliases()
+    _print(module, aliases, False)
+    return {aliases.names[key]: t for key, t in aliases.types.items()}
+
+
+def format_module(module: Module, bodies: bool = False) -> str:
+    return _print(module, _Aliases(), bodies)
+
+
+def _print(module: Module, aliases: _Aliases, bodies: bool) -> str:
     frag_lines = []
     for fdef in module.fragments.values():
         frag_lines += _fragment_lines(fdef, aliases, bodies)
@@ -82,8 +96,9 @@ def format_module(module: Module, bodies: bool = False) -> str:
         header.append(module.pbt.header())
     if module.carrier is not None:
         header.append(f"transfers via {module.carrier}")
-    if module.schedule is not None:
-        header.append(f"schedule {module.schedule.shape} iterations_per_dispatch={module.schedule.iterations_per_dispatch}")
+    if module.schedule is not None and module.schedule.executor is not None:
+        header.append(f"schedule {module.schedule.executor} "
+                      f"iterations_per_dispatch={module.schedule.iterations_per_dispatch}")
     return "\n".join(header + aliases.lines() + frag_lines + graph_lines) + "\n"
 
 
@@ -136,7 +151,7 @@ def _graph_lines(module: Module, aliases: _Aliases) -> list[str]:
     graph = module.graph
     params = ", ".join(f"%{v.name}: {aliases.ref(v.type, v.name)}" for v in graph.inputs)
     lines = ["", f"func @iteration({params}) {{"]
-    lines += _nodes_lines(graph, module.stages, module, aliases, "  ")
+    lines += _nodes_lines(graph, (), module, aliases, "  ")
     state_tree, metrics_tree = graph.out_tree.children()
     n_state = state_tree.num_leaves
     state_out = _tree_operand(graph.outputs[:n_state], state_tree)
@@ -146,29 +161,45 @@ def _graph_lines(module: Module, aliases: _Aliases) -> list[str]:
     return lines
 
 
-def _nodes_lines(graph: Graph, stages: Sequence[Stage], module: Module, aliases: _Aliases, indent: str,
-                 trips: int = 1) -> list[str]:
-    """A graph's nodes, in their stages; `trips`: how often they run a call of the enclosing region."""
+def _nodes_lines(graph: Graph, path: GraphPath, module: Module, aliases: _Aliases, indent: str,
+                 transfer_note: "Callable[[Transfer], str] | None" = None) -> list[str]:
+    """A graph's nodes, in their stages (the schedule's at `path`); `transfer_note`: how a region around them
+    annotates a transfer (what it moves a trip and a call)."""
     lines = []
+    stages = module.schedule.stages_of(path) if module.schedule is not None else ()
     stage_of = {i: s for s in stages for i in s.nodes}
     for i, node in enumerate(graph.nodes):
         stage = stage_of.get(i)
         if stage is not None and i == stage.nodes[0]:
             lines.append(f"{indent}stage @{stage.name} on @{stage.group}({operands(stage.inputs)}) {{")
         inner = indent + "  " if stage is not None else indent
-        if isinstance(node, Loop):
-            lines += _loop_lines(node, module, aliases, inner)
-        elif isinstance(node, For):
-            lines += _for_lines(node, module, aliases, inner, trips)
-        elif isinstance(node, If):
-            lines += _if_lines(node, module, aliases, inner, trips)
+        if node.regions:
+            lines += _region_node_lines(node, path + (i,), module, aliases, inner, transfer_note)
         else:
             line = _node_line(node, module, aliases)
-            if isinstance(node, Transfer) and trips > 1:  # moved every trip of the enclosing loops
-                line += f" a trip, {human_bytes(node.nbytes * trips)} a call"
+            if isinstance(node, Transfer) and transfer_note is not None:
+                line = f"{line.split('   // ')[0]}   // {transfer_note(node)}"
             lines.append(inner + line)
         if stage is not None and i == stage.nodes[-1]:
             lines.append(f"{indent}}} -> ({operands(stage.outputs)})")
+    return lines
+
+
+def _region_node_lines(node: RegionNode, at: GraphPath, module: Module, aliases: _Aliases, indent: str,
+                       transfer_note: "Callable[[Transfer], str] | None") -> list[str]:
+    """`head {`, then each region (`^label(params):`, its nodes, `yield ...`), the kind's separators between them
+    (`} else {`), and `}`: one form for every region kind, the head line the kind's (`REGION_HEADS`)."""
+    head, order, separator, note = REGION_HEADS[node.kind](node, module, aliases, transfer_note)
+    lines = [f"{indent}{head} {{"]
+    for pos, k in enumerate(order):
+        if pos and separator:
+            lines.append(f"{indent}}} {separator} {{")
+        region = node.regions[k]
+        source = f"   // {node.source}" if pos == 0 and node.kind != "loop" else ""
+        lines.append(f"{indent}  {_region_params(node.region_labels[k], region, aliases)}{source}")
+        lines += _nodes_lines(region, at + (k,), module, aliases, indent + "  ", note)
+        lines.append(f"{indent}  yield {_yield_operands(region.outputs)}")
+    lines.append(f"{indent}}}")
     return lines
 
 
@@ -177,40 +208,67 @@ def _region_params(label: str, graph: Graph, aliases: _Aliases) -> str:
     return f"^{label}({params}):"
 
 
-def _for_lines(node: For, module: Module, aliases: _Aliases, indent: str, trips: int) -> list[str]:
-    """`%carry, %ys = for trips=N consts(...) carry(...) xs(...) {`, the body's parameters, nodes and yield."""
+def _for_head(node: For, module: Module, aliases: _Aliases, note: Any) -> tuple:
+    """`%carry, %ys = for trips=N consts(...) carry(...) xs(...)`."""
     nc, nk = node.num_consts, node.num_carry
     groups = (node.inputs[:nc], node.inputs[nc:nc + nk], node.inputs[nc + nk:])
     ops = " ".join(f"{name}({_yield_operands(g)})" for name, g in zip(("consts", "carry", "xs"), groups))
     order = " reverse" if node.reverse else ""
-    lines = [f"{indent}{_outs(node)} = for trips={node.trips}{order} {ops} {{",
-             f"{indent}  {_region_params('trip', node.body, aliases)}   // {node.source}"]
-    lines += _nodes_lines(node.body, node.stages, module, aliases, indent + "  ", trips * node.trips)
-    lines += [f"{indent}  yield {_yield_operands(node.body.outputs)}", f"{indent}}}"]
-    return lines
+    return f"{_outs(node)} = for trips={node.trips}{order} {ops}", [0], None, _trips_note(note, node.trips)
 
 
-def _if_lines(node: If, module: Module, aliases: _Aliases, indent: str, trips: int) -> list[str]:
-    """`if %p (...) { ^then(...): ... } else { ^else(...): ... }` for two branches (`lax.cond`: `then` is branch
-    1), `switch %i (...) { ^case0(...): ... ^case1(...): ... }` for more (`lax.switch`)."""
-    ops = _yield_operands(node.inputs[1:])
-    index = operand(node.inputs[:1])
+def _while_head(node: While, module: Module, aliases: _Aliases, note: Any) -> tuple:
+    """`%carry = while consts(...) body_consts(...) carry(...)`, then `^cond` and, after `} do {`, `^body`."""
+    ops = " ".join(f"{name}({_yield_operands(g)})"
+                   for name, g in zip(("consts", "body_consts", "carry"), node.split(node.inputs)))
+    return f"{_outs(node)} = while {ops}", [0, 1], "do", _trips_note(note, None)
+
+
+def _if_head(node: If, module: Module, aliases: _Aliases, note: Any) -> tuple:
+    """`%b: T = if %p (...)` for two branches (`lax.cond`: `then` is branch 1, printed first), `switch %i (...)` for
+    more (`lax.switch`)."""
     n = len(node.branches)
-    labels = ["else", "then"] if n == 2 else [f"case{k}" for k in range(n)]
-    order = [1, 0] if n == 2 else list(range(n))
     keyword = "if" if n == 2 else "switch"
     types = aliases.ref(node.outputs[0].type, node.outputs[0].name)
-    lines = [f"{indent}{_outs(node)}: {types} = {keyword} {index} ({ops}) {{"]
-    for pos, k in enumerate(order):
-        if n == 2 and pos == 1:
-            lines.append(f"{indent}}} else {{")
-        branch, stages = node.staged_regions()[k]
-        source = f"   // {node.source}" if pos == 0 else ""
-        lines.append(f"{indent}  {_region_params(labels[k], branch, aliases)}{source}")
-        lines += _nodes_lines(branch, stages, module, aliases, indent + "  ", trips)
-        lines.append(f"{indent}  yield {_yield_operands(branch.outputs)}")
-    lines.append(f"{indent}}}")
-    return lines
+    head = f"{_outs(node)}: {types} = {keyword} {operand(node.inputs[:1])} ({_yield_operands(node.inputs[1:])})"
+    return head, ([1, 0] if n == 2 else list(range(n))), ("else" if n == 2 else None), note
+
+
+def _loop_head(node: HostLoop, module: Module, aliases: _Aliases, note: Any) -> tuple:
+    """`%out... = loop @f(args) steps=T groups=G`. Its transfers print their bytes a step on one replica, and a
+    call of the loop (every step, every replica)."""
+    fdef = module.fragments[node.fragment]
+    order = " reverse" if node.reverse else ""
+    head = (f"{_outs(node)} = loop @{node.fragment}({', '.join(_arg_operands(node.inputs, fdef))}) "
+            f"steps={node.steps}{order} groups={node.groups}")
+    replicas = fdef.placement.replicas if fdef.placement else 1
+
+    def per_step(t: Transfer) -> str:
+        return f"{human_bytes(t.nbytes)} a step per replica, {human_bytes(t.nbytes * replicas * node.steps)} a call"
+
+    return head, [0], None, per_step
+
+
+def _trips_note(note: Any, trips: int | None) -> "Callable[[Transfer], str]":
+    """A loop's transfers move every trip: their bytes a trip and (`trips` known, as the enclosing loops'
+    product) a call; a `while`'s trips are data."""
+    outer = getattr(note, "trips", 1 if note is None else None)
+    total = None if trips is None or outer is None else outer * trips
+
+    def annotate(t: Transfer) -> str:
+        if total is None:
+            return f"{human_bytes(t.nbytes)} a trip"
+        if total == 1:
+            return human_bytes(t.nbytes)
+        return f"{human_bytes(t.nbytes)} a trip, {human_bytes(t.nbytes * total)} a call"
+
+    annotate.trips = total  # type: ignore[attr-defined]
+    return annotate
+
+
+REGION_HEADS = {"for": _for_head, "while": _while_head, "if": _if_head, "loop": _loop_head}
+"""Per region kind, its head line, the order its regions print in, the separator between them, and the note its
+graphs' transfers get: `(head, order, separator, transfer_note)`."""
 
 
 def _yield_operands(uses: Sequence[Use]) -> str:
@@ -235,30 +293,6 @@ def _run_names(run: list[Use]) -> list[str]:
         return [text]
     cover = _cover(run[0].value, {u.index for u in run})
     return cover if len(cover) <= 2 else [text]
-
-
-def _loop_lines(node: Loop, module: Module, aliases: _Aliases, indent: str) -> list[str]:
-    """A loop node and its region: the step's parameters, its nodes, what it yields (the next carry and the
-    step's outputs). Transfers print their bytes a step on one replica, and a call of the loop (every step,
-    every replica)."""
-    fdef, region = module.fragments[node.fragment], node.body
-    order = " reverse" if node.reverse else ""
-    head = (f"{_outs(node)} = loop @{node.fragment}({', '.join(_arg_operands(node.inputs, fdef))}) "
-            f"steps={node.steps}{order} groups={node.groups} {{")
-    params = ", ".join(f"%{v.name}: {aliases.ref(v.type, v.name)}" for v in region.inputs)
-    inner = indent + "  "
-    lines = [indent + head, f"{inner}^step({params}):"]
-    replicas = fdef.placement.replicas if fdef.placement else 1
-    for n in region.nodes:
-        line = _node_line(n, module, aliases)
-        if isinstance(n, Transfer):
-            total = n.nbytes * replicas * node.steps
-            per_step = f"{human_bytes(n.nbytes)} a step per replica"
-            line = f"{line.split('   // ')[0]}   // {per_step}, {human_bytes(total)} a call"
-        lines.append(inner + line)
-    lines.append(f"{inner}yield {operands(region.outputs)}")
-    lines.append(indent + "}")
-    return lines
 
 
 def _outs(node: object) -> str:

@@ -30,9 +30,10 @@ from typing import Any, Callable
 from jax.extend import core as jex
 
 from .errors import FragcError
+from .graph_builder import call_site
 from .jax_compat import scan_counts
 from .host import is_host_call
-from .module import FragmentDef, Loop, Module
+from .module import FragmentDef
 
 COLLECTIVES = {"psum", "pmax", "pmin", "ppermute", "all_gather", "all_to_all", "axis_index", "psum_scatter",
                "reduce_scatter", "pbroadcast", "psum_invariant"}
@@ -135,7 +136,9 @@ def _group_axes(fdef: FragmentDef, scan: Any, gscan: Any, groups: int, probe: bo
             raise FragcError(f"fragment '{fdef.name}': carried leaf {i - nc} of its time loop changes how it "
                              "is split between environments; it cannot run as a host loop")
     if not probe:
-        _refuse_reductions(fdef, gscan.params["jaxpr"].jaxpr, axes, axes[nc:nc + nk] + ys_axes, nk, groups)
+        step = gscan.params["jaxpr"].jaxpr
+        _refuse_reductions(fdef, step, axes, axes[nc:nc + nk] + ys_axes, nk, groups)
+        _refuse_operations_across_environments(fdef, scan.params["jaxpr"].jaxpr, step, nk, groups)
     return axes, ys_axes
 
 
@@ -144,9 +147,7 @@ def _refuse_reductions(fdef: FragmentDef, step: Any, in_axes: tuple, out_axes: t
     """A step output that no group splits must be the same in every group (groups take group 0's): refuse
     one that reads the environments (a mean reward over them, say), which each group computes over its own.
     Conservative: an output of an equation that reads anything computed from the environments reads them.
-    Not caught: a computation across environments whose result keeps their axis (normalising observations by
-    their mean over the environments, say), which each group also computes over its own; docs/host_envs.md
-    says so."""
+    A computation across environments whose result keeps their axis is `_refuse_operations_across_environments`'s."""
     split = {v for v, axis in zip(step.invars, in_axes) if axis is not None}
     for eqn in step.eqns:
         if any(isinstance(v, jex.Var) and v in split for v in eqn.invars):
@@ -160,27 +161,83 @@ def _refuse_reductions(fdef: FragmentDef, step: Any, in_axes: tuple, out_axes: t
                              "values in the loop and reduce them after it")
 
 
+def _refuse_operations_across_environments(fdef: FragmentDef, whole: Any, part: Any, num_carry: int,
+                                           groups: int) -> None:
+    """Refuse a step output computed by an operation across the environments even where it keeps their axis
+    (observations centred on their mean over the environments, say): each group would compute it over its own.
+
+    The step traced for one replica (`whole`) and for one of its groups (`part`) line up equation for equation;
+    where a value has the environment axis is where their shapes differ (`_group_axis`). An operation across the
+    environments is one that makes, from values with that axis, a value without it (a reduction, a contraction,
+    picking one environment), or one that runs along it (a cumulative sum, a sort, a reversal, a concatenation).
+    Where the traces stop lining up, nothing more is told."""
+    mixed = _across(fdef, whole, part, groups)
+    for i, v in enumerate(part.outvars):
+        if isinstance(v, jex.Var) and v in mixed:
+            what = f"carried leaf {i}" if i < num_carry else f"per-step output {i - num_carry}"
+            eqn = mixed[v]
+            raise FragcError(f"fragment '{fdef.name}': {what} of its time loop is computed by an operation across "
+                             f"the environments ({eqn.primitive.name} along their axis, at {call_site(eqn)}), so "
+                             f"{groups} environment groups would each compute it over their own: use env_groups=1, "
+                             "or do that work after the time loop")
+
+
+ALONG = {"cumsum": "axis", "cumprod": "axis", "cummax": "axis", "cummin": "axis", "cumlogsumexp": "axis",
+         "sort": "dimension", "concatenate": "dimension", "rev": "dimensions"}
+"""Primitives that run along one of their operand's axes, keeping it, and the parameter that names it."""
+
+
+def _across(fdef: FragmentDef, whole: Any, part: Any, groups: int, env: dict | None = None) -> dict[Any, Any]:
+    """The variables of `part` (one group's step) computed across the environments, each with the equation that
+    did it; `env`: where `part`'s inputs have the environment axis (from the shapes by default)."""
+    axis = {}
+    for w, p in zip(whole.invars, part.invars):
+        axis[p] = env[p] if env is not None and p in env else _axis_of(fdef, w, p, groups)
+    mixed: dict[Any, Any] = {}
+    if len(whole.eqns) != len(part.eqns):
+        return mixed
+    for we, pe in zip(whole.eqns, part.eqns):
+        if we.primitive is not pe.primitive:
+            return mixed
+        ins = [v for v in pe.invars if isinstance(v, jex.Var)]
+        source = next((mixed[v] for v in ins if v in mixed), None)
+        outs = _vars(pe.outvars)
+        if source is not None:
+            mixed.update((o, source) for o in outs)
+            continue
+        if all(axis.get(v) is None for v in ins):
+            continue
+        out_axes = {o: _axis_of(fdef, w, o, groups) for w, o in zip(we.outvars, pe.outvars) if o in outs}
+        along = ALONG.get(pe.primitive.name)
+        runs_along = along is not None and any(
+            axis.get(v) is not None and axis[v] in _dims(pe.params.get(along)) for v in ins)
+        if runs_along or any(a is None for a in out_axes.values()):
+            mixed.update((o, pe) for o in outs)
+            continue
+        axis.update(out_axes)
+        inner = [(w, p) for w, p in zip(jex.jaxprs_in_params(we.params), jex.jaxprs_in_params(pe.params))]
+        if len(inner) == 1 and len(inner[0][1].invars) == len(pe.invars):  # a call: what it computes across
+            sub = _across(fdef, *inner[0], groups, {i: axis.get(v) for i, v in zip(inner[0][1].invars, pe.invars)
+                                                    if isinstance(v, jex.Var)})
+            mixed.update((o, sub[r]) for o, r in zip(pe.outvars, inner[0][1].outvars)
+                         if isinstance(r, jex.Var) and r in sub and o in outs)
+    return mixed
+
+
+def _axis_of(fdef: FragmentDef, whole: Any, part: Any, groups: int) -> int | None:
+    """Where a value has the environment axis (None: nowhere, or not as one axis split by the groups)."""
+    try:
+        return _group_axis(fdef, getattr(whole, "aval", whole), getattr(part, "aval", part), groups)
+    except FragcError:
+        return None
+
+
+def _dims(value: Any) -> tuple:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
 PARTS = ("infer", "env_step", "absorb")
-"""The fragments a host loop's region runs, named `{fragment}.{part}` (`lower_host_loops`)."""
-
-
-def time_loop_of(module: Module, loop: Loop) -> TimeLoop:
-    """The time loop a `Loop` node runs, read from the module: its prefix and suffix, its parts' bodies for
-    its environment groups (`body_for(groups)`) and the groups' axes from the region's types (`@env`)."""
-    G = loop.groups
-    infer, env_step, absorb = (module.fragments[f"{loop.fragment}.{part}"] for part in PARTS)
-    call = env_step.body_for(G).jaxpr.eqns[0]
-    nc, nk = loop.num_consts, loop.num_carry
-    in_axes = [leaf.axis for leaf in infer.in_leaf_types]
-    over_time = lambda axes: tuple(None if a is None else a + 1 for a in axes)  # noqa: E731 - a leading time axis
-    return TimeLoop(
-        name=call.params["callback"].callback_func.name, prefix=loop.prefix, infer=infer.body_for(G),
-        callback=call.params["callback"], result_avals=tuple(v.aval for v in call.outvars),
-        call=env_step.body_for(G), absorb=absorb.body_for(G), suffix=loop.suffix, length=loop.steps,
-        reverse=loop.reverse, num_consts=nc, num_carry=nk, num_xs=len(in_axes) - nc - nk,
-        num_operands=len(call.invars), group_axes=tuple(in_axes[:nc + nk]) + over_time(in_axes[nc + nk:]),
-        ys_group_axes=over_time(leaf.axis for leaf in absorb.out_leaf_types[nk:]),
-        step_group_axes=tuple(leaf.axis for leaf in infer.out_leaf_types + env_step.out_leaf_types))
+"""The fragments `lower_host_loops` cuts a host loop's step into, named `{fragment}.{part}`."""
 
 
 def time_loop_error(fdef: FragmentDef, replicas: int, groups: int) -> str | None:

@@ -14,20 +14,22 @@ from typing import Callable, Iterable
 
 from .errors import VerifyError
 from .module import (
-    CARRIERS, HOST, REGION_KINDS, SHAPES, Delay, For, Glue, Graph, Loop, Module, Run, Transfer, Use, Value,
-    is_host_loop, subgraph, walk,
+    CARRIERS, EXECUTORS, HOST, Delay, Glue, Graph, GraphPath, HostLoop, Module, RegionNode, Run, Transfer, Use, Value,
+    crosses_to_the_host, graph_at, is_host_loop, subgraph, walk,
 )
 from .types import LeafType
 
 
 @dataclasses.dataclass
 class Site:
-    """What a rule sees: the module, and for node rules the node, its index and the values defined before it."""
+    """What a rule sees: the module, and for node rules the node, its index, the values defined before it and the
+    region node whose graph holds it (None at the iteration's top level)."""
 
     module: Module
     index: int = -1
     node: object = None
     defined: frozenset = frozenset()
+    parent: object = None
 
 
 Rule = Callable[[Site], "str | None"]
@@ -40,28 +42,34 @@ def verify(module: Module) -> Module:
     return module
 
 
-def _verify_graph(module: Module, graph: Graph, where: str) -> set[Value]:
-    """The node rules over a graph (and the graphs of its regions: each sees only its own inputs and nodes);
-    the values it defines."""
+def _verify_graph(module: Module, graph: Graph, where: str, parent: RegionNode | None = None) -> set[Value]:
+    """The node rules over a graph and, the same way, over the graphs of its region nodes: one scoping rule for
+    every region kind (a region's graph sees only its own inputs and nodes, and yields what it defines); the
+    values it defines. Nodes in a host loop's step follow `STEP_RULES`."""
     defined: set[Value] = set(graph.inputs)
+    table = STEP_RULES if isinstance(parent, HostLoop) else NODE_RULES
     for i, node in enumerate(graph.nodes):
-        site = Site(module, i, node, frozenset(defined))
+        site = Site(module, i, node, frozenset(defined), parent)
         here = f"{where}node {i} ({describe(node)})"
-        _apply(NODE_RULES[node.kind], site, here)
-        for k, region in enumerate(getattr(node, "regions", ()) if isinstance(node, REGION_KINDS) else ()):
-            inner = _verify_graph(module, region, f"{here}, {_region_name(node, k)} ")
+        if node.kind not in table:
+            raise VerifyError(f"{here}: a host loop's step holds runs, glue and transfers, not a {node.kind} "
+                              "[rule step_holds_runs_glue_and_transfers]")
+        _apply(table[node.kind], site, here)
+        for k, region in enumerate(node.regions):
+            name = region_name(node, k)
+            inner = _verify_graph(module, region, f"{here}, {name} ", node)
             missing = _first(_undefined(u, frozenset(inner)) for u in region.outputs)
             if missing is not None:
-                raise VerifyError(f"{here}: {_region_name(node, k)} yields a value it does not define: {missing} "
+                raise VerifyError(f"{here}: {name} yields a value it does not define: {missing} "
                                   "[rule region_yields_what_it_defines]")
         defined.update(node.outputs)
     return defined
 
 
-def _region_name(node: object, k: int) -> str:
-    if isinstance(node, For):
-        return "body"
-    return ("else", "then")[k] if len(node.branches) == 2 else f"case {k}"
+def region_name(node: RegionNode, k: int) -> str:
+    """How errors name a node's region k: `body`, `cond`, `then`/`else`, `case 2`, `step`."""
+    label = node.region_labels[k]
+    return {"trip": "body"}.get(label, label.replace("case", "case ") if label.startswith("case") else label)
 
 
 def _apply(rules: Iterable[Rule], site: Site, where: str) -> None:
@@ -72,7 +80,7 @@ def _apply(rules: Iterable[Rule], site: Site, where: str) -> None:
 
 
 def describe(node: object) -> str:
-    name = f" @{node.fragment}" if isinstance(node, Run) else ""
+    name = f" @{node.fragment}" if isinstance(node, (Run, HostLoop)) else ""
     outs = ", ".join(f"%{v.name}" for v in node.outputs)
     return f"{node.kind}{name} -> {outs}"
 
@@ -278,14 +286,14 @@ def transfer_destination_is_the_results_group(site: Site) -> str | None:
     return None
 
 
-# ---------------------------------------------------------------- loop (a host loop's region)
+# ---------------------------------------------------------------- loop (a host loop) and its step
 
-REGION_CARRIERS = {"device_get": (None, HOST), "device_put": (HOST, None)}
-"""How a region's transfers move leaves: `device_get` to the host, `device_put` back to the loop's group."""
+STEP_ENDS = {"device_get": (None, HOST), "device_put": (HOST, None)}
+"""Where a step's transfers move leaves: `device_get` to the host, `device_put` back to the loop's group (None)."""
 
 
 def loop_runs_a_host_loop(site: Site) -> str | None:
-    """A loop node runs a fragment placed as a host loop, with as many environment groups."""
+    """A loop node runs a fragment placed as a host loop, with as many environment groups, for a step or more."""
     p = site.module.fragments[site.node.fragment].placement
     if p is None or p.env_groups != site.node.groups:
         return (f"a loop of {site.node.groups} groups runs @{site.node.fragment}, which is not placed as a host "
@@ -295,82 +303,90 @@ def loop_runs_a_host_loop(site: Site) -> str | None:
     return None
 
 
-def region_nodes_are_its_fragments_parts(site: Site) -> str | None:
-    """The region is SSA over its three inputs (constants, carry, the step's inputs); its runs call parts of
-    the loop's fragment with operands and results of their types, its transfers move leaves between the
-    loop's group and the host, and only transfers cross to and from the host."""
-    node, module = site.node, site.module
-    region, group = node.body, module.fragments[node.fragment].placement.group
-    if len(region.inputs) != 3:
-        return f"the region has {len(region.inputs)} inputs, not 3 (constants, carry, the step's inputs)"
-    defined = set(region.inputs)
-    for k, n in enumerate(region.nodes):
-        inner = Site(module, k, n, frozenset(defined))
-        where = f"region node {k} ({describe(n)})"
-        if isinstance(n, Run):
-            part = module.fragments.get(n.fragment)
-            if part is None or part.part_of != node.fragment:
-                return f"{where}: @{n.fragment} is not a part of @{node.fragment}"
-            rules = COMMON + (operands_match_the_arguments, results_match_the_fragment)
-            on = part.placement.group if part.placement else None
-            message = _first(r(inner) for r in rules) or _first(
-                f"operand {j} lives on @{u.type.group}, but @{n.fragment} runs on @{on}"
-                for j, u in enumerate(n.inputs) if u.type.group != on)
-        elif isinstance(n, Transfer):
-            ends = REGION_CARRIERS.get(n.carrier)
-            expected = ends and tuple(group if e is None else e for e in ends)
-            message = _first(r(inner) for r in COMMON + (transfer_source_is_the_operands_group,
-                                                         transfer_destination_is_the_results_group))
-            if message is None and (n.src, n.dst) != expected:
-                message = (f"moves @{n.src} -> @{n.dst} via {n.carrier}; a region moves @{group} -> @{HOST} via "
-                           f"device_get and @{HOST} -> @{group} via device_put")
-        else:
-            message = f"a region holds runs and transfers, not {n.kind}"
-        if message is not None:
-            return f"{where}: {message}"
-        defined.update(n.outputs)
-    return _first(_undefined(u, frozenset(defined)) for u in region.outputs)
-
-
-def region_is_the_step_a_host_loop_runs(site: Site) -> str | None:
-    """The region is what the runtime's `HostLoop` runs (`time_loop_of` reads the parts by name): infer on every
-    input, its host operands to the host, the host step, its results back, absorb on infer's residuals and the
-    results, yielding absorb's results."""
-    region, name = site.node.body, site.node.fragment
-    expected = [("run", f"{name}.infer"), ("transfer", "device_get"), ("run", f"{name}.env_step"),
-                ("transfer", "device_put"), ("run", f"{name}.absorb")]
-    got = [(n.kind, n.fragment if isinstance(n, Run) else getattr(n, "carrier", "")) for n in region.nodes]
-    if got != expected:
-        return "the region is not " + ", ".join(f"{k} {what}" for k, what in expected)
-    infer, to_host, env_step, back, absorb = region.nodes
-    wiring = [(infer.inputs, [u for v in region.inputs for u in v.uses()], "infer reads the region's inputs"),
-              (to_host.inputs, infer.outputs[0].uses(), "the host operands go to the host"),
-              (env_step.inputs, to_host.outputs[0].uses(), "the host step reads them"),
-              (back.inputs, env_step.outputs[0].uses(), "its results come back"),
-              (absorb.inputs, infer.outputs[1].uses() + back.outputs[0].uses(), "absorb reads residuals and results"),
-              (region.outputs, [u for v in absorb.outputs for u in v.uses()], "the step yields absorb's results")]
-    return _first(f"the region is not wired as a host loop runs it: {what}"
-                  for got_uses, want, what in wiring if list(got_uses) != list(want))
-
-
-def part_runs_only_in_its_loop(site: Site) -> str | None:
-    """A host loop's part (`rollout.infer`, ...) runs only inside its loop node's region."""
-    fdef = site.module.fragments[site.node.fragment]
-    if fdef.part_of:
-        return f"@{fdef.name} is a part of @{fdef.part_of}'s host loop; it runs only in that loop's region"
+def step_takes_what_the_prefix_makes(site: Site) -> str | None:
+    """The step takes three values (constants, carry, one step's inputs) of the types the prefix makes (a step's
+    inputs less their leading time axis), yields its carry's types first, and the suffix takes the per-step
+    outputs stacked over the steps."""
+    node = site.node
+    step = node.body
+    if len(step.inputs) != 3:
+        return f"the step has {len(step.inputs)} inputs, not 3 (constants, carry, the step's inputs)"
+    carry = step.inputs[1].type.leaves
+    yielded = [u.type for u in step.outputs[:len(carry)]]
+    if len(step.outputs) < len(carry) or not all(_leaf_agrees(a, b, False) for a, b in zip(carry, yielded)):
+        return "the step does not yield its carry's types"
+    if node.prefix is None or node.suffix is None:
+        return None  # read back without bodies: nothing to compare with
+    params = [t for v in step.inputs for t in v.type.leaves]
+    made = list(node.prefix.out_avals)[:len(params)]
+    nk = len(carry)
+    want = [(tuple(a.shape) if k < node.num_consts + nk else tuple(a.shape)[1:], str(a.dtype))
+            for k, a in enumerate(made)]
+    if len(made) < len(params) or [(tuple(t.shape), str(t.dtype)) for t in params] != want:
+        return "the step's inputs are not the constants, carry and one step of the inputs its prefix makes"
+    ys = [(node.steps,) + tuple(u.type.shape) for u in step.outputs[nk:]]
+    taken = [tuple(a.shape) for a in node.suffix.in_avals][len(node.suffix.in_avals) - len(ys):]
+    if ys != taken:
+        return f"the step's outputs stacked over {node.steps} steps are not what its suffix takes"
     return None
 
 
-def region_yields_the_carry(site: Site) -> str | None:
-    """A step yields the next carry, of the carry's types (then its outputs), on the loop's group."""
-    region = site.node.body
-    carry = region.inputs[1].type.leaves
-    yielded = [u.type for u in region.outputs[:len(carry)]]
-    if len(region.outputs) < len(carry) or not all(map(same_type, carry, yielded)):
-        return "the region does not yield its carry's types"
-    group = site.module.fragments[site.node.fragment].placement.group
-    return _first(f"the region yields leaf {k} on @{u.type.group}, not on @{group}"
-                  for k, u in enumerate(region.outputs) if u.type.group != group)
+def step_crosses_to_the_host(site: Site) -> str | None:
+    """A host loop's step steps host environments: it runs something on the host."""
+    runs = [n for n in site.node.body.nodes if isinstance(n, Run)]
+    if not any(_runs_on(site.module, n) == HOST for n in runs):
+        return "the step runs nothing on the host"
+    return None
+
+
+def _runs_on(module: Module, node: Run) -> str | None:
+    p = module.fragments[node.fragment].placement
+    return p.group if p is not None else None
+
+
+def _loop_group(site: Site) -> str:
+    return site.module.fragments[site.parent.fragment].placement.group
+
+
+def part_of_the_loop(site: Site) -> str | None:
+    """A run in a host loop's step calls a part of the loop's fragment (`lower_host_loops` cut them, each with the
+    bodies its environment groups run), on the loop's group or the host, reading values where it runs."""
+    fdef, loop = site.module.fragments[site.node.fragment], site.parent
+    if fdef.part_of != loop.fragment:
+        return f"@{fdef.name} is not a part of @{loop.fragment}"
+    on = _runs_on(site.module, site.node)
+    if on not in (HOST, _loop_group(site)):
+        return f"@{fdef.name} runs on @{on}, not on the loop's group @{_loop_group(site)} or the host"
+    return _first(f"operand {j} lives on @{u.type.group}, but @{fdef.name} runs on @{on}"
+                  for j, u in enumerate(site.node.inputs) if u.type.group != on)
+
+
+def step_transfer_crosses_to_the_host(site: Site) -> str | None:
+    """A step's transfers move leaves between the loop's group and the host: `device_get` there, `device_put`
+    back."""
+    node, group = site.node, _loop_group(site)
+    ends = STEP_ENDS.get(node.carrier)
+    expected = ends and tuple(group if e is None else e for e in ends)
+    if (node.src, node.dst) != expected:
+        return (f"moves @{node.src} -> @{node.dst} via {node.carrier}; a step moves @{group} -> @{HOST} via "
+                f"device_get and @{HOST} -> @{group} via device_put")
+    return None
+
+
+def step_glue_on_the_loops_group(site: Site) -> str | None:
+    """Glue in a step runs on the loop's group: it reads and makes values there (the host runs only host steps)."""
+    group = _loop_group(site)
+    leaves = [u.type for u in site.node.inputs] + list(site.node.outputs[0].type.leaves)
+    return _first(f"a leaf lives on @{t.group}, but glue in a step runs on @{group}" for t in leaves
+                  if t.group not in (None, group))
+
+
+def part_runs_only_in_its_loop(site: Site) -> str | None:
+    """A host loop's part (`rollout.infer`, ...) runs only inside its loop node's step."""
+    fdef = site.module.fragments[site.node.fragment]
+    if fdef.part_of:
+        return f"@{fdef.name} is a part of @{fdef.part_of}'s host loop; it runs only in that loop's step"
+    return None
 
 
 # ---------------------------------------------------------------- delay
@@ -453,7 +469,7 @@ def if_branches_take_the_operands_and_yield_the_results(site: Site) -> str | Non
         return "an if defines one value and holds at least one branch"
     results = node.outputs[0].type.leaves
     for k, branch in enumerate(node.branches):
-        name = _region_name(node, k)
+        name = region_name(node, k)
         params = [t for v in branch.inputs for t in v.type.leaves]
         if len(branch.inputs) != 1 or len(params) != len(node.inputs) - 1:
             return f"the {name} branch does not take one value of the {len(node.inputs) - 1} operands"
@@ -467,32 +483,76 @@ def if_branches_take_the_operands_and_yield_the_results(site: Site) -> str | Non
     return None
 
 
+def while_operands_match_the_graphs(site: Site) -> str | None:
+    """A `while`'s condition takes (its constants, the carry) and yields one boolean scalar; its body takes (its
+    constants, the carry) and yields the carry's types; the operands are those constants and the carry's initial
+    leaves, of those types (on the same groups once transfers are inserted); its result is the carry."""
+    node, placed = site.node, site.module.carrier is not None
+    for name, g in (("condition", node.cond), ("body", node.body)):
+        if len(g.inputs) != 2:
+            return f"the {name} has {len(g.inputs)} inputs, not 2 (constants, carry)"
+    if [t for t in node.cond.inputs[1].type.leaves] and not all(
+            _leaf_agrees(a, b, False) for a, b in zip(node.cond.inputs[1].type.leaves, node.body.inputs[1].type.leaves)):
+        return "the condition and the body read different carries"
+    for name, positions, g in zip(("condition", "body"), node.entry_positions(), node.regions):
+        params = list(g.input_leaves)
+        if len(params) != len(positions):
+            return f"the {name} reads {len(params)} leaves, but {len(positions)} operands enter it"
+        for k, p in zip(positions, params):
+            if k >= len(node.inputs) or not _leaf_agrees(node.inputs[k].type, p.type, placed):
+                got = node.inputs[k].type if k < len(node.inputs) else "nothing"
+                return f"operand {k} is {got}, but the {name} reads {p.type}"
+    pred = [u.type for u in node.cond.outputs]
+    if len(pred) != 1 or pred[0].shape != () or str(pred[0].dtype) != "bool":
+        return f"the condition yields {', '.join(map(str, pred)) or 'nothing'}, not one bool[] scalar"
+    carry = node.body.inputs[1].type.leaves
+    yielded = [u.type for u in node.body.outputs]
+    if len(yielded) != len(carry) or not all(_leaf_agrees(a, b, placed) for a, b in zip(carry, yielded)):
+        return "the body does not yield its carry's types"
+    out = node.outputs[0].type.leaves if len(node.outputs) == 1 else ()
+    if len(out) != len(carry) or not all(_leaf_agrees(a, b, False) for a, b in zip(out, carry)):
+        return "a while defines one value, of the carry's types"
+    return None
+
+
 def region_holds_no_delay_or_host_loop(site: Site) -> str | None:
     """Delays carry values between iterations and host loops run from the host: neither sits in a region."""
     for g in site.node.regions:
         for n in walk(g.nodes):
-            if isinstance(n, (Delay, Loop)):
+            if isinstance(n, (Delay, HostLoop)):
                 return f"a region holds a {n.kind} ({describe(n)}), which runs only at the iteration's top level"
     return None
 
 
+RUN_RULES = (fragment_is_defined, operands_match_the_arguments, results_match_the_fragment, placed_on_a_mesh,
+             replicas_fill_the_group, batch_axes_divide_by_replicas, host_loop_splits_the_environments,
+             env_workers_only_for_host_environments, operands_live_on_the_fragments_group)
+"""What a run of a fragment, and a host loop of one, promise about the fragment they run."""
+
 NODE_RULES: dict[str, tuple[Rule, ...]] = {
     "for": COMMON + (for_operands_match_the_body, for_results_are_the_carry_and_the_stacked_outputs,
                      region_holds_no_delay_or_host_loop),
+    "while": COMMON + (while_operands_match_the_graphs, region_holds_no_delay_or_host_loop),
     "if": COMMON + (if_branches_take_the_operands_and_yield_the_results, region_holds_no_delay_or_host_loop),
-    "run": COMMON + (fragment_is_defined, part_runs_only_in_its_loop, operands_match_the_arguments,
-                     results_match_the_fragment, placed_on_a_mesh, replicas_fill_the_group,
-                     batch_axes_divide_by_replicas, host_loop_splits_the_environments,
-                     env_workers_only_for_host_environments, operands_live_on_the_fragments_group),
+    "run": COMMON + RUN_RULES[:1] + (part_runs_only_in_its_loop,) + RUN_RULES[1:],
+    "loop": COMMON + RUN_RULES + (loop_runs_a_host_loop, step_takes_what_the_prefix_makes, step_crosses_to_the_host),
     "glue": COMMON + (operands_match_the_glue_body, glue_defines_one_value_of_its_body_outputs,
                       glue_reads_and_writes_one_group),
     "transfer": COMMON + (transfer_moves_between_two_groups, transfer_source_is_the_operands_group,
                           transfer_destination_is_the_results_group),
     "delay": COMMON + (delay_types_agree,),
 }
-NODE_RULES["loop"] = NODE_RULES["run"] + (loop_runs_a_host_loop, region_nodes_are_its_fragments_parts,
-                                          region_yields_the_carry, region_is_the_step_a_host_loop_runs)
 """The rules of each node kind, checked in order (a rule may assume the ones before it hold)."""
+
+STEP_RULES: dict[str, tuple[Rule, ...]] = {
+    "run": COMMON + (fragment_is_defined, part_of_the_loop, operands_match_the_arguments, results_match_the_fragment),
+    "glue": COMMON + (operands_match_the_glue_body, glue_defines_one_value_of_its_body_outputs,
+                      step_glue_on_the_loops_group),
+    "transfer": COMMON + (step_transfer_crosses_to_the_host, transfer_source_is_the_operands_group,
+                          transfer_destination_is_the_results_group),
+}
+"""The rules of the nodes of a host loop's step: one replica's device work on the loop's group and the host
+step, with transfers between the two (what the runtime's host-loop executor runs, as it finds them)."""
 
 
 # ---------------------------------------------------------------- the module
@@ -514,70 +574,82 @@ def returned_state_has_the_input_state_type(site: Site) -> str | None:
 
 
 def stages_close_over_the_graph(site: Site) -> str | None:
-    """Every run, glue and region on one group lies in one stage of consecutive nodes on the stage's group (a
-    host loop in a stage alone; a region spanning groups between stages, its graphs staged alike); a stage's
-    inputs are exactly the leaves it reads from outside and its outputs exactly the leaves read after it."""
+    """In every graph the schedule splits into stages (`Schedule.stages`), every run, glue and region on one group
+    lies in one stage of consecutive nodes on the stage's group (a host loop in a stage alone), a region spanning
+    groups lies between stages with each of its graphs staged alike, and a stage's inputs are exactly the leaves it
+    reads from outside and its outputs exactly the leaves read after it; only such graphs have stages."""
     module = site.module
-    if not module.stages:
+    if module.schedule is None or not module.schedule.stages:
         return None
-    return _stages_close(module, module.graph, module.stages)
+    staged = dict(module.schedule.stages)
+    if () not in staged:
+        return "the schedule has stages, but none for the iteration"
+    for path in staged:
+        try:
+            graph = graph_at(module.graph, path)
+        except (IndexError, AttributeError):
+            return f"the schedule has stages for a graph at {list(path)}, which the module lacks"
+        if message := _stages_close(module, graph, path, staged):
+            return message
+    return None
 
 
-def _stages_close(module: Module, graph: Graph, stages: tuple) -> str | None:
+def _stages_close(module: Module, graph: Graph, path: GraphPath, staged: dict) -> str | None:
+    where = f"graph at {list(path)}: " if path else ""
     seen: set[int] = set()
-    for stage in stages:
+    for stage in staged[path]:
         if list(stage.nodes) != list(range(stage.nodes[0], stage.nodes[-1] + 1)):
-            return f"stage @{stage.name}: nodes {list(stage.nodes)} are not consecutive"
+            return f"{where}stage @{stage.name}: nodes {list(stage.nodes)} are not consecutive"
         for i in stage.nodes:
             node = graph.nodes[i]
-            if not isinstance(node, (Run, Glue) + REGION_KINDS) or i in seen:
-                return f"stage @{stage.name}: node {i} ({describe(node)}) is not a run or glue of this stage alone"
+            if isinstance(node, (Transfer, Delay)) or i in seen:
+                return f"{where}stage @{stage.name}: node {i} ({describe(node)}) is not a run or glue of this stage alone"
             if module.group_of(node) != stage.group:
-                return f"stage @{stage.name} on @{stage.group} holds node {i} ({describe(node)}) of another group"
+                return f"{where}stage @{stage.name} on @{stage.group} holds node {i} ({describe(node)}) of another group"
             if is_host_loop(module, node) and len(stage.nodes) > 1:
-                return f"stage @{stage.name}: node {i} ({describe(node)}) is a host loop, which is a stage alone"
+                return f"{where}stage @{stage.name}: node {i} ({describe(node)}) is a host loop, which is a stage alone"
             seen.add(i)
         closed = subgraph(graph, stage.name, stage.group, stage.nodes)
         if set(closed.inputs) != set(stage.inputs):
-            return f"stage @{stage.name}: inputs are not the leaves it reads from outside"
+            return f"{where}stage @{stage.name}: inputs are not the leaves it reads from outside"
         if set(closed.outputs) != set(stage.outputs):
-            return f"stage @{stage.name}: outputs are not the leaves read after it"
-    spanning = {i for i, n in enumerate(graph.nodes) if isinstance(n, REGION_KINDS) and module.group_of(n) is None}
+            return f"{where}stage @{stage.name}: outputs are not the leaves read after it"
+    spanning = {i for i, n in enumerate(graph.nodes)
+                if isinstance(n, RegionNode) and not is_host_loop(module, n) and module.group_of(n) is None}
     missing = [i for i, n in enumerate(graph.nodes)
-               if isinstance(n, (Run, Glue) + REGION_KINDS) and i not in seen and i not in spanning]
+               if not isinstance(n, (Transfer, Delay)) and i not in seen and i not in spanning]
     if missing:
-        return f"node {missing[0]} ({describe(graph.nodes[missing[0]])}) lies in no stage"
+        return f"{where}node {missing[0]} ({describe(graph.nodes[missing[0]])}) lies in no stage"
     for i in sorted(spanning):
         node = graph.nodes[i]
-        per_graph = (node.stages,) if isinstance(node, For) else node.stages
-        if len(per_graph) != len(node.regions):
-            return f"node {i} ({describe(node)}) spans device groups but its graphs have no stages"
-        for region, region_stages in zip(node.regions, per_graph):
-            if message := _stages_close(module, region, region_stages):
-                return f"node {i} ({describe(node)}): {message}"
+        for k in range(len(node.regions)):
+            if path + (i, k) not in staged:
+                return f"{where}node {i} ({describe(node)}) spans device groups but its {region_name(node, k)} has no stages"
     return None
 
 
 def schedule_fits_the_graph(site: Site) -> str | None:
     """`fused` needs one stage and nothing between stages; `spmd` needs collective transfers."""
     module, schedule = site.module, site.module.schedule
-    if schedule is None:
+    if schedule is None or schedule.executor is None:
         return None
-    if schedule.shape not in SHAPES:
-        return f"schedule '{schedule.shape}' is not one of {', '.join(SHAPES)}"
+    if schedule.executor not in EXECUTORS:
+        return f"schedule '{schedule.executor}' is not one of {', '.join(EXECUTORS)}"
     if schedule.iterations_per_dispatch < 1:
         return f"schedule: {schedule.iterations_per_dispatch} iterations per dispatch"
-    between = [n for n in walk(module.graph.nodes) if isinstance(n, (Transfer, Delay))]
-    if schedule.shape == "fused" and (len(module.stages) > 1 or between):
-        return f"schedule fused, but the iteration has {len(module.stages)} stages and {len(between)} transfers and delays"
-    if schedule.shape != "staged" and any(is_host_loop(module, n) for n in module.graph.nodes):
-        return f"schedule {schedule.shape}, but a host loop runs only in a staged schedule"
-    if schedule.shape != "fused" and module.population:
-        return f"schedule {schedule.shape} cannot vectorise a population"
+    between = [n for n in walk(module.graph.nodes) if isinstance(n, Delay)
+               or (isinstance(n, Transfer) and not crosses_to_the_host(n))]  # a step's own cross to the host
+    if schedule.executor == "fused" and (len(module.stages) > 1 or between):
+        return (f"schedule fused, but the iteration has {len(module.stages)} stages and {len(between)} transfers "
+                "and delays")
+    if schedule.executor != "staged" and any(is_host_loop(module, n) for n in module.graph.nodes):
+        return f"schedule {schedule.executor}, but a host loop runs only in a staged schedule"
+    if schedule.executor != "fused" and module.population:
+        return f"schedule {schedule.executor} cannot vectorise a population"
     carriers = {n.carrier for n in between if isinstance(n, Transfer)}
-    if schedule.shape == "spmd" and carriers - {"collective"}:
+    if schedule.executor == "spmd" and carriers - {"collective"}:
         return "schedule spmd, but some transfers are carried by device_put"
-    if schedule.shape == "staged" and "collective" in carriers:
+    if schedule.executor == "staged" and "collective" in carriers:
         return "schedule staged, but some transfers are collectives"
     return None
 

@@ -11,7 +11,7 @@ from jax.extend import core as jex
 from jax.interpreters import partial_eval as pe
 
 from fragc.ir.graph_builder import glue_debug_info
-from fragc.ir.module import For, Glue, Graph, If, Module, Use, Value, fragments_run_in
+from fragc.ir.module import Glue, Graph, Module, Use, Value, fragments_run_in, map_regions
 from fragc.ir.types import TreeType
 
 from .pipeline import Pass
@@ -39,11 +39,8 @@ def _without_dead_nodes(graph: Graph) -> Graph:
             continue  # fragments are pure: an unused call is dead
         if isinstance(node, Glue) and len(used[0]) < len(node.outputs[0].type.leaves):
             node, renames[node.outputs[0]] = _shrink_glue(node, used[0])
-        if isinstance(node, For):
-            node = node.replace(body=_without_dead_nodes(node.body))
-        elif isinstance(node, If):
-            node = node.replace(branches=tuple(_without_dead_nodes(b) for b in node.branches))
-        for u in node.inputs:
+        node = map_regions(node, _without_dead_nodes)
+        for u in node.operands:
             live.setdefault(u.value, set()).add(u.index)
         nodes.append(node)
     nodes.reverse()

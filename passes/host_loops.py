@@ -1,9 +1,9 @@
-"""`lower_host_loops`: a fragment whose time loop runs from the host becomes a `Loop` node with its step in a region.
+"""`lower_host_loops`: a fragment whose time loop runs from the host becomes a `HostLoop` node with its step in a region.
 
 `place` decides which fragments run their time loop from the host
 (`Placement.env_groups` >= 1: a host loop) and `fuse` gives each a stage of
 its own. This pass cuts the fragment's body around its host step
-(`split_time_loop`, ir/time_loop.py) and replaces its run by a `Loop` node:
+(`split_time_loop`, ir/time_loop.py) and replaces its run by a `HostLoop` node:
 
     %out... = loop @rollout(%params, %runner) steps=T groups=G {
       ^step(%rollout_consts, %rollout_carry, %rollout_x):
@@ -16,8 +16,9 @@ its own. This pass cuts the fragment's body around its host step
     }
 
 The parts are fragments of the module (`FragmentDef.part_of`), the loop's
-prefix and suffix jaxprs are the node's, and the runtime's `HostLoop` and the
-reference interpreter both run what the node holds (`time_loop_of`). It runs
+prefix and suffix jaxprs are the node's, and the runtime's host-loop executor
+and the reference interpreter both run the region's nodes as they are, so a
+later pass (or a hand edit) that changes the region changes what runs. It runs
 last, after `loop`: what it adds is inside a stage the schedule already runs
 from the host.
 """
@@ -30,7 +31,7 @@ from typing import Any, Sequence
 import jax
 from jax.extend import core as jex
 
-from fragc.ir.module import HOST, FragmentDef, Graph, Loop, Module, Placement, Run, Transfer, Value, is_host_loop
+from fragc.ir.module import HOST, FragmentDef, Graph, HostLoop, Module, Placement, Run, Transfer, Value, is_host_loop
 from fragc.ir.time_loop import PARTS, split_time_loop
 from fragc.ir.types import LeafType, TreeType
 
@@ -44,14 +45,14 @@ class LowerHostLoops(Pass):
     def run(self, module: Module) -> Module:
         nodes, fragments = list(module.graph.nodes), dict(module.fragments)
         for i, node in enumerate(nodes):
-            if is_host_loop(module, node) and not isinstance(node, Loop):
+            if is_host_loop(module, node) and not isinstance(node, HostLoop):
                 nodes[i], parts = lower_host_loop(module.fragments[node.fragment], node)
                 fragments.update(parts)
         return module.replace(fragments=fragments, graph=module.graph.replace(nodes=tuple(nodes)))
 
 
-def lower_host_loop(fdef: FragmentDef, node: Run) -> tuple[Loop, dict[str, FragmentDef]]:
-    """The `Loop` node of `fdef`'s run `node`, and its parts."""
+def lower_host_loop(fdef: FragmentDef, node: Run) -> tuple[HostLoop, dict[str, FragmentDef]]:
+    """The `HostLoop` node of `fdef`'s run `node`, and its parts."""
     p = fdef.placement
     R, G = p.replicas, p.env_groups
     whole = split_time_loop(fdef, R, 1)  # one replica's step: the region's types and the reference's bodies
@@ -73,14 +74,12 @@ def lower_host_loop(fdef: FragmentDef, node: Run) -> tuple[Loop, dict[str, Fragm
              whole_body: Any, group_body: Any, placement: Placement) -> FragmentDef:
         in_types = tuple(t.with_leaves(tuple(leaf.replace(group=None) for leaf in t.leaves)) for t in ins)
         out_types = tuple(t.with_leaves(tuple(leaf.replace(group=None) for leaf in t.leaves)) for t in outs)
-        part_def = FragmentDef(
+        return FragmentDef(
             f"{name}.{suffix}", role, jex.jaxpr_as_fun(whole_body), tuple(arg_names), _structure(in_types),
             _structure(out_types), tuple(leaf.axis for t in in_types for leaf in t.leaves),
             tuple(leaf.axis for t in out_types for leaf in t.leaves),
-            in_types, out_types, whole_body, fdef.source, placement, part_of=name)
-        if G > 1:
-            part_def._bodies[G] = group_body
-        return part_def
+            in_types, out_types, whole_body, fdef.source, placement, part_of=name,
+            group_bodies=((G, group_body),) if G > 1 else ())
 
     device = Placement(p.group, R, p.lowering, G)
     host = Placement(HOST, R, "host", 0, p.env_workers)
@@ -92,7 +91,7 @@ def lower_host_loop(fdef: FragmentDef, node: Run) -> tuple[Loop, dict[str, Fragm
                                whole.absorb, per_group.absorb, device),
     }
     assert tuple(parts) == tuple(f"{name}.{s}" for s in PARTS)
-    return Loop(node.fragment, node.inputs, node.outputs, _region(name, p.group, consts, carry, x, ops, residuals,
+    return HostLoop(node.fragment, node.inputs, node.outputs, _region(name, p.group, consts, carry, x, ops, residuals,
                                                                   results, next_carry, y),
                 whole.length, G, whole.reverse, whole.prefix, whole.suffix), parts
 

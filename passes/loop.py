@@ -1,4 +1,4 @@
-"""loop{k}: how the runtime dispatches iterations (`Module.schedule`).
+"""loop{k}: how the runtime dispatches iterations (`Schedule.executor` and `iterations_per_dispatch`).
 
 - one stage and nothing between stages: `fused`, k iterations a dispatch;
 - stages with transfers carried by collectives: `spmd`, one program over the
@@ -21,13 +21,15 @@ import dataclasses
 
 from fragc.ir.errors import FragcError
 from fragc.ir.host import check_host_placement
-from fragc.ir.module import REGION_KINDS, Delay, Glue, Module, Schedule, Transfer, is_host_loop, walk
+from fragc.ir.module import Delay, Glue, Module, RegionNode, Schedule, Transfer, is_host_loop, walk
 
 from .pipeline import Pass
 
 
 @dataclasses.dataclass(frozen=True)
-class Loop(Pass):
+class DispatchLoop(Pass):
+    """The pass that decides how iterations are dispatched, k a dispatch (printed `loop{k=...}`)."""
+
     k: int = 16
     name = "loop"
 
@@ -35,13 +37,14 @@ class Loop(Pass):
         if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
             raise FragcError(f"loop: iterations per dispatch must be a positive int, got {self.k!r}")
         check_host_placement(module, None)  # before the shape's own refusals: they say less
-        module = module.replace(schedule=Schedule(self._shape(module), self.k))
-        check_host_placement(module, module.schedule.shape)
+        schedule = (module.schedule or Schedule()).replace(executor=self._executor(module), iterations_per_dispatch=self.k)
+        module = module.replace(schedule=schedule)
+        check_host_placement(module, schedule.executor)
         return module
 
-    def _shape(self, module: Module) -> str:
+    def _executor(self, module: Module) -> str:
         between = [n for n in walk(module.graph.nodes) if isinstance(n, (Transfer, Delay))]
-        between += [n for n in module.graph.nodes if isinstance(n, REGION_KINDS) and module.group_of(n) is None]
+        between += [n for n in module.graph.nodes if isinstance(n, RegionNode) and module.group_of(n) is None]
         host_loop = any(is_host_loop(module, n) for n in module.graph.nodes)
         if len(module.stages) <= 1 and not between and not host_loop:
             return "fused"

@@ -16,9 +16,7 @@ import dataclasses
 
 from fragc.ir.errors import FragcError
 from fragc.ir.host import env_workers_error
-from fragc.ir.module import (
-    REGION_KINDS, For, FragmentDef, Glue, Graph, If, Mesh, Module, Placement, Run, Use, Value, walk,
-)
+from fragc.ir.module import FragmentDef, Glue, Graph, Mesh, Module, Placement, RegionNode, Run, Use, Value, walk
 from fragc.ir.replicas import check_divides
 from fragc.ir.time_loop import time_loop_error
 
@@ -93,11 +91,11 @@ def _place_values(module: Module) -> Graph:
     return _place_graph(module, graph, {}, carried, {})
 
 
-def _place_graph(module: Module, graph: Graph, fixed: dict[Value, list[str]], carried: dict[Use, Use],
+def _place_graph(module: Module, graph: Graph, fixed: dict[Use, str], carried: dict[Use, Use],
                  fallback: dict[Use, str]) -> Graph:
-    """`graph` (the iteration, or a region's body) with every value placed.
+    """`graph` (the iteration, or a region's graph) with every value placed.
 
-    fixed: input values whose leaves' groups are decided already (a region on one group, a branch's operands);
+    fixed: input leaves whose groups are decided already (a region on one group, a branch's operands);
     carried: for an input leaf carried around a loop, the leaf that gives its next value (the returned state,
       a `for` body's yielded carry): it lives where that is made, so the loop carries it in place;
     fallback: where an input leaf lives when nothing in the graph makes or reads it (the region's operand).
@@ -106,7 +104,7 @@ def _place_graph(module: Module, graph: Graph, fixed: dict[Value, list[str]], ca
     node_group: dict[int, str | None] = _node_groups(module, graph)
     first_reader = _first_readers(graph, node_group)
     producer = graph.producers()
-    regions: dict[int, For | If] = {}  # placed regions, by index
+    regions: dict[int, RegionNode] = {}  # placed regions, by index
 
     def made_on(use: Use) -> str | None:
         """The group of the node that makes a leaf (a placed region: the group of that leaf of its result)."""
@@ -117,8 +115,8 @@ def _place_graph(module: Module, graph: Graph, fixed: dict[Value, list[str]], ca
 
     def input_group(use: Use) -> str | None:
         """Where it is made for the next trip (once known), else where it is first read, else the operand's."""
-        if use.value in fixed:
-            return fixed[use.value][use.index]
+        if use in fixed:
+            return fixed[use]
         return (made_on(carried[use]) if use in carried else None) or first_reader.get(use) or fallback.get(use)
 
     def group_of(use: Use) -> str | None:
@@ -133,7 +131,7 @@ def _place_graph(module: Module, graph: Graph, fixed: dict[Value, list[str]], ca
     for i, node in enumerate(graph.nodes):
         if isinstance(node, Glue):
             node_group[i] = glue_group(i, node)
-        elif isinstance(node, REGION_KINDS):
+        elif isinstance(node, RegionNode):
             regions[i] = _place_region(module, node, node_group[i], [group_of(u) or default for u in node.inputs])
     renamed: dict[Value, Value] = {v: _placed(v, [input_group(u) or default for u in v.uses()]) for v in graph.inputs}
     for i, node in enumerate(graph.nodes):
@@ -154,38 +152,94 @@ def _place_graph(module: Module, graph: Graph, fixed: dict[Value, list[str]], ca
                          outputs=fix(graph.outputs))
 
 
-def _place_region(module: Module, node: For | If, group: str | None, operand_groups: list[str]) -> For | If:
-    """A region with its graphs placed: on `group` entirely when its runs lie there, else its values where
-    their rules say (`_place_graph`), a loop's carry where the body makes its next value."""
-    if isinstance(node, For):
-        body = node.body
-        if group is not None:
-            placed = _place_graph(module, body, {v: [group] * len(v.type.leaves) for v in body.inputs}, {}, {})
-        else:
-            params = [u for v in body.inputs for u in v.uses()]
-            nc, nk = node.num_consts, node.num_carry
-            carried = {params[nc + k]: body.outputs[k] for k in range(nk)}
-            fallback = dict(zip(params, operand_groups))
-            placed = _place_graph(module, body, {}, carried, fallback)
-        carry = [t.group for t in placed.inputs[1].type.leaves]
-        ys = [u.type.group for u in placed.outputs[node.num_carry:]]
-        return node.replace(body=placed, outputs=(_placed(node.outputs[0], carry), _placed(node.outputs[1], ys)))
-    operands = node.inputs[1:]
+def _place_region(module: Module, node: RegionNode, group: str | None, operand_groups: list[str]) -> RegionNode:
+    """A region node with its graphs placed: on `group` entirely when its runs lie there; else each graph's values
+    where `_place_graph`'s rules say, its inputs by the kind's dataflow (`RegionNode.entries`, `carries`): a
+    carried input where the trip that yields it makes it, any other input where the graphs its operand enters
+    first read it (the same place in each), else where the operand lives. Its results live where the input they
+    are carried into lives, else where a graph that makes them makes them."""
+    where_operand = dict(zip(node.inputs, operand_groups))
+    entries, carries = node.entries(), node.carries()
+    placed: dict[int, Graph] = {}
     if group is not None:
-        where = [group] * len(operands)
+        for k, g in enumerate(node.regions):
+            placed[k] = _place_graph(module, g, {u: group for u in g.input_leaves}, {}, {})
     else:
-        readers = [_first_readers(b, _node_groups(module, b)) for b in node.branches]
-        where = [next((r[p] for r, b in zip(readers, node.branches) if (p := Use(b.inputs[0], k)) in r), None)
-                 or operand_groups[k + 1] for k in range(len(operands))]
-    branches = tuple(_place_graph(module, b, {b.inputs[0]: where}, {}, {}) for b in node.branches)
-    out = []
-    for k in range(len(node.outputs[0].type.leaves)):
-        made = [b.outputs[k] for b in branches if b.outputs[k].value not in b.inputs]
-        out.append((made or [branches[0].outputs[k]])[0].type.group)
-    return node.replace(branches=branches, outputs=(_placed(node.outputs[0], out),))
+        read_first = _entries_read_first(module, node)
+        for k in _carry_order(carries):
+            g = node.regions[k]
+            fixed, carried, fallback = {}, {}, {}
+            for j, param in enumerate(g.input_leaves):
+                source, entry = carries[k][j], entries[k][j] if entries[k] is not None else None
+                if source is not None and source[0] == k:  # carried around this graph: where it is made
+                    carried[param] = g.outputs[source[1]]
+                    if entry is not None:
+                        fallback[param] = where_operand.get(entry)
+                elif source is not None:  # carried from a graph placed before this one
+                    fixed[param] = _carried_group(placed[source[0]], carries[source[0]], source)
+                elif entry is not None:
+                    fixed[param] = read_first.get(entry) or where_operand.get(entry) or module.meshes[0].name
+            placed[k] = _place_graph(module, g, fixed, carried, fallback)
+    regions = tuple(placed[k] for k in range(len(node.regions)))
+    placed_node = node.with_regions(regions)
+    groups = [_exit_group(placed_node, exits, group) for exits in placed_node.exits()]
+    outputs, offset = [], 0
+    for v in node.outputs:
+        outputs.append(_placed(v, groups[offset:offset + len(v.type.leaves)]))
+        offset += len(v.type.leaves)
+    return placed_node.replace(outputs=tuple(outputs))
 
 
-def _run_groups(module: Module, node: For | If) -> list[str]:
+def _entries_read_first(module: Module, node: RegionNode) -> dict[Use, str]:
+    """For each operand leaf that enters the node's graphs, the group that first reads it there (graphs in order)."""
+    found: dict[Use, str] = {}
+    for g, entry in zip(node.regions, node.entries()):
+        if entry is None:
+            continue
+        first = _first_readers(g, _node_groups(module, g))
+        for param, u in zip(g.input_leaves, entry):
+            if param in first:
+                found.setdefault(u, first[param])
+    return found
+
+
+def _carry_order(carries: tuple) -> list[int]:
+    """The graphs of a region node in an order that places each graph after those it takes carries from."""
+    order: list[int] = []
+
+    def visit(k: int) -> None:
+        if k not in order:
+            for src in {c[0] for c in carries[k] if c is not None and c[0] != k}:
+                visit(src)
+            order.append(k)
+
+    for k in range(len(carries)):
+        visit(k)
+    return order
+
+
+def _carried_group(graph: Graph, carries: tuple, source: tuple[int, int]) -> str | None:
+    """Where a yielded leaf of a placed graph lives as a carry: the group of that graph's input it is carried
+    into, else where it is yielded."""
+    for param, c in zip(graph.input_leaves, carries):
+        if c == source:
+            return param.type.group
+    return graph.outputs[source[1]].type.group
+
+
+def _exit_group(node: RegionNode, exits: tuple[tuple[int, int], ...], group: str | None) -> str | None:
+    """Where a result leaf of a placed region node lives (`RegionNode.exits`): where the input it is carried into
+    lives, else where the first graph that makes it (rather than passing an input through) makes it."""
+    carries = node.carries()
+    for k, m in exits:
+        if (k, m) in carries[k]:
+            return _carried_group(node.regions[k], carries[k], (k, m))
+    yielded = [node.regions[k].outputs[m] for k, m in exits]
+    made = [u for u, (k, _) in zip(yielded, exits) if u.value not in node.regions[k].inputs]
+    return (made or yielded)[0].type.group if yielded else group
+
+
+def _run_groups(module: Module, node: RegionNode) -> list[str]:
     """The groups of the fragments a region runs (nested regions' too), in order."""
     return list(dict.fromkeys(module.fragments[n.fragment].placement.group
                               for g in node.regions for n in walk(g.nodes) if isinstance(n, Run)))
@@ -197,7 +251,7 @@ def _node_groups(module: Module, graph: Graph) -> dict[int, str | None]:
     for i, n in enumerate(graph.nodes):
         if isinstance(n, Run):
             groups[i] = module.fragments[n.fragment].placement.group
-        elif isinstance(n, REGION_KINDS):
+        elif isinstance(n, RegionNode):
             runs = _run_groups(module, n)
             groups[i] = runs[0] if len(runs) == 1 else None
     return groups

@@ -12,9 +12,7 @@ import dataclasses
 
 from fragc.ir.errors import FragcError
 from fragc.ir.graph_builder import FreshNames
-from fragc.ir.module import (
-    CARRIERS, REGION_KINDS, Delay, For, Glue, Graph, If, Module, Run, Transfer, Use, Value, walk,
-)
+from fragc.ir.module import CARRIERS, Delay, Glue, Graph, Module, RegionNode, Run, Transfer, Use, Value, walk
 from fragc.ir.types import TreeType
 
 from .pipeline import Pass
@@ -32,7 +30,7 @@ class InsertTransfers(Pass):
         back = [t.group for t in graph.inputs[0].type.leaves]  # the returned state comes back where it is read
         back += [None] * (len(graph.outputs) - len(back))
         taken = {v.name for v in graph.inputs} | {v.name for n in walk(graph.nodes) for v in n.outputs}
-        taken |= {v.name for n in walk(graph.nodes) if isinstance(n, REGION_KINDS) for g in n.regions for v in g.inputs}
+        taken |= {v.name for n in walk(graph.nodes) for g in n.regions for v in g.inputs}
         return module.replace(graph=_with_transfers(module, graph, back, self.carrier, taken), carrier=self.carrier)
 
 
@@ -44,7 +42,7 @@ def _with_transfers(module: Module, graph: Graph, out_groups: list[str | None], 
     mover = _Mover(carrier, taken)
     for node in graph.nodes:
         before = len(mover.nodes)
-        if isinstance(node, REGION_KINDS):
+        if isinstance(node, RegionNode):
             node = _region_with_transfers(module, node, mover, taken)
         elif not isinstance(node, Transfer) and (group := module.group_of(node)) is not None:
             changes = {"inputs": mover.per_argument(module, group, node)}
@@ -74,20 +72,29 @@ def _before_constants(nodes: list, added: int) -> None:
     nodes[start:] = moved + nodes[start:added]
 
 
-def _region_with_transfers(module: Module, node: For | If, mover: "_Mover", taken: set[str]) -> For | If:
-    """A region's operands moved to where its graphs read them, and its graphs' own transfers."""
-    if isinstance(node, For):
-        params = [t for v in node.body.inputs for t in v.type.leaves]
-        inputs = mover.to_each([t.group for t in params], node.inputs)
-        yields = [t.group for t in node.body.inputs[1].type.leaves]
-        yields += [None] * (len(node.body.outputs) - len(yields))
-        return node.replace(inputs=inputs, body=_with_transfers(module, node.body, yields, mover.carrier, taken))
-    params = [t.group for t in node.branches[0].inputs[0].type.leaves]
-    index = node.inputs[:1] if (g := module.group_of(node)) is None else mover.to(g, node.inputs[:1])
-    inputs = index + mover.to_each(params, node.inputs[1:])
-    outs = [t.group for t in node.outputs[0].type.leaves]
-    return node.replace(inputs=inputs, branches=tuple(_with_transfers(module, b, outs, mover.carrier, taken)
-                                                      for b in node.branches))
+def _region_with_transfers(module: Module, node: RegionNode, mover: "_Mover", taken: set[str]) -> RegionNode:
+    """A region node's operands moved to where its graphs read them (by the kind's dataflow: an operand goes where
+    the graph inputs it enters live; an operand no graph takes, such as an `if`'s index, to the node's group when
+    it has one), and its graphs' own transfers, each yielding its leaves where what they flow into lives: the
+    input they are carried into, else the node's result."""
+    destination: dict[int, str | None] = {}
+    for g, positions in zip(node.regions, node.entry_positions()):
+        for param, k in zip(g.input_leaves, positions or ()):
+            destination.setdefault(k, param.type.group)
+    group = module.group_of(node)
+    groups = [destination.get(k, group) for k in range(len(node.inputs))]
+    inputs = mover.to_each(groups, node.inputs)
+    results = [t for v in node.outputs for t in v.type.leaves]
+    yields: list[list[str | None]] = [[None] * len(g.outputs) for g in node.regions]
+    for leaf, exits in zip(results, node.exits()):
+        for k, m in exits:
+            yields[k][m] = leaf.group
+    for k, (g, carries) in enumerate(zip(node.regions, node.carries())):
+        for param, source in zip(g.input_leaves, carries):
+            if source is not None:
+                yields[source[0]][source[1]] = param.type.group
+    graphs = tuple(_with_transfers(module, g, yields[k], mover.carrier, taken) for k, g in enumerate(node.regions))
+    return node.with_regions(graphs).replace(inputs=inputs)
 
 
 class _Mover:

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 from jax.extend import core as jex
 
-from fragc.ir.module import REPLICA, FragmentDef, Module, Transfer, walk_counted
+from fragc.ir.module import REPLICA, FragmentDef, Module, Transfer, crosses_to_the_host, walk_counted
 from fragc.ir.types import LeafType
 
 # Bytes one device receives, given the bytes n of its operand and the replica count R.
@@ -72,8 +72,10 @@ def hlo_collective_bytes(hlo_text: str) -> int:
 
 
 def transfer_bytes(module: Module) -> int:
-    """Bytes the iteration's transfers move: a transfer in a loop's body every trip (in a branch: as if taken)."""
-    return sum(n.nbytes * times for n, times in walk_counted(module.graph.nodes) if isinstance(n, Transfer))
+    """Bytes the iteration's transfers between device groups move: a transfer in a loop's body every trip (in a
+    branch: as if taken). A host loop's crossings to the host are the host steps' (`host_bytes`)."""
+    return sum(n.nbytes * times for n, times in walk_counted(module.graph.nodes)
+               if isinstance(n, Transfer) and not crosses_to_the_host(n))
 
 
 def host_bytes(module: Module) -> tuple[int, int]:

@@ -29,7 +29,7 @@ from fragc.ir.module import REPLICA, Module
 from fragc.ir.errors import FragcError
 
 from . import pbt
-from .lower import Lowered, leaf_sharding, lower_fragment, lower_fragments
+from .lower import LoweringInterpreter, leaf_sharding, lower_fragment, lower_fragments
 from .stages import whole_iteration
 
 
@@ -48,7 +48,7 @@ class FusedProgram:
             frags = {name: lower_fragment(f, None) for name, f in module.callable_fragments().items()}
         else:
             frags = lower_fragments(module, devices)
-        self.body = Lowered(module, frags)
+        self.body = LoweringInterpreter(module, frags)
         self.state_shardings = self._state_shardings()
         self.static_trips = static_trip_count(devices)
         self.executables = [whole_iteration(module, self._lower(static=self.static_trips), self.k)]
@@ -57,7 +57,8 @@ class FusedProgram:
     def leaf_sharding(self, leaf: Any) -> Any:
         return leaf_sharding(leaf, self.module, self.devices)
 
-    def __call__(self, state: list[Any], delays: dict | None, n: int, start: int = 0) -> tuple[list, dict, list]:
+    def __call__(self, state: list[Any], delays: dict | None, n: int, start: int = 0,
+                 frame: Any = None) -> tuple[list, dict, list]:
         program = self.executables[0].compiled if n == self.k or not self.static_trips else self._remainder_program()
         if self.module.pbt is not None:  # the step's draws and whether it is due depend on the iteration
             state, metrics = program(state, np.int32(n), np.int32(start))

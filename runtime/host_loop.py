@@ -1,35 +1,39 @@
-"""The host loop: a fragment's time loop run from Python, device inference and host stepping alternating.
+"""The host loop: a fragment's time loop run from Python, device work and host steps alternating.
 
-`split_time_loop` (ir/time_loop.py) cuts the fragment's body into prefix,
-infer, host step, absorb and suffix. Each device part is compiled once, as a
-`shard_map` over the fragment's group (so collectives in the prefix and
-suffix mean what they mean in the fragment), with every value carried per
-replica (a leading axis of length R, split over the group's devices) but the
-trajectory, which is written where the fragment's results live
-(`TrajectoryLayout`) and handed on by the suffix without a copy.
+A `HostLoop` node (`lower_host_loops`) holds one time step as a region. This executor builds its phases from
+that region's nodes as the passes left them (nothing is looked up by name, and no shape is assumed beyond the
+verifier's rules): the step's nodes split into alternating *segments*, device work on the loop's group and host
+work (transfers to and from `@host` and the host steps between them),
 
-Per time step, for each environment group g (of G), in turn:
+    D0, H1, D1, ..., Hm, Dm        (a device segment may be empty)
 
-    results_g = finish_g()                     # wait for g's host step t (started earlier)
-    finish_g+1 = begin(ops_g+1)                # start the next group's host step (once its actions are
-                                               # there: its program was queued one turn earlier)
-    carry_g, ys, ops_g, res_g = step(res_g, results_g, ys, t, t + 1, g)
-                                               # queue absorb step t and infer step t + 1 for g
+Each device segment compiles once, as a `shard_map` over the loop's group with every value carried per replica
+(a leading axis R split over the devices), each node under its own body for one of G environment groups. The
+last segment of step t and the first of step t + 1 are one program, so a step costs one dispatch per host
+segment. The node's `prefix` and `suffix` run once a call; the per-step outputs are written where the
+fragment's results live (`TrajectoryLayout`) and handed on by the suffix without a copy.
 
-Dispatch is asynchronous and a pool with background workers (EnvPool's
-threads, Gymnasium's AsyncVectorEnv) steps while Python goes on, so with
-G >= 2 group g's inference runs on the devices while group g+1 steps on the
-host, and Python's dispatch work happens while the host steps too; the
-groups' host steps run one after another, as the same pools stepped in a
-plain loop do. With G = 1 inference and stepping alternate. Groups never
-exchange data, so every G computes the numbers of the synchronous loop.
+Per time step and host segment, for each environment group g (of G), in turn:
+
+    results_g = finish_g()                     # wait for g's host work (started earlier)
+    finish_g+1 = begin(g + 1)                  # start the next group's host work (its operands were queued a
+                                               # turn earlier)
+    queue g's device program after the host segment
+
+Dispatch is asynchronous and a pool with background workers (EnvPool's threads, Gymnasium's AsyncVectorEnv)
+steps while Python goes on, so with G >= 2 group g's device work runs while group g+1 steps on the host. With
+G = 1 device work and host work alternate. Groups never exchange data, so every G computes the numbers of the
+synchronous loop (the reference interpreter's).
+
+The executor keeps no run state: a call's trajectory buffers come from the caller, who hands back (`Frame.spare`)
+the buffers a previous call made once nothing reads them any more (the staged executor knows from the graph),
+and which the call's first write then reuses by donation; otherwise they are new.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -38,120 +42,208 @@ from jax.extend import core as jex
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fragc.ir.collectives import without_unit_reductions
+from fragc.ir.errors import FragcError
 from fragc.ir.host import start_host_call
-from fragc.ir.module import REPLICA, FragmentDef
-from fragc.ir.time_loop import TimeLoop
+from fragc.ir.interpreter import Frame, host_callback
+from fragc.ir.module import HOST, REPLICA, Glue, Graph, HostLoop, Module, Run, Transfer, Use, local_struct
 
 from .executable import Executable
 from .lower import spec
 from .multihost import place
 
 
-def _without_unit_reductions(loop: TimeLoop) -> TimeLoop:
-    """A one-replica loop's device parts with their reductions over `replica` dropped (the identity there), as
-    `lower_fragment` drops a one-replica body's: XLA would keep each as an all-reduce over one device."""
-    parts = ("prefix", "infer", "absorb", "suffix")
-    return dataclasses.replace(loop, **{p: without_unit_reductions(getattr(loop, p)) for p in parts})
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """Consecutive nodes of a step that run on one side, the device's or the host's.
 
-
-class HostLoop:
-    """`leaves -> leaves` of a fragment whose placement runs its time loop from the host: its loop node's
-    time loop (`time_loop_of`), the jaxprs the IR holds.
-
-    `executables` are its compiled programs: `{stage}.prefix` and `.suffix` once a call, `.infer` for a
-    group's first step, `.step` (absorb a step, infer the next) for the others, `.absorb` for its last.
+    reads: the leaves its nodes read that come from outside it (the step's inputs, earlier segments; for the last
+      device segment also what the step yields); makes: the leaves it defines that later segments read or the
+      step yields.
     """
 
-    def __init__(self, loop: TimeLoop, fdef: FragmentDef, mesh: Mesh, stage: str):
-        self.fdef, self.mesh, self.groups = fdef, mesh, fdef.placement.env_groups
-        self.loop = loop  # the jaxprs the IR holds
-        self.lowered = _without_unit_reductions(loop) if mesh.size == 1 else loop  # the jaxprs that compile
+    on_host: bool
+    nodes: tuple[int, ...]
+    reads: tuple[Use, ...]
+    makes: tuple[Use, ...]
+
+
+def split_step(module: Module, step: Graph) -> list[Segment]:
+    """The step's nodes as alternating device and host segments, device first and last (either may be empty)."""
+    sides: list[tuple[bool, list[int]]] = [(False, [])]
+    for i, node in enumerate(step.nodes):
+        host = isinstance(node, Transfer) or (isinstance(node, Run) and _group(module, node) == HOST)
+        if host != sides[-1][0]:
+            sides.append((host, []))
+        sides[-1][1].append(i)
+    if sides[-1][0]:
+        sides.append((False, []))
+    segments = []
+    for k, (host, idx) in enumerate(sides):
+        made = {u for i in idx for v in step.nodes[i].outputs for u in v.uses()}
+        reads = [u for i in idx for u in step.nodes[i].operands if u not in made]
+        later = [u for _, j in sides[k + 1:] for i in j for u in step.nodes[i].operands] + list(step.outputs)
+        if k == len(sides) - 1:  # the last device segment writes what the step yields
+            reads += [u for u in step.outputs if u not in made]
+        segments.append(Segment(host, tuple(idx), _once(reads), _once(u for u in later if u in made)))
+    return segments
+
+
+def _group(module: Module, node: Run) -> str | None:
+    p = module.fragments[node.fragment].placement
+    return p.group if p is not None else None
+
+
+def _once(uses: Any) -> tuple[Use, ...]:
+    return tuple(dict.fromkeys(uses))
+
+
+class HostLoopExecutor:
+    """`(frame, leaves) -> leaves` of a host loop node, as its step region says.
+
+    `executables` are its compiled programs: `{stage}.prefix` and `.suffix` once a call, `.first` (a group's
+    first step's device work before the host), `.step` (the device work after step t's last host segment and
+    before step t + 1's first, one program), `.last` (after the last step's) and, where a step crosses to the host
+    more than once, `.between{j}` (between host segments j and j + 1).
+    """
+
+    def __init__(self, module: Module, index: int, node: HostLoop, mesh: Mesh, stage: str):
+        self.module, self.index, self.node, self.mesh = module, index, node, mesh
+        self.fdef = module.fragments[node.fragment]
+        self.groups, step = node.groups, node.body
+        self.segments = split_step(module, step)
+        self.device, self.host = self.segments[0::2], self.segments[1::2]
+        nc, nk = node.num_consts, node.num_carry
+        inputs = step.input_leaves
+        self.consts, self.carry, self.x = inputs[:nc], inputs[nc:nc + nk], inputs[nc + nk:]
+        self.group_axes = {u: u.type.axis for u in inputs}  # in per-replica coordinates (the step's types)
         self.per_replica = NamedSharding(mesh, P(REPLICA))
         replicated = NamedSharding(mesh, P())
         self._local = replicated.is_fully_addressable  # else every process steps the environments of its devices
-        self._ys = [TrajectoryLayout.of((self.loop.length,) + tuple(a.shape), a.dtype, axis, self.groups, mesh.size)
-                    for a, axis in zip(self.loop.absorb.out_avals[self.loop.num_carry:], self.loop.ys_group_axes)]
+        self._ys = [TrajectoryLayout.of((node.steps,) + tuple(u.type.shape), u.type.dtype, u.type.axis,
+                                        self.groups, mesh.size) for u in step.outputs[nk:]]
+        self._bodies = {i: self._device_body(n) for i, n in enumerate(step.nodes)
+                        if not any(i in s.nodes for s in self.host)}
         self.executables = self._compile(stage, replicated)
-        self._prefix, self._infer, self._step, self._absorb, self._suffix = (e.compiled for e in self.executables)
-        self._index = [place(np.int32(i), replicated) for i in range(max(self.loop.length, self.groups))]
+        self._index = [place(np.int32(i), replicated) for i in range(max(node.steps, self.groups))]
         self._slice = jax.jit(_slice, static_argnums=(1, 2, 3), out_shardings=self.per_replica)
         self._concat = jax.jit(_concat, static_argnums=1, out_shardings=self.per_replica)
 
+    # ------------------------------------------------------------ the bodies, one replica's and one group's
+
+    def _device_body(self, node: Any) -> Callable[..., list[Any]]:
+        """A device node of the step as one group of one replica runs it: a part's body for the loop's groups,
+        glue traced again at one group's shapes (its leaves' `@env` axes split by G)."""
+        G, one = self.groups, self.mesh.size == 1
+        if isinstance(node, Glue):
+            body = node.body if G == 1 else _glue_for_groups(node, G)
+        else:
+            body = self.module.fragments[node.fragment].body_for(G)
+        return jex.jaxpr_as_fun(without_unit_reductions(body) if one else body)
+
+    def _run(self, segment: Segment, env: dict[Use, Any]) -> None:
+        """A device segment's nodes on one replica's values in `env` (inside a program); their results into it."""
+        for i in segment.nodes:
+            node = self.node.body.nodes[i]
+            outs = self._bodies[i](*[env[u] for u in node.operands])
+            env.update(zip((u for v in node.outputs for u in v.uses()), outs))
+
+    # ------------------------------------------------------------ the programs
+
     def _compile(self, stage: str, replicated: NamedSharding) -> list[Executable]:
-        """The five programs, compiled for their inputs: the fragment's leaves (prefix), else per replica."""
-        loop, fdef = self.loop, self.fdef
-        R, T = self.mesh.size, loop.length
-        nc, nk, n_ops = loop.num_consts, loop.num_carry, loop.num_operands
-        stacked = lambda shapes: [self._struct((R,) + tuple(a.shape), a.dtype) for a in shapes]  # noqa: E731
-        over_time = lambda shapes: [jax.ShapeDtypeStruct((T,) + tuple(a.shape), a.dtype) for a in shapes]  # noqa: E731
+        """The prefix, the device programs of the step (module docstring) and the suffix, compiled."""
+        node, R = self.node, self.mesh.size
+        group_struct = lambda u: self._struct((R,) + _group_shape(u, self.groups), u.type.dtype)  # noqa: E731
+        over_time = lambda u: self._struct((R, node.steps) + _group_shape(u, self.groups), u.type.dtype)  # noqa: E731
         t = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
-        consts, carry = stacked(loop.infer.in_avals[:nc]), stacked(loop.infer.in_avals[nc:nc + nk])
-        xs = stacked(over_time(loop.infer.in_avals[nc + nk:]))
-        residuals, results = stacked(loop.infer.out_avals[n_ops:]), stacked(loop.result_avals)
         ys = [self._struct(y.shape, y.dtype, y.spec) for y in self._ys]
         self._zeros = jax.jit(lambda: [jnp.zeros(y.shape, y.dtype) for y in ys], out_shardings=[y.sharding for y in ys])
+        suffix = self._lowered(node.suffix)
+        n_kept = len(suffix.in_avals) - len(ys) - node.num_carry
         split = all(layout.axis is not None for layout in self._ys)  # else the suffix takes a replica's part
-        suffix = self.lowered.suffix
-        self._passed_through = _passed_through(suffix, len(suffix.in_avals) - len(ys), len(ys)) if split else None
-        self._spare: list[Any] | None = None  # the last call's trajectory buffers, for `_trajectory_buffers`
-        prefix = [self._struct(leaf.shape, leaf.dtype, spec(leaf.axis)) for leaf in fdef.in_leaf_types]
-        kept_and_carry = stacked(loop.suffix.in_avals[:len(loop.suffix.in_avals) - len(ys)])
-        parts = (
-            ("prefix", self._prefix_program(), prefix),
-            ("infer", self._stacked(self._infer_fn, 3, 1, 2), (consts, carry, xs, t)),
-            ("step", self._stacked(self._step_fn, 5, 3, 4, ys_at=4, donate=(4,)),
-             (consts, xs, residuals, results, ys, t, t, t)),
-            ("absorb", self._stacked(self._absorb_fn, 3, 2, 2, ys_at=2, donate=(2,)), (residuals, results, ys, t, t)),
-            ("suffix", self._suffix_program(len(kept_and_carry)), (*kept_and_carry, *ys)),
-        )
-        return [_compile(f"{stage}.{name}", stage, fdef, program, structs) for name, program, structs in parts]
+        self._passed_through = _passed_through(suffix, n_kept + node.num_carry, len(ys)) if split else None
+        prefix = [self._struct(leaf.shape, leaf.dtype, spec(leaf.axis)) for leaf in self.fdef.in_leaf_types]
+        kept_and_carry = [self._struct((R,) + tuple(a.shape), a.dtype)
+                          for a in node.suffix.in_avals[:len(node.suffix.in_avals) - len(ys)]]
+        first, last = self.device[0], self.device[-1]
+        programs = [("prefix", self._prefix_program(), prefix),
+                    ("first", *self._program([first], False, group_struct, over_time, t))]
+        for j, segment in enumerate(self.device[1:-1], start=1):
+            programs.append((f"between{j}", *self._program([segment], False, group_struct, over_time, t)))
+        programs += [("step", *self._program([last, first], True, group_struct, over_time, t, ys)),
+                     ("last", *self._program([last], True, group_struct, over_time, t, ys)),
+                     ("suffix", self._suffix_program(n_kept + node.num_carry), (*kept_and_carry, *ys))]
+        executables = [_compile(f"{stage}.{name}", stage, self.fdef, program, structs)
+                       for name, program, structs in programs]
+        self._programs = {e.name.rpartition(".")[2]: e.compiled for e in executables}
+        return executables
+
+    def _lowered(self, body: jex.ClosedJaxpr) -> jex.ClosedJaxpr:
+        """A prefix or suffix as it compiles: on one device without its reductions over `replica` (the identity
+        there), as `lower_fragment` drops a one-replica body's (XLA would keep each as an all-reduce)."""
+        return without_unit_reductions(body) if self.mesh.size == 1 else body
+
+    def _program(self, segments: list[Segment], writes: bool, group_struct: Any, over_time: Any, t: Any,
+                 ys: Sequence[Any] = ()) -> tuple[Any, tuple]:
+        """The program of one device segment, or (`writes`) of the step's last one, which writes the step's
+        outputs into the trajectory at (step, group), followed by the next step's first (two segments).
+
+        Arguments: the leaves the segments read from outside (per replica), the step inputs' time-major leaves
+        they read (`x`: sliced at the step inside), then the trajectory (`writes`), then the step, the next step
+        and the group indices. Results: with `writes`, the carry and the trajectory; then what the segments make
+        that later ones read."""
+        nk, step = self.node.num_carry, self.node.body
+        reads: list[Use] = []
+        for k, seg in enumerate(segments):
+            handed = set(self.carry) if k else set()  # the next step's carry comes from the step before, inside
+            reads += [u for u in seg.reads if u not in self.x and u not in handed and u not in reads]
+        xs = [u for u in self.x if any(u in seg.reads for seg in segments)]
+        makes = list(segments[-1].makes) if len(segments) > 1 or not writes else []
+        layouts = self._ys
+
+        def body(read: list, x: list, trajectory: list, t: Any, t_next: Any, g: Any) -> tuple:
+            env = dict(zip(reads, read))
+            env.update((u, v[t]) for u, v in zip(xs, x))
+            self._run(segments[0], env)
+            out: tuple = ()
+            if writes:
+                yielded = [env[u] for u in step.outputs]
+                trajectory = [layout.write(buf, y, t, g) for layout, buf, y in zip(layouts, trajectory, yielded[nk:])]
+                out = (yielded[:nk], trajectory)
+                if len(segments) > 1:  # the next step's first segment, on the carry just made
+                    env = dict(zip(reads, read))
+                    env.update(zip(self.carry, yielded[:nk]))
+                    env.update((u, v[t_next]) for u, v in zip(xs, x))
+                    self._run(segments[1], env)
+            return out + ([env[u] for u in makes],)
+
+        structs = ([group_struct(u) for u in reads], [over_time(u) for u in xs], list(ys), t, t, t)
+        return self._stacked(body, ys_at=2 if writes else None, n_out=3 if writes else 1), structs
 
     def _struct(self, shape: tuple[int, ...], dtype: Any, partition: P = P(REPLICA)) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(self.mesh, partition))
 
-    # ------------------------------------------------------------ the programs, per replica
-
-    def _infer_fn(self, consts: list, carry: list, xs: list, t: jax.Array) -> tuple[list, list]:
-        """-> (the host step's operands, residuals) at step t."""
-        outs = jex.jaxpr_as_fun(self.lowered.infer)(*consts, *carry, *[x[t] for x in xs])
-        return outs[:self.loop.num_operands], outs[self.loop.num_operands:]
-
-    def _absorb_fn(self, residuals: list, results: list, ys: list, t: jax.Array, g: jax.Array) -> tuple[list, list]:
-        """-> (carry, the per-step outputs with group g's step t written)."""
-        outs = jex.jaxpr_as_fun(self.lowered.absorb)(*residuals, *results)
-        nk = self.loop.num_carry
-        return outs[:nk], [layout.write(buf, y, t, g) for layout, buf, y in zip(self._ys, ys, outs[nk:])]
-
-    def _step_fn(self, consts: list, xs: list, residuals: list, results: list, ys: list, t: jax.Array,
-                 t_next: jax.Array, g: jax.Array) -> tuple[list, list, list, list]:
-        """Absorb group g's step t and infer its step t_next in one program: one dispatch a step."""
-        carry, ys = self._absorb_fn(residuals, results, ys, t, g)
-        ops, residuals = self._infer_fn(consts, carry, xs, t_next)
-        return carry, ys, ops, residuals
-
-    def _stacked(self, fn: Any, n_stacked: int, n_scalar: int, n_out: int, ys_at: int | None = None,
-                 donate: tuple[int, ...] = ()) -> Any:
-        """jit(shard_map(fn)) of `n_stacked + n_scalar` arguments and `n_out` results, every value per replica
-        (stacked: a leading axis R over the devices) but the last `n_scalar` arguments (step and group indices,
-        the same on every device) and the per-step outputs, argument `ys_at` and result 1, in their own layout
-        (`TrajectoryLayout`)."""
+    def _stacked(self, fn: Any, ys_at: int | None, n_out: int) -> Any:
+        """jit(shard_map(fn)) of (read, x, trajectory, t, t_next, g): every value per replica (stacked: a leading
+        axis R over the devices) but the trajectory (argument `ys_at`, result 1) in its own layout
+        (`TrajectoryLayout`), donated, and the indices (the same on every device)."""
         ys_specs = [y.spec for y in self._ys]
 
         def body(*args: Any) -> Any:
-            per_replica = [a if i == ys_at else jax.tree.map(lambda x: x[0], a) for i, a in enumerate(args[:n_stacked])]
-            outs = fn(*per_replica, *args[n_stacked:])
+            per_replica = [a if i == ys_at else jax.tree.map(lambda x: x[0], a) for i, a in enumerate(args[:3])]
+            outs = fn(*per_replica, *args[3:])
             return tuple(o if ys_at is not None and i == 1 else jax.tree.map(lambda x: x[None], o)
                          for i, o in enumerate(outs))
 
-        in_specs = [ys_specs if i == ys_at else P(REPLICA) for i in range(n_stacked)] + [P()] * n_scalar
+        in_specs = [ys_specs if i == ys_at else P(REPLICA) for i in range(3)] + [P()] * 3
         out_specs = [ys_specs if ys_at is not None and i == 1 else P(REPLICA) for i in range(n_out)]
         return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=tuple(in_specs), out_specs=tuple(out_specs),
-                                     check_vma=False), donate_argnums=donate)
+                                     check_vma=False), donate_argnums=(2,) if ys_at is not None else ())
 
     def _prefix_program(self) -> Any:
-        """The fragment's inputs (in its layout) -> the scan's operands and what the suffix reads, stacked."""
-        fn = jex.jaxpr_as_fun(self.lowered.prefix)
-        n_out = len(self.loop.prefix.out_avals)
+        """The fragment's inputs (in its layout) -> the step's constants, carry and time-major inputs, and what the
+        suffix reads, stacked."""
+        fn = jex.jaxpr_as_fun(self._lowered(self.node.prefix))
+        n_out = len(self.node.prefix.out_avals)
         return jax.jit(jax.shard_map(lambda *xs: tuple(o[None] for o in fn(*xs)), mesh=self.mesh,
                                      in_specs=tuple(spec(a) for a in self.fdef.in_axes),
                                      out_specs=(P(REPLICA),) * n_out, check_vma=False))
@@ -160,7 +252,7 @@ class HostLoop:
         """(what the prefix kept and the final carry, stacked; the per-step outputs in their layout) -> the
         fragment's outputs. The per-step outputs are donated: a trajectory the suffix passes through to the
         fragment's results (in the same layout) is then not copied."""
-        fn = jex.jaxpr_as_fun(self.lowered.suffix)
+        fn = jex.jaxpr_as_fun(self._lowered(self.node.suffix))
         n_ys = len(self._ys)
 
         def body(*xs: Any) -> tuple[Any, ...]:
@@ -174,20 +266,22 @@ class HostLoop:
 
     # ------------------------------------------------------------ running
 
-    def __call__(self, *leaves: Any) -> list[Any]:
-        loop, G = self.loop, self.groups
-        nc, nk, nx = loop.num_consts, loop.num_carry, loop.num_xs
-        out = self._prefix(*leaves)
+    def __call__(self, frame: Frame, *leaves: Any) -> list[Any]:
+        node, G = self.node, self.groups
+        nc, nk, nx = node.num_consts, node.num_carry, len(self.x)
+        out = self._programs["prefix"](*leaves)
         operands, kept = out[:nc + nk + nx], out[nc + nk + nx:]
-        parts = [self._group(operands, g) for g in range(G)]  # per group: consts + carry + xs
-        consts, carry, xs = [p[:nc] for p in parts], [p[nc:nc + nk] for p in parts], [p[nc + nk:] for p in parts]
-        ys = self._trajectory_buffers()  # every group writes its own environments' part of them
-        steps = list(range(loop.length - 1, -1, -1) if loop.reverse else range(loop.length))
-        pending = [self._infer(consts[g], carry[g], xs[g], self._index[steps[0]]) for g in range(G)]
-        started: list[Any] = [None] * G  # each group's host step in flight: a function that waits for its results
+        envs = [dict(zip(self.consts + self.carry, self._group(operands[:nc + nk], g, self.consts + self.carry)))
+                for g in range(G)]  # per group: its constants and carry, then what its segments make
+        xs = [self._group(operands[nc + nk:], g, self.x, time=True) for g in range(G)]
+        ys = self._trajectory_buffers(frame)  # every group writes its own environments' part of them
+        steps = list(range(node.steps - 1, -1, -1) if node.reverse else range(node.steps))
+        for g in range(G):
+            self._dispatch(envs[g], xs[g], "first", self.device[0], None, steps[0], steps[0], g)
+        started: list[Any] = [None] * G  # each group's host work in flight: a function that waits for it
         try:
-            ys = self._steps(steps, consts, carry, xs, ys, pending, started)
-        except BaseException:  # a failure or Ctrl-C: receive every step in flight, so the pools can be used again
+            ys = self._turns(steps, envs, xs, ys, started)
+        except BaseException:  # a failure or Ctrl-C: receive every host step in flight, so the pools can be used again
             for finish in started:
                 if finish is not None:
                     try:
@@ -195,75 +289,126 @@ class HostLoop:
                     except Exception:  # noqa: BLE001 - the first error is the one to report
                         pass
             raise
-        final = self._merge(carry, loop.group_axes[nc:nc + nk])
-        outs = list(self._suffix(*kept, *final, *ys))
+        final = self._merge([[env[u] for u in self.carry] for env in envs], [self.group_axes[u] for u in self.carry])
+        outs = list(self._programs["suffix"](*kept, *final, *ys))
         if self._passed_through is not None:  # the trajectory, handed on in the buffers the loop wrote
-            self._spare = [outs[o] for o in self._passed_through]
+            frame.made[self.index] = [outs[o] for o in self._passed_through]
         return outs
 
-    def _trajectory_buffers(self) -> list[Any]:
-        """Buffers for the per-step outputs: the last call's, when nothing but this loop holds them any more
-        (every element is written again: each group writes its rows of every step), else new ones.
+    def _trajectory_buffers(self, frame: Frame) -> list[Any]:
+        """Buffers for the per-step outputs: those the caller hands back (`Frame.spare`: the trajectory of an
+        earlier call, which nothing reads any more; every element is written again, each group its rows of every
+        step), else new ones.
 
-        New buffers cost more than their zeros: the kernel maps and clears fresh pages for them (Pong's two
-        231 MB frame buffers took 110-150 ms a call on 2 CPU cores, while the environments waited). The
-        results of the last call are the buffers it wrote (the suffix hands them on without a copy); once the
-        learner has dropped them, donating them to the next call's first step reuses their pages."""
-        spare, self._spare = self._spare, None
-        if spare is not None and all(sys.getrefcount(x) <= _ONLY_HERE for x in spare):
-            return spare
+        New buffers cost more than their zeros: the kernel maps and clears fresh pages for them (Pong's two 231 MB
+        frame buffers took 110-150 ms a call on 2 CPU cores, while the environments waited). Donating the handed
+        back buffers to the call's first write reuses their pages."""
+        spare = frame.spare.pop(self.index, None)
+        if spare is not None and [(x.shape, x.dtype) for x in spare] == [(y.shape, y.dtype) for y in self._ys]:
+            return list(spare)
         return self._zeros()
 
-    def _steps(self, steps: list[int], consts: list, carry: list, xs: list, ys: list, pending: list,
-               started: list) -> list:
-        """Every time step of every group (module docstring); `carry` and `started` are updated in place, the
-        trajectory is returned."""
-        loop, G, index = self.loop, self.groups, self._index
-        started[0] = self._begin(pending[0][0])
-        for n, t in enumerate(steps):
+    def _turns(self, steps: list[int], envs: list[dict], xs: list[list], ys: list, started: list) -> list:
+        """Every host segment of every step of every group, each followed by the device program after it (module
+        docstring); `envs` and `started` are updated in place, the trajectory is returned."""
+        G, m = self.groups, len(self.host)
+        turns = [(n, j) for n in range(len(steps)) for j in range(m)]
+        started[0] = self._begin(envs[0], self.host[0])
+        for k, (n, j) in enumerate(turns):
             for g in range(G):
-                residuals = pending[g][1]
                 finish, started[g] = started[g], None
-                results = [self._to_device(r, a) for r, a in zip(finish(), loop.result_avals)]
-                nxt, n_nxt = (g + 1, n) if g + 1 < G else (0, n + 1)
-                if G > 1 and n_nxt < len(steps):  # the next group's step, started before this group's dispatch
-                    started[nxt] = self._begin(pending[nxt][0])
-                if n + 1 < len(steps):  # absorb step t and infer step t + 1
-                    carry[g], ys, *pending[g] = self._step(consts[g], xs[g], residuals, results, ys, index[t],
-                                                           index[steps[n + 1]], index[g])
-                    if G == 1:
-                        started[0] = self._begin(pending[0][0])
+                envs[g].update(finish())
+                nxt, k_nxt = (g + 1, k) if g + 1 < G else (0, k + 1)
+                if G > 1 and k_nxt < len(turns):  # the next group's host work, started before this group's dispatch
+                    started[nxt] = self._begin(envs[nxt], self.host[turns[k_nxt][1]])
+                t = steps[n]
+                if j + 1 < m:
+                    self._dispatch(envs[g], xs[g], f"between{j + 1}", self.device[j + 1], None, t, t, g)
+                elif n + 1 < len(steps):  # step t's last device work and step t + 1's first
+                    ys = self._dispatch(envs[g], xs[g], "step", self.device[-1], ys, t, steps[n + 1], g)
                 else:
-                    carry[g], ys = self._absorb(residuals, results, ys, index[t], index[g])
+                    ys = self._dispatch(envs[g], xs[g], "last", self.device[-1], ys, t, t, g)
+                if G == 1 and k + 1 < len(turns):
+                    started[0] = self._begin(envs[0], self.host[turns[k + 1][1]])
         return ys
 
-    def _begin(self, operands: Sequence[jax.Array]) -> Any:
-        """Start a group's host step (waiting for its inference: the operands) -> wait for its results."""
-        return start_host_call(self.loop.callback, *[self._to_host(x) for x in operands])
+    def _dispatch(self, env: dict, xs: list, name: str, segment: Any, ys: Any, t: int, t_next: int, g: int) -> Any:
+        """Queue a device program on a group's values; its results into the group's `env`; the trajectory it
+        wrote, if it writes one."""
+        program = self._programs[name]
+        segments = [segment, self.device[0]] if name == "step" else [segment]
+        reads: list[Use] = []
+        for k, seg in enumerate(segments):
+            handed = set(self.carry) if k else set()
+            reads += [u for u in seg.reads if u not in self.x and u not in handed and u not in reads]
+        x = [v for u, v in zip(self.x, xs) if any(u in seg.reads for seg in segments)]
+        index = self._index
+        outs = program([env[u] for u in reads], x, ys if ys is not None else [], index[t], index[t_next], index[g])
+        makes = segments[-1].makes if name != "last" else ()
+        if ys is not None:
+            env.update(zip(self.carry, outs[0]))
+            ys = outs[1]
+        env.update(zip(makes, outs[-1]))
+        return ys
 
-    def _to_host(self, x: jax.Array) -> np.ndarray:
+    def _begin(self, env: dict[Use, Any], segment: Segment) -> Callable[[], dict[Use, Any]]:
+        """Start a group's host segment (its transfers to the host wait for the device values they move) -> a
+        function that waits for it and returns what it makes: the values moved back, as numpy for the program,
+        and host values later host segments read."""
+        nodes = [self.node.body.nodes[i] for i in segment.nodes]
+        host: dict[Use, Any] = {}
+        k = 0
+        while k < len(nodes) and not (isinstance(nodes[k], Run)):  # the transfers before the first host step
+            self._host_node(nodes[k], env, host)
+            k += 1
+        if k == len(nodes):
+            return lambda: _made(host, segment)
+        call = nodes[k]
+        finish = start_host_call(host_callback(self.module.fragments[call.fragment]),
+                                 *[host[u] if u in host else env[u] for u in call.inputs])
+
+        def done() -> dict[Use, Any]:
+            host.update(zip((u for v in call.outputs for u in v.uses()), finish()))
+            for n in nodes[k + 1:]:
+                self._host_node(n, env, host)
+            return _made(host, segment)
+
+        return done
+
+    def _host_node(self, node: Any, env: dict[Use, Any], host: dict[Use, Any]) -> None:
+        """A host segment's node after its first host step, or a transfer before it."""
+        ins = [host[u] if u in host else env[u] for u in node.operands]
+        if isinstance(node, Transfer):
+            outs = [self._to_host(x) for x in ins] if node.dst == HOST else [
+                self._to_device(x, u.type) for x, u in zip(ins, node.outputs[0].uses())]
+        else:
+            outs = start_host_call(host_callback(self.module.fragments[node.fragment]), *ins)()
+        host.update(zip((u for v in node.outputs for u in v.uses()), outs))
+
+    def _to_host(self, x: Any) -> np.ndarray:
         """This process's replicas of a per-replica value: all of them in one process; across processes
         (Sebulba on several hosts) those of its own devices, whose environments it steps."""
-        if self._local:
+        if isinstance(x, np.ndarray) or self._local:
             return np.asarray(x)
         shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
         return np.concatenate([np.asarray(s.data) for s in shards])
 
-    def _to_device(self, result: Any, aval: Any) -> Any:
+    def _to_device(self, result: Any, leaf: Any) -> Any:
         """A host step's result (this process's replicas) as the per-replica value the program takes: numpy
         straight into the compiled program in one process (its C++ path moves it ~10x faster than
         `device_put`), an array assembled from every process's part across processes."""
-        local = np.asarray(result, aval.dtype).reshape((-1,) + tuple(aval.shape))
+        per_group = _leaf_group_shape(leaf, self.groups)
+        local = np.asarray(result, leaf.dtype).reshape((-1,) + per_group)
         if self._local:
             return local
-        return jax.make_array_from_process_local_data(self.per_replica, local, (self.mesh.size,) + tuple(aval.shape))
+        return jax.make_array_from_process_local_data(self.per_replica, local, (self.mesh.size,) + per_group)
 
-    def _group(self, leaves: Sequence[Any], g: int) -> list[Any]:
-        """Group g's part of each per-replica leaf (stacked: the group axis is one further)."""
+    def _group(self, leaves: Sequence[Any], g: int, uses: Sequence[Use], time: bool = False) -> list[Any]:
+        """Group g's part of each per-replica leaf (stacked: the group axis is one further; `time`: one more)."""
         if self.groups == 1:
             return list(leaves)
-        return [x if axis is None else self._slice(x, g, self.groups, axis + 1)
-                for x, axis in zip(leaves, self.loop.group_axes)]
+        return [x if self.group_axes[u] is None else self._slice(x, g, self.groups, self.group_axes[u] + 1 + time)
+                for x, u in zip(leaves, uses)]
 
     def _merge(self, per_group: list[list[Any]], axes: Sequence[int | None]) -> list[Any]:
         """The carry's per-replica leaves from every group's: concatenated along the group axis (stacked: one
@@ -274,8 +419,37 @@ class HostLoop:
                 for i, axis in enumerate(axes)]
 
 
-_ONLY_HERE = 3
-"""`sys.getrefcount` of a buffer that only `_trajectory_buffers` holds: its list, the loop variable, the call."""
+def _made(host: dict[Use, Any], segment: Segment) -> dict[Use, Any]:
+    return {u: host[u] for u in segment.makes if u in host}
+
+
+def _group_shape(use: Use, groups: int) -> tuple[int, ...]:
+    """One group's shape of a leaf of the step (its `@env` axis split by `groups`)."""
+    return _leaf_group_shape(use.type, groups)
+
+
+def _leaf_group_shape(leaf: Any, groups: int) -> tuple[int, ...]:
+    shape = list(leaf.shape)
+    if leaf.axis is not None:
+        shape[leaf.axis] //= groups
+    return tuple(shape)
+
+
+def _glue_for_groups(node: Glue, groups: int) -> jex.ClosedJaxpr:
+    """Glue of a step traced again at one group's shapes (its operands' `@env` axes split by `groups`); refused
+    in one line where its equations fix the whole replica's shapes (a reshape, a broadcast to a size)."""
+    structs = [local_struct(u.type, groups) for u in node.inputs]
+    try:
+        body = jax.make_jaxpr(jex.jaxpr_as_fun(node.body))(*structs)
+    except Exception as err:  # JAX's shape errors come as TypeError, ValueError, ...
+        raise FragcError(f"glue %{node.outputs[0].name} in a host loop's step does not run on one of {groups} "
+                         f"environment groups ({type(err).__name__}: {str(err).splitlines()[0][:200]}); use "
+                         "env_groups=1, or do that work in a fragment") from err
+    want = [_leaf_group_shape(t, groups) for t in node.outputs[0].type.leaves]
+    if [tuple(a.shape) for a in body.out_avals] != want:
+        raise FragcError(f"glue %{node.outputs[0].name} in a host loop's step makes other shapes on one of {groups} "
+                         "environment groups than its types say; use env_groups=1, or do that work in a fragment")
+    return body
 
 
 def _passed_through(suffix: jex.ClosedJaxpr, n_kept: int, n_ys: int) -> list[int] | None:
@@ -287,7 +461,7 @@ def _passed_through(suffix: jex.ClosedJaxpr, n_kept: int, n_ys: int) -> list[int
     return None if None in found or len(set(found)) != len(found) else found
 
 
-def _compile(name: str, stage: str, fdef: FragmentDef, program: Any, structs: Any) -> Executable:
+def _compile(name: str, stage: str, fdef: Any, program: Any, structs: Any) -> Executable:
     lowered = program.lower(*structs)
     return Executable(name, (stage,), (fdef.name,), lowered, lowered.compile())
 
@@ -319,14 +493,16 @@ class TrajectoryLayout:
     rows: int  # of one group along it
 
     @classmethod
-    def of(cls, per_group: tuple[int, ...], dtype: Any, axis: int | None, groups: int,
+    def of(cls, per_replica: tuple[int, ...], dtype: Any, axis: int | None, groups: int,
            replicas: int) -> "TrajectoryLayout":
-        """The layout of a leaf of shape `per_group` (time first) per replica and group."""
+        """The layout of a leaf of shape `per_replica` (time first) per replica, whose step leaf has its group
+        axis at `axis` (without time)."""
         if axis is None:
-            return cls((replicas,) + per_group, dtype, P(REPLICA), None, 0)
-        shape = list(per_group)
-        shape[axis] *= groups * replicas
-        return cls(tuple(shape), dtype, spec(axis), axis, per_group[axis])
+            return cls((replicas,) + per_replica, dtype, P(REPLICA), None, 0)
+        axis += 1  # time first
+        shape = list(per_replica)
+        shape[axis] *= replicas
+        return cls(tuple(shape), dtype, spec(axis), axis, per_replica[axis] // groups)
 
     def write(self, buf: jax.Array, y: jax.Array, t: jax.Array, g: jax.Array) -> jax.Array:
         """`buf` (one replica's block) with group g's output `y` of step t written."""

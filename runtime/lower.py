@@ -85,8 +85,8 @@ def _gspmd(fdef: FragmentDef, mesh: Mesh) -> Callable[..., Any]:
     return lambda *xs: constrain(run(*constrain(xs, fdef.in_axes)), fdef.out_axes)
 
 
-class Lowered(Interpreter):
-    """The module's nodes with each fragment under its lowering: what a compiled stage traces."""
+class LoweringInterpreter(Interpreter):
+    """The module's nodes with each fragment under its lowering: what a compiled stage or program traces."""
 
     def __init__(self, module: Module, fragments: dict[str, Callable[..., Any]]):
         super().__init__(module)

@@ -14,6 +14,7 @@ Metrics of a dispatch are fetched only after the next one is queued.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -23,6 +24,7 @@ import numpy as np
 
 from fragc.ir.host import apply_env_workers
 from fragc.ir.errors import FragcError
+from fragc.ir.interpreter import Frame
 from fragc.ir.module import Delay, Transfer
 from fragc.ir.printer import format_module
 from fragc.ir.sweep import swept
@@ -40,7 +42,7 @@ from .state_diff import differences, only_static, same_leaf_type
 from .stages import Executable, StagedProgram
 
 EXECUTORS = {"fused": FusedProgram, "staged": StagedProgram, "spmd": SpmdProgram}
-"""The executor of each `Schedule.shape`."""
+"""The executor of each `Schedule.executor`."""
 
 
 class Program:
@@ -52,15 +54,25 @@ class Program:
         self.devices = list(devices)
         self.population = module.population
         self.k = module.schedule.iterations_per_dispatch
-        self.last_delays: dict[int, list[Any]] | None = None
-        self.last_run: Run | None = None
+        self._last = threading.local()  # each thread's latest run: `last_delays`, `last_run`
+        self._host_envs = threading.Lock() if any(f.host_steps for f in module.fragments.values()) else None
         self._state_tree = module.graph.inputs[0].type.treedef
         t0 = time.perf_counter()
         self._init = jax.jit(self._init_fn())
-        self._executor = EXECUTORS[module.schedule.shape](module, self.devices)
+        self._executor = EXECUTORS[module.schedule.executor](module, self.devices)
         self._shardings = self._executor.state_shardings
         self.compile_seconds = time.perf_counter() - t0
         apply_env_workers(module)  # the host pools' workers, as placed (and checked by `place`): before `init`
+
+    @property
+    def last_delays(self) -> dict[int, list[Any]] | None:
+        """The delay values to continue with after this thread's latest run (None before one)."""
+        return getattr(self._last, "delays", None)
+
+    @property
+    def last_run(self) -> Run | None:
+        """What this thread's latest run reached (`runtime.actions.Run`; None before one)."""
+        return getattr(self._last, "run", None)
 
     # ------------------------------------------------------------ inspection
 
@@ -164,6 +176,19 @@ class Program:
             raise FragcError(f"start must be a whole number of iterations, got {start!r}")
         actions = check_actions(actions) + ([OnMetrics(callback)] if callback is not None else [])
         leaves = self._check_state(state, "run")
+        if self._host_envs is None:
+            return self._run(leaves, iterations, actions, delays, start)
+        if not self._host_envs.acquire(blocking=False):
+            raise FragcError("run: this program steps host environments, which one run at a time can step, and "
+                             "another run of it is under way (another thread's); compile a second program for a "
+                             "second run at once")
+        try:
+            return self._run(leaves, iterations, actions, delays, start)
+        finally:
+            self._host_envs.release()
+
+    def _run(self, leaves: list[Any], iterations: int, actions: list[Action], delays: dict | None,
+             start: int) -> tuple[Any, dict[str, np.ndarray]]:
         if delays is not None:
             delays = self.place_delays(delays)
         elif self._executor.donates:  # delays are explicit (and donated) program arguments
@@ -172,23 +197,24 @@ class Program:
             leaves, delays = copies((leaves, delays))
         run = Run(self, int(start), int(start) + int(iterations), steps_per_iteration(self.algo),
                   jax.process_index() == 0)
-        self.last_run = run
+        self._last.run = run
         started: list[Action] = []
         try:
             for action in actions:
                 action.on_start(run)
                 started.append(action)
-            carry, rows = self._drive(run, actions, (leaves, delays))
+            carry, rows = self._drive(run, actions, (leaves, delays), Frame())
         finally:
             for action in reversed(started):
                 action.on_end(run)
-        self.last_delays = carry[1]
+        self._last.delays = carry[1]
         axis = 1 if self.population else 0
         history = {k: np.concatenate([r[k] for r in rows], axis=axis) for k in rows[0]}
         return jax.tree.unflatten(self._state_tree, carry[0]), history
 
-    def _drive(self, run: Run, actions: list[Action], carry: tuple) -> tuple[tuple, list[dict]]:
-        """The dispatch loop: dispatch, then hand the actions what they asked for (runtime/actions.py)."""
+    def _drive(self, run: Run, actions: list[Action], carry: tuple, frame: Frame) -> tuple[tuple, list[dict]]:
+        """The dispatch loop: dispatch, then hand the actions what they asked for (runtime/actions.py). `frame`:
+        what the run carries from dispatch to dispatch besides its state (runtime/stages.py)."""
         rows: list[dict] = []
         pending, done, iterations = None, run.start, run.stop_at
         handed = [run.start] * len(actions)  # the iteration of each action's latest `on_state`
@@ -196,7 +222,7 @@ class Program:
             n = min(self.k, iterations - done)
             if self.module.pbt is not None:  # a dispatch ends on each multiple of PBT's period: its step is there
                 n = min(n, self.module.pbt.every - done % self.module.pbt.every)
-            carry, metrics = self._dispatch(carry, n, done)
+            carry, metrics = self._dispatch(carry, n, done, frame)
             queued = [a.on_dispatch(done + n, self._tree(carry[0])) for a in actions]
             if pending is not None:
                 self._collect(run, actions, rows, *pending)
@@ -236,9 +262,9 @@ class Program:
         """The delay values a run starting from `state` begins with (empty without delays)."""
         return initial_delays(self.module, jax.tree.leaves(state))
 
-    def _dispatch(self, carry: tuple, n: int, start: int = 0) -> tuple[tuple, dict]:
+    def _dispatch(self, carry: tuple, n: int, start: int = 0, frame: Frame | None = None) -> tuple[tuple, dict]:
         """Up to `k` iterations -> ((state, delays), metrics with one row per iteration)."""
-        state, delays, metrics = self._executor(carry[0], carry[1], n, start)
+        state, delays, metrics = self._executor(carry[0], carry[1], n, start, frame)
         metrics_tree = self.module.graph.out_tree.children()[1]
         return (state, delays), _metrics_dict(jax.tree.unflatten(metrics_tree, metrics))
 

@@ -38,8 +38,8 @@ from jax import lax
 from jax.extend import core as jex
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fragc.ir.interpreter import Interpreter
-from fragc.ir.module import REPLICA, If, Module, Run, Transfer
+from fragc.ir.interpreter import Frame, Interpreter
+from fragc.ir.module import REPLICA, If, Module, Run, Transfer, While
 from fragc.ir.types import LeafType
 
 from .lower import spec
@@ -80,31 +80,47 @@ class SpmdProgram(Interpreter):
         """Where a leaf lives between dispatches: on every row, split over `replica` along its batch axis."""
         return NamedSharding(self.mesh, _spec(leaf))
 
-    def __call__(self, state: list[Any], delays: dict[int, list[Any]], n: int, start: int = 0) -> tuple[list, dict, Any]:
+    def __call__(self, state: list[Any], delays: dict[int, list[Any]], n: int, start: int = 0,
+                 frame: Frame | None = None) -> tuple[list, dict, Any]:
         flat = [x for i in self.delay_nodes for x in delays[i]]
         state, flat, metrics = self.executables[0].compiled(state, flat, np.int32(n))
         return state, self._unflatten_delays(flat), metrics
 
     # ------------------------------------------------------------ the executor's steps inside the program
 
-    def run(self, i: int, node: Run, leaves: list[Any]) -> list[Any]:
+    def run(self, frame: Frame, i: int, node: Run, leaves: list[Any]) -> list[Any]:
         """Only the fragment's own group's row computes it; the other rows take zeros."""
         fdef = self.module.fragments[node.fragment]
         body = fdef.body_for(fdef.placement.replicas)
         zeros = [jnp.zeros(a.shape, a.dtype) for a in body.out_avals]
-        return lax.cond(self.row_index == self.row[fdef.placement.group],
+        return lax.cond(frame.row == self.row[fdef.placement.group],
                         lambda xs: list(jex.jaxpr_as_fun(body)(*xs)), lambda xs: zeros, leaves)
 
-    def if_branch(self, i: int, node: If, leaves: list[Any]) -> list[Any]:
+    def if_branch(self, frame: Frame, i: int, node: If, leaves: list[Any]) -> list[Any]:
         """Every row takes the branch the index's own group computed (its row broadcasts it), so that the
         collectives inside the branch run on every device."""
-        group = node.inputs[0].type.group
-        index = leaves[0]
-        if group is not None:
-            index = lax.psum(jnp.where(self.row_index == self.row[group], index, 0), GROUP)
-        return super().if_branch(i, node, [index] + list(leaves[1:]))
+        index = self._broadcast(frame, leaves[0], node.inputs[0].type.group)
+        return super().if_branch(frame, i, node, [index] + list(leaves[1:]))
 
-    def transfer(self, i: int, node: Transfer, leaves: list[Any]) -> list[Any]:
+    def while_loop(self, frame: Frame, i: int, node: While, leaves: list[Any]) -> list[Any]:
+        """Every row runs the trips the condition's own group decides (its row broadcasts each decision), so that
+        every device takes part in the collectives of every trip."""
+        cond_consts, body_consts, carry = node.split(leaves)
+        group = node.cond.outputs[0].type.group
+
+        def cond(c: list[Any]) -> Any:
+            flag = self.region(frame, node.cond, cond_consts + list(c))[0]
+            return self._broadcast(frame, flag.astype(jnp.int32), group) > 0
+
+        return list(lax.while_loop(cond, lambda c: self.region(frame, node.body, body_consts + list(c)), carry))
+
+    def _broadcast(self, frame: Frame, x: Any, group: str | None) -> Any:
+        """A scalar as the row of `group` computed it, on every row (a value on no group is the same on all)."""
+        if group is None:
+            return x
+        return lax.psum(jnp.where(frame.row == self.row[group], x, jnp.zeros_like(x)), GROUP)
+
+    def transfer(self, frame: Frame, i: int, node: Transfer, leaves: list[Any]) -> list[Any]:
         """Device (src, r) sends its block to (dst, r)."""
         pairs = [(self.row[node.src], self.row[node.dst])]
         return [lax.ppermute(x, GROUP, pairs) for x in leaves]
@@ -126,13 +142,13 @@ class SpmdProgram(Interpreter):
 
     def _chunk(self, state: list[Any], flat_delays: list[Any], n: jax.Array) -> tuple[list, list, list]:
         """Up to `k` iterations (those past `n` are skipped), then every leaf back on every row."""
-        self.row_index = lax.axis_index(GROUP)
+        frame = Frame(row=lax.axis_index(GROUP))
         metric_zeros = [jnp.zeros(self._local(t).shape, t.dtype) for t in self.metric_types]
 
         def body(carry: tuple, i: jax.Array) -> tuple[tuple, list]:
             def step(carry: tuple) -> tuple[tuple, list]:
                 state, delays = carry
-                outs, new_delays = self.iteration(state, self._unflatten_delays(delays))
+                outs, new_delays = self.iteration(state, self._unflatten_delays(delays), frame)
                 n_state = len(self.state_types)
                 return (outs[:n_state], [x for j in self.delay_nodes for x in new_delays[j]]), outs[n_state:]
 

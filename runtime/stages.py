@@ -8,7 +8,11 @@ queues k iterations. Dispatch is
 asynchronous, so stages on disjoint groups that do not depend on each other
 (rollout k+1 and learn k under staleness 1) overlap without threads. A
 fragment whose time loop runs from the host is a stage of its own, run by
-its `HostLoop` (runtime/host_loop.py).
+its `HostLoopExecutor` (runtime/host_loop.py) from its step region.
+
+The executor keeps no run state: each call carries a `Frame` from iteration to
+iteration (the delay values, and the trajectory buffers a host loop made that
+the graph reads no more, handed back to it for reuse).
 """
 
 from __future__ import annotations
@@ -18,14 +22,15 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
-from fragc.ir.interpreter import Interpreter
+from fragc.ir.interpreter import Frame, Interpreter
 from fragc.ir.errors import FragcError
-from fragc.ir.module import For, Graph, If, Loop, Module, Run, Stage, Transfer, is_host_loop, walk_counted
-from fragc.ir.time_loop import time_loop_of
+from fragc.ir.module import (
+    For, Graph, HostLoop, If, Module, Run, Stage, Transfer, While, graph_at, is_host_loop, walk_counted,
+)
 
 from .executable import Executable
-from .host_loop import HostLoop
-from .lower import Lowered, group_mesh, leaf_sharding, lower_fragments
+from .host_loop import HostLoopExecutor
+from .lower import LoweringInterpreter, group_mesh, leaf_sharding, lower_fragments
 from .multihost import move_within_processes
 
 
@@ -36,12 +41,18 @@ def stage_fragments(graph: Graph, nodes: Sequence[int], times: int = 1) -> tuple
     return tuple(name for node, n in runs if isinstance(node, Run) for name in [node.fragment] * n)
 
 
-def region_stages(graph: Graph, times: int = 1) -> list[tuple[Stage, Graph, int]]:
-    """The stages of the regions spanning groups in `graph` (nested ones too): (stage, the graph its nodes index,
-    how often it runs an iteration, at most)."""
-    trips = lambda node: node.trips if isinstance(node, For) else 1  # noqa: E731
-    return [(s, g, n * trips(node)) for node, n in walk_counted(graph.nodes, times) if isinstance(node, (For, If))
-            for g, stages in node.staged_regions() for s in stages]
+def region_stages(module: Module) -> list[tuple[Stage, Graph, int]]:
+    """The stages of the regions spanning groups (nested ones too), from the schedule: (stage, the graph its nodes
+    index, how often it runs an iteration: the regions' `times` multiplied, an upper bound for branches)."""
+    out = []
+    for path, stages in (module.schedule.stages if module.schedule is not None else ()):
+        if path:
+            times, graph = 1, module.graph
+            for i, k in zip(path[::2], path[1::2]):
+                times *= graph.nodes[i].times(k)
+                graph = graph.nodes[i].regions[k]
+            out += [(s, graph, times) for s in stages]
+    return out
 
 
 class StagedProgram(Interpreter):
@@ -52,22 +63,21 @@ class StagedProgram(Interpreter):
     def __init__(self, module: Module, devices: Sequence[jax.Device]):
         super().__init__(module)
         self.devices = devices
-        body = Lowered(module, lower_fragments(module, devices))
+        body = LoweringInterpreter(module, lower_fragments(module, devices))
         self.executables, self._programs, self._host_loops = [], {}, {}
         for s in module.stages:
             first = module.graph.nodes[s.nodes[0]]
             if is_host_loop(module, first):  # a stage of its own, driven step by step from the host
-                if not isinstance(first, Loop):
+                if not isinstance(first, HostLoop):
                     raise FragcError(f"stage @{s.name} runs @{first.fragment} as a host loop, but its run is not "
                                      "a loop node: run the lower_host_loops pass last")
-                loop = HostLoop(time_loop_of(module, first), module.fragments[first.fragment],
-                                group_mesh(module, s.group, devices), s.name)
-                self._host_loops[first.fragment] = loop
+                loop = HostLoopExecutor(module, s.nodes[0], first, group_mesh(module, s.group, devices), s.name)
+                self._host_loops[s.nodes[0]] = loop
                 self.executables += loop.executables
             else:
                 self.executables.append(compile_stage(s, body, devices))
                 self._programs[s.name] = self.executables[-1].compiled
-        for s, graph, times in region_stages(module.graph):  # the stages of loops and branches spanning groups
+        for s, graph, times in region_stages(module):  # the stages of loops and branches spanning groups
             self.executables.append(compile_stage(s, body, devices, graph, times))
             self._programs[s.name] = self.executables[-1].compiled
         self.state_shardings = [self.leaf_sharding(t) for t in module.graph.inputs[0].type.leaves]
@@ -75,33 +85,38 @@ class StagedProgram(Interpreter):
     def leaf_sharding(self, leaf: Any) -> Any:
         return leaf_sharding(leaf, self.module, self.devices)
 
-    def __call__(self, state: list[Any], delays: dict | None, n: int, start: int = 0) -> tuple[list, dict, list]:
-        """`n` iterations, queued without waiting; metrics stacked, one row per iteration."""
+    def __call__(self, state: list[Any], delays: dict | None, n: int, start: int = 0,
+                 frame: Frame | None = None) -> tuple[list, dict, list]:
+        """`n` iterations, queued without waiting; metrics stacked, one row per iteration. `frame`: the run's
+        frame, carried between its dispatches (what the host loops hand back to themselves)."""
         n_state, metrics = len(state), []
+        frame = frame if frame is not None else Frame()
         for _ in range(n):
-            outs, delays = self.iteration(state, delays)
+            frame.made = {}
+            outs, delays = self.iteration(state, delays, frame)
             state = outs[:n_state]
             metrics.append(outs[n_state:])
+            frame.spare = _read_no_more(frame.made, outs, delays)
         return state, delays, [jnp.stack(rows) for rows in zip(*metrics)]
 
-    def stage(self, stage: Stage, leaves: list[Any]) -> list[Any]:
-        if stage.name not in self._programs:  # a host loop: its node, run by `loop`
-            return super().stage(stage, leaves)
+    def stage(self, frame: Frame, stage: Stage, leaves: list[Any]) -> list[Any]:
+        if stage.name not in self._programs:  # a host loop: its node, run by `host_loop`
+            return super().stage(frame, stage, leaves)
         return self._programs[stage.name](*leaves)
 
-    def loop(self, i: int, node: Loop, leaves: list[Any]) -> list[Any]:
-        return self._host_loops[node.fragment](*leaves)
+    def host_loop(self, frame: Frame, i: int, node: HostLoop, leaves: list[Any]) -> list[Any]:
+        return self._host_loops[i](frame, *leaves)
 
-    def for_loop(self, i: int, node: For, leaves: list[Any]) -> list[Any]:
+    def for_loop(self, frame: Frame, i: int, node: For, leaves: list[Any]) -> list[Any]:
         """A loop spanning groups, from the schedule: its body's stages and transfers queued trip by trip."""
-        if not node.stages:  # inside a compiled stage: traced as lax.scan
-            return super().for_loop(i, node, leaves)
+        if id(node.body) not in self.staged:  # inside a compiled stage: traced as lax.scan
+            return super().for_loop(frame, i, node, leaves)
         nc, nk = node.num_consts, node.num_carry
         consts, carry, xs = leaves[:nc], leaves[nc:nc + nk], leaves[nc + nk:]
         sliced = [self.leaf_sharding(t) for t in node.body.inputs[2].type.leaves]
         ys: list[list[Any]] = [[] for _ in range(node.trips)]
         for t in (range(node.trips - 1, -1, -1) if node.reverse else range(node.trips)):
-            outs = self.region(node.body, consts + carry + [jax.device_put(x[t], s) for x, s in zip(xs, sliced)])
+            outs = self.region(frame, node.body, consts + carry + [jax.device_put(x[t], s) for x, s in zip(xs, sliced)])
             carry, ys[t] = outs[:nk], outs[nk:]
         stacked = node.outputs[1].type.leaves
         if not node.trips:
@@ -109,24 +124,41 @@ class StagedProgram(Interpreter):
         return carry + [jax.device_put(jnp.stack(column), self.leaf_sharding(t))
                         for column, t in zip(zip(*ys), stacked)]
 
-    def if_branch(self, i: int, node: If, leaves: list[Any]) -> list[Any]:
+    def while_loop(self, frame: Frame, i: int, node: While, leaves: list[Any]) -> list[Any]:
+        """A `while` spanning groups, from the schedule: its condition read on the host each trip (the iteration
+        waits for it), then the body's stages and transfers queued."""
+        if id(node.body) not in self.staged and id(node.cond) not in self.staged:
+            return super().while_loop(frame, i, node, leaves)
+        cond_consts, body_consts, carry = node.split(leaves)
+        while bool(jax.device_get(self.region(frame, node.cond, cond_consts + carry)[0])):
+            carry = self.region(frame, node.body, body_consts + carry)
+        return carry
+
+    def if_branch(self, frame: Frame, i: int, node: If, leaves: list[Any]) -> list[Any]:
         """A branch spanning groups, chosen by the schedule: the index is read on the host (the iteration waits
         for it), then the branch's stages and transfers are queued."""
-        if not node.stages:
-            return super().if_branch(i, node, leaves)
+        if not any(id(b) in self.staged for b in node.branches):
+            return super().if_branch(frame, i, node, leaves)
         k = min(max(int(jax.device_get(leaves[0])), 0), len(node.branches) - 1)  # clamped, as lax.switch
-        return self.region(node.branches[k], list(leaves[1:]))
+        return self.region(frame, node.branches[k], list(leaves[1:]))
 
-    def host_loop(self, fragment: str) -> HostLoop:
-        """The `HostLoop` that runs `fragment`'s loop node."""
-        return self._host_loops[fragment]
+    def host_loop_executor(self, fragment: str) -> HostLoopExecutor:
+        """The executor of `fragment`'s host loop node."""
+        return next(e for e in self._host_loops.values() if e.node.fragment == fragment)
 
-    def transfer(self, i: int, node: Transfer, leaves: list[Any]) -> list[Any]:
+    def transfer(self, frame: Frame, i: int, node: Transfer, leaves: list[Any]) -> list[Any]:
         """`device_put` onto the destination group; across processes each process moves its own shards (the
         host environments' Sebulba layout, `halves_by_process`)."""
         what = f"transfer %{node.outputs[0].name} (@{node.src} -> @{node.dst})"
         return [move_within_processes(x, self.leaf_sharding(t), what)
                 for x, t in zip(leaves, node.outputs[0].type.leaves)]
+
+
+def _read_no_more(made: dict[int, list[Any]], outs: list[Any], delays: dict[int, list[Any]]) -> dict[int, list[Any]]:
+    """What the host loops made this iteration that the iteration does not hand on (as state, a metric or a delay
+    value): nothing reads it after the iteration, so the next iteration's loop may write into it again."""
+    kept = {id(x) for x in outs} | {id(x) for values in delays.values() for x in values}
+    return {i: buffers for i, buffers in made.items() if not any(id(x) in kept for x in buffers)}
 
 
 def whole_iteration(module: Module, lowered: Any, iterations: int) -> Executable:
@@ -136,13 +168,14 @@ def whole_iteration(module: Module, lowered: Any, iterations: int) -> Executable
                       iterations)
 
 
-def compile_stage(stage: Stage, body: Lowered, devices: Sequence[jax.Device], graph: Graph | None = None,
+def compile_stage(stage: Stage, body: LoweringInterpreter, devices: Sequence[jax.Device], graph: Graph | None = None,
                   times: int = 1) -> Executable:
     """One stage's program; `graph`: the graph its nodes index (a region's, run `times` an iteration)."""
     module = body.module
     structs = [jax.ShapeDtypeStruct(u.type.shape, u.type.dtype, sharding=leaf_sharding(u.type, module, devices))
                for u in stage.inputs]
     out_shardings = [leaf_sharding(u.type, module, devices) for u in stage.outputs]
-    lowered = jax.jit(lambda *leaves: body.stage(stage, list(leaves)), out_shardings=out_shardings).lower(*structs)
+    lowered = jax.jit(lambda *leaves: body.stage(Frame(), stage, list(leaves)),
+                      out_shardings=out_shardings).lower(*structs)
     return Executable(stage.name, (stage.name,), stage_fragments(graph or module.graph, stage.nodes, times),
                       lowered, lowered.compile())

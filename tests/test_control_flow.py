@@ -1,4 +1,4 @@
-"""Control flow and constants around fragment calls (tests/user_shapes.py): traced into `for`/`if` regions and
+"""Control flow and constants around fragment calls (tests/user_shapes.py): traced into `for`/`while`/`if` regions and
 `const` nodes, compiled under each policy that applies, and checked against the reference interpreter (which runs
 regions trip by trip and by the branch index's value) and against `jax.jit` of the iteration itself."""
 
@@ -15,7 +15,7 @@ import fragc
 from fragc.algos import ppo
 from conftest import assert_trees_close
 from fragc.ir import parse, verify
-from fragc.ir.module import For, If, walk
+from fragc.ir.module import For, If, While, walk
 from fragc.passes import default_passes, resolve, run_pipeline
 from test_golden_ir import check_golden
 from held_out_shapes import HELD_OUT
@@ -27,15 +27,16 @@ SHAPES = {**WRITTEN, **HELD_OUT}
 ITERATIONS = 3
 DEVICES = {"single": 1, "anakin": 4, "actor_learner": 8, "actor_learner_async": 8}
 FAST = {  # the default suite; the whole matrix with -m slow
-    "single": ("switch", "nested"),
-    "anakin": ("scan", "scan_minibatches"),
-    "actor_learner": ("cond", "actor_learner_scan", "spanning_cond"),
-    "actor_learner_async": ("nested",),
+    "single": ("switch", "nested", "while_loss"),
+    "anakin": ("scan", "scan_minibatches", "while_loss"),
+    "actor_learner": ("cond", "actor_learner_scan", "spanning_cond", "while_spanning"),
+    "actor_learner_async": ("nested", "while_loss"),
 }
+NO_ACTOR_READS_THE_STATE = ("actor_learner_scan", "while_spanning")  # refused under actor_learner_async: nothing to pipeline
 CASES = [pytest.param(name, policy, marks=() if name in FAST[policy] else pytest.mark.slow)
          for policy in DEVICES for name in SHAPES
-         if (name, policy) != ("actor_learner_scan", "actor_learner_async")]  # refused: no actor reads the state
-JIT_FAST = ("keywords", "scan", "cond", "nested")
+         if not (name in NO_ACTOR_READS_THE_STATE and policy == "actor_learner_async")]
+JIT_FAST = ("keywords", "scan", "cond", "nested", "while_loss", "while_spanning")
 
 
 @functools.cache
@@ -75,6 +76,7 @@ def test_compiled_equals_the_reference(name, policy):
 
 @pytest.mark.parametrize("name,policy", [
     ("actor_learner_scan", "actor_learner"),
+    ("while_spanning", "actor_learner"),
     pytest.param("nested", "actor_learner_async", marks=pytest.mark.slow),
     pytest.param("switch", "actor_learner", marks=pytest.mark.slow),
 ])
@@ -82,7 +84,7 @@ def test_one_spmd_program_equals_the_reference(name, policy):
     """transfers='collective': the regions run inside one SPMD program over both groups (a loop's transfers
     are collectives every trip, an if's index is broadcast from its group's row)."""
     prog = fragc.compile(SHAPES[name](), policy, devices=8, transfers="collective")
-    assert prog.module.schedule.shape == "spmd"
+    assert prog.module.schedule.executor == "spmd"
     state = prog.init(0)
     out, history = prog.run(state, ITERATIONS)
     ref, ref_history = fragc.run_iterations(prog.module, state, ITERATIONS)
@@ -95,8 +97,9 @@ def test_a_loop_spanning_actor_and_learner_is_run_from_the_schedule():
     """Under actor_learner the scan's body samples on the actors and learns on the learner: the loop is not in
     one program; its body has stages of its own and transfers that move every trip."""
     prog = compiled("actor_learner_scan", "actor_learner")
-    loop = next(n for n in prog.module.graph.nodes if isinstance(n, For))
-    assert [s.group for s in loop.stages] == ["actors", "learner"]  # its constant in the learner's stage
+    i, loop = next((i, n) for i, n in enumerate(prog.module.graph.nodes) if isinstance(n, For))
+    stages = prog.module.schedule.stages_of((i, 0))  # the schedule's, keyed by the body's path
+    assert [s.group for s in stages] == ["actors", "learner"]  # its constant in the learner's stage
     moved = [n for n in loop.body.nodes if n.kind == "transfer"]
     assert {(n.src, n.dst) for n in moved} == {("learner", "actors"), ("actors", "learner")}
     assert prog.cost()["total"]["transfer_bytes"] == loop.trips * sum(n.nbytes for n in moved)
@@ -106,9 +109,9 @@ def test_a_branch_spanning_groups_is_chosen_by_the_schedule():
     """Under actor_learner the cond's branches run on different groups: each branch has stages of its own (the
     index is read on the host); compiled equals the reference in test_compiled_equals_the_reference."""
     prog = compiled("spanning_cond", "actor_learner")
-    node = next(n for n in prog.module.graph.nodes if isinstance(n, If))
+    i, node = next((i, n) for i, n in enumerate(prog.module.graph.nodes) if isinstance(n, If))
     assert prog.module.group_of(node) is None
-    assert [[s.group for s in stages] for stages in node.stages] == [["learner"], ["actors"]]
+    assert [[s.group for s in prog.module.schedule.stages_of((i, k))] for k in range(2)] == [["learner"], ["actors"]]
 
 
 def test_collective_bytes_of_a_loop_are_trips_times_a_trip():
@@ -153,7 +156,8 @@ def test_every_module_after_every_pass_parses_back(name):
         for m in run_pipeline(module, default_passes(resolve(policy, 8), 4, "device_put")).modules:
             text = str(m)
             assert str(parse(text, bodies=m)) == text, m.label
-            regions = [line for line in text.splitlines() if " = for " in line or " = if " in line or "^" in line]
+            regions = [line for line in text.splitlines()
+                       if " = for " in line or " = if " in line or " = while " in line or "^" in line]
             assert max(map(len, regions), default=0) <= 120, m.label
             verify(parse(text, bodies=m))
 
@@ -202,6 +206,42 @@ def test_golden_if_region_under_actor_learner():
     check_golden("user_cond_actor_learner.fir", str(module))
 
 
+def test_a_while_loop_is_a_region_whose_trips_are_data():
+    """`lax.while_loop` around a fragment: a `while` node holding its condition and body; on one group inside its
+    group's program, spanning groups from the schedule (its body staged, its condition read on the host)."""
+    module = fragc.trace(SHAPES["while_loss"]())
+    node = next(n for n in module.graph.nodes if isinstance(n, While))
+    assert [n.fragment for n in walk(node.body.nodes) if n.kind == "run"] == ["learn"]
+    assert [u.type.dtype for u in node.cond.outputs] == [np.dtype(bool)] and len(node.outputs) == 1
+    text = str(module)
+    assert " = while consts(" in text and "} do {" in text and "^cond(" in text and "^body(" in text
+    # every policy compiles it and counts its trips as data: two to five updates an iteration here
+    _, history = compiled("while_loss", "single").run(compiled("while_loss", "single").init(0), 4)
+    assert set(np.unique(history["updates"])) <= set(range(1, 6)) and history["updates"][0] > 1
+    spanning = compiled("while_spanning", "actor_learner")
+    i, loop = next((i, n) for i, n in enumerate(spanning.module.graph.nodes) if isinstance(n, While))
+    assert spanning.module.group_of(loop) is None
+    assert [s.group for s in spanning.module.schedule.stages_of((i, 1))] == ["actors", "learner", "actors"]
+    _, history = spanning.run(spanning.init(0), 3)
+    np.testing.assert_array_equal(history["trips"], [2, 3, 2])
+
+
+@pytest.mark.parametrize("policy", ["gspmd", fragc.population("single", 2)], ids=["gspmd", "population"])
+def test_a_while_loop_under_gspmd_and_in_a_population_equals_the_reference(policy):
+    """The other built-in policies: GSPMD (single-device maths, XLA partitions) and a vectorised population, whose
+    members take their own number of trips (a `while` vmapped over members runs until every member is done)."""
+    algo = SHAPES["while_loss"]()
+    prog = fragc.compile(algo, policy, devices=4)
+    start = prog.init(0)
+    out, history = prog.run(start, ITERATIONS)
+    member = (lambda x: x[1]) if prog.population else (lambda x: x)
+    state = jax.tree.map(member, start)
+    ref, ref_history = fragc.run_iterations(fragc.trace(algo), state, ITERATIONS)
+    assert_trees_close(jax.tree.map(member, out), ref, rtol=1e-5, atol=1e-6)
+    updates = history["updates"][1] if prog.population else history["updates"]
+    np.testing.assert_array_equal(updates, [m["updates"] for m in ref_history])
+
+
 def test_regions_hold_what_the_user_wrote():
     nested = fragc.trace(SHAPES["nested"]())
     loop = next(n for n in nested.graph.nodes if isinstance(n, For))
@@ -215,13 +255,6 @@ def test_regions_hold_what_the_user_wrote():
 
 
 # ---------------------------------------------------------------- what stays refused, in one line
-
-
-class WhileLoop(Base):
-    def iteration(self, state):
-        y, data = self.sample(state.w, state.data)
-        w = jax.lax.while_loop(lambda w: jnp.sum(w) < 10.0, lambda w: self.learn(w, data.x, y, 0.1)[0], state.w)
-        return self.finish(state, w, data, {})
 
 
 class VmapOfOwn(Base):
@@ -256,7 +289,6 @@ class BadKeyword(Base):
 
 
 @pytest.mark.parametrize("algo,words", [
-    (WhileLoop, ["fragment 'learn'", "while_loop", "lax.scan", "test_control_flow.py:"]),
     (VmapOfOwn, ["fragment 'learn'", "jax.vmap", "in_axes", "test_control_flow.py:"]),
     (Nested, ["fragment 'learn'", "inside fragment 'outer'", "test_control_flow.py:"]),
     (BadKeyword, ["fragment 'learn'", "learning_rate", "test_control_flow.py:"]),

@@ -23,14 +23,24 @@ def use(u):
     return u.value.name, u.index
 
 
+def graph_nodes(graph):
+    """A graph's nodes and, the same way, their regions' graphs."""
+    nodes = []
+    for n in graph.nodes:
+        fields = {k: getattr(n, k) for k in ("fragment", "src", "dst", "carrier", "trips", "steps", "groups", "reverse")
+                  if hasattr(n, k)}
+        regions = [([(v.name, tree_type(v.type)) for v in g.inputs], graph_nodes(g), [use(u) for u in g.outputs])
+                   for g in n.regions]
+        nodes.append((n.kind, fields, [use(u) for u in n.inputs], [use(u) for u in getattr(n, "initial", ())],
+                      [(v.name, tree_type(v.type)) for v in n.outputs], regions))
+    return nodes
+
+
 def structure(module):
     """Everything the printed form holds, comparable across a round trip (pytree classes aside)."""
     graph = module.graph
-    nodes = []
-    for n in graph.nodes:
-        fields = {k: getattr(n, k) for k in ("fragment", "src", "dst", "carrier") if hasattr(n, k)}
-        nodes.append((n.kind, fields, [use(u) for u in n.inputs], [use(u) for u in getattr(n, "initial", ())],
-                      [(v.name, tree_type(v.type)) for v in n.outputs]))
+    nodes = graph_nodes(graph)
+    schedule = module.schedule
     fragments = {name: (f.role, f.arg_names, [tree_type(t) for t in f.in_types], [tree_type(t) for t in f.out_types],
                         f.in_axes, f.out_axes, f.source,
                         f.placement and (f.placement.group, f.placement.replicas, f.placement.lowering))
@@ -38,13 +48,13 @@ def structure(module):
     out_paths = fragc.ir.TreeType(graph.out_tree, tuple(u.type for u in graph.outputs)).paths
     return {
         "header": (module.name, module.label, [(m.name, m.devices) for m in module.meshes], module.population,
-                   module.carrier, module.schedule),
+                   module.carrier, schedule and (schedule.executor, schedule.iterations_per_dispatch)),
         "fragments": fragments,
         "inputs": [(v.name, tree_type(v.type)) for v in graph.inputs],
         "nodes": nodes,
         "outputs": ([use(u) for u in graph.outputs], out_paths),
-        "stages": [(s.name, s.group, s.nodes, [use(u) for u in s.inputs], [use(u) for u in s.outputs])
-                   for s in module.stages],
+        "stages": sorted((path, [(s.name, s.group, s.nodes, [use(u) for u in s.inputs], [use(u) for u in s.outputs])
+                                 for s in stages]) for path, stages in (schedule.stages if schedule else ())),
     }
 
 

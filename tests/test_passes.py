@@ -29,9 +29,9 @@ def test_a_pass_that_breaks_the_module_is_named_with_the_passes_before_it():
 
 
 def test_pass_options_appear_in_the_module_label():
-    from fragc.passes import Loop
+    from fragc.passes import DispatchLoop
 
-    result = run_pipeline(fragc.trace(Regression()), [Canonicalize(), Loop(k=4)])
+    result = run_pipeline(fragc.trace(Regression()), [Canonicalize(), DispatchLoop(k=4)])
     assert [m.label for m in result.modules] == ["001_trace", "002_canonicalize", "003_loop{k=4}"]
 
 

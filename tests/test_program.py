@@ -5,6 +5,7 @@ within this file (one per dispatch size).
 """
 
 import functools
+import threading
 
 import jax
 import numpy as np
@@ -14,6 +15,7 @@ import fragc
 from conftest import assert_trees_close, traced_module
 from shared_programs import ITERATIONS, ppo_run
 from toy_algos import Regression
+import user_shapes
 
 
 @functools.cache
@@ -139,3 +141,68 @@ def test_a_static_trip_dispatch_loop_runs_k_and_compiles_a_remainder_only_when_a
             ref, _ = jax.jit(algo.iteration)(ref)
         assert history["loss"].shape == (iterations,)
         assert_trees_close(got, ref, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- runs at once: executors keep no run state
+
+
+RUN = 24  # iterations of each run, dispatched one at a time
+
+
+class Rendezvous(fragc.actions.Action):
+    """Holds each run after each dispatch's metrics until the other run has reached the same point, so that two
+    runs' dispatches interleave."""
+
+    def __init__(self, barrier):
+        self.barrier = barrier
+
+    def on_metrics(self, iteration, metrics, queued):
+        self.barrier.wait(60)
+
+
+def run_both(runs):
+    """`runs`: (program, seed) pairs, run at once in threads that meet after every dispatch -> each one's result
+    and `last_delays` (as that thread sees them)."""
+    barrier = threading.Barrier(len(runs))
+    results = [None] * len(runs)
+
+    def one(k, prog, seed):
+        out = prog.run(prog.init(seed), RUN, [Rendezvous(barrier)])
+        results[k] = (out, prog.last_delays)
+
+    threads = [threading.Thread(target=one, args=(k, p, s)) for k, (p, s) in enumerate(runs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert all(r is not None for r in results), "a run did not finish"
+    return results
+
+
+@functools.cache
+def staged_program():
+    """A staged program with delays: its actor reads the weights the learner makes, one iteration late."""
+    return fragc.compile(user_shapes.ConstFloat(), "actor_learner_async", devices=4, iterations_per_dispatch=1)
+
+
+@pytest.mark.parametrize("which", ["fused", "staged"])
+def test_two_threads_running_one_program_get_what_each_gets_alone(which):
+    """Two runs of one compiled program at once (an evaluator thread, a sweep driver): each gets, bit for bit, what
+    it gets alone, its delay values too (a staged program's run state is the run's, not the executor's)."""
+    prog = regression_program(1) if which == "fused" else staged_program()
+    alone = [prog.run(prog.init(seed), RUN) for seed in (0, 1)]
+    alone_delays = None if which == "fused" else prog.last_delays
+    both = run_both([(prog, 0), (prog, 1)])
+    for (out, _), want in zip(both, alone):
+        assert_trees_close(out, want, rtol=0, atol=0)
+    if which == "staged":
+        assert_trees_close(both[1][1], alone_delays, rtol=0, atol=0)
+        assert_trees_close(prog.run(prog.init(0), RUN), alone[0], rtol=0, atol=0)
+
+
+def test_two_programs_at_once_get_what_each_gets_alone():
+    first, second = regression_program(1), staged_program()
+    alone = [first.run(first.init(3), RUN), second.run(second.init(4), RUN)]
+    both = run_both([(first, 3), (second, 4)])
+    for (out, _), want in zip(both, alone):
+        assert_trees_close(out, want, rtol=0, atol=0)

@@ -8,12 +8,15 @@ actor_learner_async (a delay), and PPO on Gymnasium CartPole in a host loop of
 
 import dataclasses
 
+import jax
 import pytest
+from jax.extend import core as jex
 
 import fragc
 from fragc.algos import ppo
 from fragc.ir import Delay, Mesh, Run, Schedule, TreeType, Use, Value, verify
-from fragc.ir.verifier import MODULE_RULES, NODE_RULES
+from fragc.ir.graph_builder import glue_debug_info
+from fragc.ir.verifier import MODULE_RULES, NODE_RULES, STEP_RULES
 from fragc.passes import default_passes, resolve, run_pipeline
 import user_shapes
 from toy_algos import Regression
@@ -30,7 +33,9 @@ def modules():
     hosted = run_pipeline(fragc.trace(host_ppo), default_passes(two_groups, 4)).final
     scan = fragc.trace(user_shapes.Scan())
     cond = run_pipeline(fragc.trace(user_shapes.CondSync()), default_passes(resolve("single", 1), 4)).modules[1]
-    return {"traced": traced, "staged": staged, "delayed": delayed, "hosted": hosted, "scan": scan, "cond": cond}
+    loop = fragc.trace(user_shapes.WhileLoss())
+    return {"traced": traced, "staged": staged, "delayed": delayed, "hosted": hosted, "scan": scan, "cond": cond,
+            "while": loop}
 
 
 def with_nodes(module, nodes):
@@ -164,18 +169,23 @@ def return_swapped_state_leaves(m):
     return m.replace(graph=m.graph.replace(outputs=tuple(outputs)))
 
 
+def with_stages(m, stages):
+    """`m` with the iteration's stages replaced in its schedule."""
+    return m.replace(schedule=m.schedule.replace(stages=(((), tuple(stages)),)))
+
+
 def stage_missing_an_input(m):
     stage = m.stages[1]
-    return m.replace(stages=(m.stages[0], stage.replace(inputs=stage.inputs[1:])))
+    return with_stages(m, (m.stages[0], stage.replace(inputs=stage.inputs[1:])))
 
 
 def stage_holding_a_node_of_another_group(m):
     first, second = m.stages
-    return m.replace(stages=(first.replace(group="learner"), second))
+    return with_stages(m, (first.replace(group="learner"), second))
 
 
 def fused_schedule_over_two_stages(m):
-    return m.replace(schedule=Schedule("fused", 4))
+    return m.replace(schedule=m.schedule.replace(executor="fused"))
 
 
 def learn_as_a_host_loop(m):
@@ -191,7 +201,7 @@ def three_groups_of_eight_envs(m):
 
 
 def host_loop_in_an_spmd_schedule(m):
-    return m.replace(schedule=Schedule("spmd", 4))
+    return m.replace(schedule=m.schedule.replace(executor="spmd"))
 
 
 def with_region(m, **changes):
@@ -232,6 +242,7 @@ def run_a_part_outside_its_loop(m):
 
 
 def absorb_twice(m):
+    """Absorb run again on the same operands, its second results yielded: a valid edit of the step."""
     region = m.graph.nodes[index_of(m, "loop")].body
     absorb = region.nodes[-1]
     again = absorb.replace(outputs=tuple(Value(v.name + "_again", v.type) for v in absorb.outputs))
@@ -240,9 +251,41 @@ def absorb_twice(m):
 
 
 def yield_the_carry_read(m):
+    """The step's carry yielded unchanged: a valid edit of the step."""
     region = m.graph.nodes[index_of(m, "loop")].body
     carry = len(region.inputs[1].type.leaves)
     return with_region(m, outputs=region.inputs[1].uses() + region.outputs[carry:])
+
+
+def skip_the_host(m):
+    """The host step placed on the loop's group: the step runs nothing on the host."""
+    return replace_placement(m, "rollout.env_step", group="main")
+
+
+def transfer_back_to_another_group(m):
+    infer, to_host, env_step, back, absorb = region_nodes(m)
+    out = back.outputs[0]
+    other = out.replace(type=out.type.with_leaves(tuple(t.replace(group="elsewhere") for t in out.type.leaves)))
+    moved = back.replace(dst="elsewhere", outputs=(other,))
+    return with_region(m, nodes=(infer, to_host, env_step, moved, absorb.replace(
+        inputs=absorb.inputs[:-len(back.inputs)] + other.uses())))
+
+
+def glue_on_the_host(m):
+    """A glue step added after the host step, reading its results on the host."""
+    infer, to_host, env_step, back, absorb = region_nodes(m)
+    leaf = env_step.outputs[0].uses()[0]
+    var = jex.Var(jax.core.ShapedArray(leaf.type.shape, leaf.type.dtype))
+    body = jex.ClosedJaxpr(jex.Jaxpr([], [var], [var], [], debug_info=glue_debug_info(1, 1)), [])
+    value = Value("on_host", TreeType.of((leaf.type.struct(),)).with_leaves((leaf.type,)))
+    glue = fragc.ir.Glue(body, (leaf,), (value,))
+    return with_region(m, nodes=(infer, to_host, env_step, glue, back, absorb))
+
+
+def a_loop_in_the_step(m):
+    """A `for` region (from another module) inside a host loop's step."""
+    loop = next(n for n in m.graph.nodes if n.kind == "loop")
+    return with_region(m, nodes=region_nodes(m) + (dataclasses.replace(loop),))
 
 
 def yield_the_carry_out_of_order(m):
@@ -264,6 +307,14 @@ def loop_reading_a_constant_of_another_shape(m):
     i = region_index(m, "for")
     node = m.graph.nodes[i]
     return replace_node(m, i, inputs=(node.inputs[1],) + node.inputs[1:])  # the targets y where data.x goes
+
+
+def condition_yielding_the_counter(m):
+    """The while's condition yields the carry's update counter (an i32) instead of its test."""
+    i = region_index(m, "while")
+    node = m.graph.nodes[i]
+    counter = node.cond.inputs[1].uses()[-1]
+    return replace_node(m, i, cond=node.cond.replace(outputs=(counter,)))
 
 
 def branch_yielding_twice(m):
@@ -289,6 +340,8 @@ CASES = [
      r"\(for -> %carry1, %ys\): operand 0 is f32\[8@env\], but the body reads f32\[8@env,3\]"),
     ("for_results_are_the_carry_and_the_stacked_outputs", "scan", loop_over_five_trips,
      r"\(for -> %carry1, %ys\): %ys is not the body's outputs stacked over 5 trips"),
+    ("while_operands_match_the_graphs", "while", condition_yielding_the_counter,
+     r"\(while -> %carry\d*\): the condition yields i32\[\], not one bool\[\] scalar"),
     ("if_branches_take_the_operands_and_yield_the_results", "cond", branch_yielding_twice,
      r"\(if -> %branch\): the else branch does not yield the types of %branch"),
     ("region_holds_no_delay_or_host_loop", "cond", delay_in_a_branch,
@@ -317,21 +370,23 @@ CASES = [
      r"\(loop @rollout .*\): batch axis of length 8 does not divide into 3 environment groups on each of 1 replicas"),
     ("loop_runs_a_host_loop", "hosted", loop_of_three_groups,
      r"\(loop @rollout .*\): a loop of 3 groups runs @rollout, which is not placed as a host loop of as many"),
-    ("region_nodes_are_its_fragments_parts", "hosted", absorb_reads_the_host,
-     r"region node 3 \(run @rollout.absorb .*\): operand \d+ lives on @host, but @rollout.absorb runs on @main"),
-    ("region_nodes_are_its_fragments_parts", "hosted", host_step_reads_the_device,
-     r"region node 2 \(run @rollout.env_step .*\): operand 0 lives on @main, but @rollout.env_step runs on @host"),
-    ("region_nodes_are_its_fragments_parts", "hosted", learn_in_the_region,
-     r"region node 0 \(run @learn .*\): @learn is not a part of @rollout"),
-    ("region_yields_the_carry", "hosted", yield_the_carry_out_of_order, r"the region does not yield its carry's types"),
-    ("region_is_the_step_a_host_loop_runs", "hosted", absorb_twice,
-     r"the region is not run rollout.infer, transfer device_get, run rollout.env_step, transfer device_put, run "
-     r"rollout.absorb"),
-    ("region_is_the_step_a_host_loop_runs", "hosted", yield_the_carry_read,
-     r"the region is not wired as a host loop runs it: the step yields absorb's results"),
+    ("part_of_the_loop", "hosted", absorb_reads_the_host,
+     r"step node 3 \(run @rollout.absorb .*\): operand \d+ lives on @host, but @rollout.absorb runs on @main"),
+    ("part_of_the_loop", "hosted", host_step_reads_the_device,
+     r"step node 2 \(run @rollout.env_step .*\): operand 0 lives on @main, but @rollout.env_step runs on @host"),
+    ("part_of_the_loop", "hosted", learn_in_the_region, r"step node 0 \(run @learn .*\): @learn is not a part of @rollout"),
+    ("step_takes_what_the_prefix_makes", "hosted", yield_the_carry_out_of_order,
+     r"the step does not yield its carry's types"),
+    ("step_crosses_to_the_host", "hosted", skip_the_host, r"\(loop @rollout .*\): the step runs nothing on the host"),
+    ("step_transfer_crosses_to_the_host", "hosted", transfer_back_to_another_group,
+     r"step node 3 \(transfer .*\): moves @host -> @elsewhere via device_put; a step moves @main -> @host"),
+    ("step_glue_on_the_loops_group", "hosted", glue_on_the_host,
+     r"step node 3 \(glue -> %on_host\): a leaf lives on @host, but glue in a step runs on @main"),
+    ("step_holds_runs_glue_and_transfers", "hosted", a_loop_in_the_step,
+     r"step node 5 \(loop @rollout .*\): a host loop's step holds runs, glue and transfers, not a loop"),
     ("part_runs_only_in_its_loop", "hosted", run_a_part_outside_its_loop,
      r"\(run @rollout.env_step .*\): @rollout.env_step is a part of @rollout's host loop; it runs only in that "
-     r"loop's region"),
+     r"loop's step"),
     ("env_workers_only_for_host_environments", "hosted", workers_for_learn,
      r"\(run @learn .*\): @learn has env_workers=2 but steps no host environments"),
     ("operands_live_on_the_fragments_group", "staged", read_a_leaf_of_another_group,
@@ -376,5 +431,14 @@ def test_a_broken_module_is_rejected_by_its_rule(modules, rule, which, breaker, 
 
 
 def test_every_rule_has_a_broken_module():
-    rules = {r.__name__ for table in NODE_RULES.values() for r in table} | {r.__name__ for r in MODULE_RULES}
+    rules = {r.__name__ for tables in (NODE_RULES, STEP_RULES) for table in tables.values() for r in table}
+    rules |= {r.__name__ for r in MODULE_RULES} | {"step_holds_runs_glue_and_transfers"}
     assert rules == {case[0] for case in CASES}
+
+
+@pytest.mark.parametrize("edit", [absorb_twice, yield_the_carry_read])
+def test_a_host_loops_step_may_be_edited_into_any_valid_step(modules, edit):
+    """No rule pins the step to the five nodes `lower_host_loops` makes: a step edited by hand verifies if it is
+    valid (its runtime runs it: tests/test_host_loop.py)."""
+    edited = edit(modules["hosted"])
+    assert verify(edited) is edited

@@ -1,5 +1,5 @@
 """What researchers write around fragment calls: constants, keyword calls, and control flow (scan, fori_loop,
-cond, switch, nested) around fragments. Each class is a whole algorithm, written as a user would, not in the
+while_loop, cond, switch, nested) around fragments. Each class is a whole algorithm, written as a user would, not in the
 shape of the built-ins; tests/test_control_flow.py traces, compiles and checks each against the reference."""
 
 import jax
@@ -211,9 +211,50 @@ class SpanningCond(Base):
         return self.finish(state, w, data, {**m, "score": score})
 
 
+class WhileLoss(Base):
+    """SGD steps until the loss falls under a bound, at most five: a while_loop around a learner fragment (its
+    trip count is data, "update until the KL passes a bound")."""
+
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+
+        def cond(carry):
+            _, loss, n = carry
+            return (loss > 0.5) & (n < 5)
+
+        def body(carry):
+            w, _, n = carry
+            w, m = self.learn(w, data.x, y, self.lr)
+            return w, m["loss"], n + 1
+
+        w, loss, n = jax.lax.while_loop(cond, body, (state.w, jnp.float32(jnp.inf), jnp.int32(0)))
+        return self.finish(state, w, data, {"loss": loss, "updates": n})
+
+
+class WhileSpanning(Base):
+    """A while_loop whose body samples (actor) and learns (learner), two or three trips by the iteration counter
+    (its condition reads a constant of its own): under actor_learner it spans both groups."""
+
+    def iteration(self, state):
+        trips = 2 + state.step % 2
+
+        def cond(carry):
+            return carry[2] < trips
+
+        def body(carry):
+            w, data, n, _ = carry
+            y, data = self.sample(w, data)
+            w, m = self.learn(w, data.x, y, self.lr)
+            return w, data, n + 1, m["loss"]
+
+        w, data, n, loss = jax.lax.while_loop(cond, body, (state.w, state.data, jnp.int32(0), jnp.float32(0)))
+        return self.finish(state, w, data, {"loss": loss, "trips": n})
+
+
 SHAPES = {
     "const_float": ConstFloat, "jnp_scalar": JnpScalar, "numpy_scalar": NumpyScalar, "const_metric": ConstMetric,
     "int_metric": IntMetric, "keywords": Keywords, "two_calls": TwoCalls, "scan": Scan, "fori_loop": ForiLoop,
     "cond": CondSync, "switch": Switch, "nested": Nested, "actor_learner_scan": ActorLearnerScan,
-    "scan_minibatches": ScanMinibatches, "spanning_cond": SpanningCond,
+    "scan_minibatches": ScanMinibatches, "spanning_cond": SpanningCond, "while_loss": WhileLoss,
+    "while_spanning": WhileSpanning,
 }
