@@ -29,6 +29,7 @@ import jax
 from jax.extend import core as jex
 
 from .errors import FragcError
+from .printer import human_bytes
 
 
 class HostCallback:
@@ -90,8 +91,6 @@ class HostStep:
 
     def line(self) -> str:
         """The printed form (one line under the fragment's signature; `parse_line` reads it back)."""
-        from .printer import human_bytes
-
         return (f'host step "{self.name}" on cpu calls={self.calls} to_host={self.to_host} '
                 f"from_host={self.from_host}   // per iteration: {human_bytes(self.to_host)} device->host, "
                 f"{human_bytes(self.from_host)} host->device")

@@ -132,6 +132,10 @@ class _Types:
             return ()
         if not text.startswith("!"):
             return parse_leaf(text)
+        if "@" in text:  # `!Params@learner`: the alias with every leaf on that group
+            name, _, group = text.partition("@")
+            return jax.tree.map(lambda leaf: leaf.replace(group=group), self.tree(name),
+                                is_leaf=lambda x: isinstance(x, LeafType))
         name = text[1:]
         if name not in self.trees:
             if name not in self.raw:
@@ -380,6 +384,10 @@ class _Parser:
     def func(self, line: str) -> Graph:
         inputs = self.params(re.match(r"^func @iteration\((.*)\) \{$", line)[1])
         nodes, text = self.block("return ", ())
+        for line in self.lines:  # a return wrapped over lines: its continuations, up to the function's end
+            if line.strip() == "}":
+                break
+            text += " " + line.strip()
         m = re.match(r"^return state=(.*), metrics=(.*)$", text)
         state_tree, state_uses = self.values.tree(m[1])
         metrics_tree, metrics_uses = self.values.tree(m[2])
@@ -472,7 +480,7 @@ class _Parser:
     # ------------------------------------------------------------ region nodes, one reader a kind
 
     def for_node(self, m: Any, at: GraphPath) -> For:
-        inputs = [u for k in (4, 5, 6) for u in self.values.operands(m[k])]
+        inputs = [u for k in (4, 5, 6) for u in self.values.operands(m[k] or "")]
         (body,), source = self.regions(at, {"trip": 0})
         trips, nk = int(m[2]), len(body.inputs[1].type.leaves)
         ys = tuple(u.type.stacked(trips) for u in body.outputs[nk:])
@@ -482,7 +490,7 @@ class _Parser:
         return For(tuple(inputs), outs, body, trips, bool(m[3]), source or "?")
 
     def while_node(self, m: Any, at: GraphPath) -> While:
-        inputs = [u for k in (2, 3, 4) for u in self.values.operands(m[k])]
+        inputs = [u for k in (2, 3, 4) for u in self.values.operands(m[k] or "")]
         (cond, body), source = self.regions(at, {"cond": 0, "body": 1})
         value = self.values.define(Value(m[1].strip().lstrip("%"), body.inputs[1].type))
         return While(tuple(inputs), (value,), cond, body, source or "?")
@@ -550,8 +558,8 @@ class _CaseLabels(dict):
 
 
 REGION_NODES = (
-    (r"^(.*) = for trips=(\d+)( reverse)? consts\((.*?)\) carry\((.*?)\) xs\((.*)\) \{$", _Parser.for_node),
-    (r"^(.*) = while consts\((.*?)\) body_consts\((.*?)\) carry\((.*)\) \{$", _Parser.while_node),
+    (r"^(.*) = for trips=(\d+)( reverse)?(?: consts\((.*?)\))? carry\((.*?)\)(?: xs\((.*)\))? \{$", _Parser.for_node),
+    (r"^(.*) = while(?: consts\((.*?)\))?(?: body_consts\((.*?)\))? carry\((.*)\) \{$", _Parser.while_node),
     (r"^%(\w+): (\S+) = (if|switch) (\S+) \((.*)\) \{$", _Parser.if_node),
     (r"^(.*) = loop @([\w.]+)\((.*)\) steps=(\d+)( reverse)? groups=(\d+) \{$", _Parser.loop_node),
 )

@@ -2,7 +2,9 @@
 
 Types of more than one leaf get an alias (`!Runner`) printed once at the top;
 fragment signatures show global types; node operands are printed as the
-shortest `%value.path` that names exactly their leaves.
+shortest `%value.path` that names exactly their leaves. The printer reads a
+module (module.py, whose `str()` is this) by its fields alone: it imports the
+graph's node kinds, not the module.
 """
 
 from __future__ import annotations
@@ -10,18 +12,26 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Sequence
 
+import jax
 import numpy as np
 
-from .module import (
-    Delay, For, FragmentDef, Glue, Graph, GraphPath, HostLoop, If, Module, RegionNode, Run, Stage, Transfer, Use, Value,
-    While,
-)
+from .graph import Delay, For, Glue, Graph, GraphPath, HostLoop, If, RegionNode, Run, Stage, Transfer, Use, Value, While
 from .types import TreeType
 
 
 def _key(t: TreeType) -> tuple:
     """Alias identity: structure, shapes, dtypes, batch axes and groups."""
     return (t.treedef, tuple((leaf.shape, str(leaf.dtype), leaf.axis, leaf.group) for leaf in t.leaves))
+
+
+def _one_group(t: TreeType) -> str | None:
+    """The group every leaf of `t` lives on, if they all live on one."""
+    groups = {leaf.group for leaf in t.leaves}
+    return groups.pop() if len(groups) == 1 else None
+
+
+def _unplaced(t: TreeType) -> TreeType:
+    return t.with_leaves(tuple(leaf.replace(group=None) for leaf in t.leaves))
 
 
 class _Aliases:
@@ -40,6 +50,9 @@ class _Aliases:
             return "()"  # an empty tuple (a time loop that scans no inputs)
         if len(t.leaves) == 1 and t.treedef.num_nodes == 1:
             return str(t.leaves[0])
+        placed = self.placed(t)
+        if placed is not None:
+            return placed
         key = _key(t)
         if key not in self.names:
             base = t.class_name or (hint[:1].upper() + hint[1:]).replace(".", "_")
@@ -48,6 +61,14 @@ class _Aliases:
                 name, i = f"{base}{i}", i + 1
             self.names[key], self.types[key] = name, t
         return "!" + self.names[key]
+
+    def placed(self, t: TreeType) -> str | None:
+        """`!Params@learner`: an alias named already, every leaf of it on one group (None if there is none)."""
+        group = _one_group(t)
+        if group is None or _key(t) in self.names:
+            return None
+        key = _key(_unplaced(t))
+        return f"!{self.names[key]}@{group}" if key in self.names else None
 
     def lines(self) -> list[str]:
         out = []
@@ -64,6 +85,8 @@ class _Aliases:
             sub = TreeType(child, t.leaves[offset : offset + n])
             if n > 1 and _key(sub) in self.names:
                 fields.append(f"    {parts[offset][0]}: !{self.names[_key(sub)]},")
+            elif n > 1 and (placed := self.placed(sub)) is not None:
+                fields.append(f"    {parts[offset][0]}: {placed},")
             else:
                 fields += [f"    {'.'.join(parts[i])}: {t.leaves[i]}," for i in range(offset, offset + n)]
             offset += n
@@ -156,9 +179,28 @@ def _graph_lines(module: Module, aliases: _Aliases) -> list[str]:
     n_state = state_tree.num_leaves
     state_out = _tree_operand(graph.outputs[:n_state], state_tree)
     metrics_out = _tree_operand(graph.outputs[n_state:], metrics_tree)
-    lines.append(f"  return state={state_out}, metrics={metrics_out}")
+    lines += wrap(f"  return state={state_out}, metrics={metrics_out}", "         ")
     lines.append("}")
     return lines
+
+
+WIDTH = 120
+"""Printed lines are wrapped at this width where the grammar allows (the return line)."""
+
+
+def wrap(line: str, indent: str, width: int = WIDTH) -> list[str]:
+    """`line` broken after `, ` into lines of at most `width` characters where it can be (a part longer than that
+    stays whole), continuation lines after `indent`; read back by joining the lines with one space."""
+    if len(line) <= width:
+        return [line]
+    out, current = [], ""
+    for part in re.split(r"(?<=,) ", line):
+        candidate = f"{current} {part}" if current else part
+        if current and len(candidate) > width:
+            out.append(current)
+            candidate = indent + part
+        current = candidate
+    return out + [current]
 
 
 def _nodes_lines(graph: Graph, path: GraphPath, module: Module, aliases: _Aliases, indent: str,
@@ -204,7 +246,10 @@ def _region_node_lines(node: RegionNode, at: GraphPath, module: Module, aliases:
 
 
 def _region_params(label: str, graph: Graph, aliases: _Aliases) -> str:
-    params = ", ".join(f"%{v.name}: {aliases.ref(v.type, v.name)}" for v in graph.inputs)
+    """`^label(%a: T, ...)`; a parameter's type named after it without its number (`%ops1: !Ops`: the same type
+    as the other branch's `%ops`)."""
+    params = ", ".join(f"%{v.name}: {aliases.ref(v.type, re.sub(r'(?<=[A-Za-z_])[0-9]+$', '', v.name))}"
+                       for v in graph.inputs)
     return f"^{label}({params}):"
 
 
@@ -212,7 +257,8 @@ def _for_head(node: For, module: Module, aliases: _Aliases, note: Any) -> tuple:
     """`%carry, %ys = for trips=N consts(...) carry(...) xs(...)`."""
     nc, nk = node.num_consts, node.num_carry
     groups = (node.inputs[:nc], node.inputs[nc:nc + nk], node.inputs[nc + nk:])
-    ops = " ".join(f"{name}({_yield_operands(g)})" for name, g in zip(("consts", "carry", "xs"), groups))
+    ops = " ".join(f"{name}({_yield_operands(g)})" for name, g in zip(("consts", "carry", "xs"), groups)
+                   if g or name == "carry")  # an empty group of operands is not printed
     order = " reverse" if node.reverse else ""
     return f"{_outs(node)} = for trips={node.trips}{order} {ops}", [0], None, _trips_note(note, node.trips)
 
@@ -220,7 +266,8 @@ def _for_head(node: For, module: Module, aliases: _Aliases, note: Any) -> tuple:
 def _while_head(node: While, module: Module, aliases: _Aliases, note: Any) -> tuple:
     """`%carry = while consts(...) body_consts(...) carry(...)`, then `^cond` and, after `} do {`, `^body`."""
     ops = " ".join(f"{name}({_yield_operands(g)})"
-                   for name, g in zip(("consts", "body_consts", "carry"), node.split(node.inputs)))
+                   for name, g in zip(("consts", "body_consts", "carry"), node.split(node.inputs))
+                   if g or name == "carry")  # an empty group of operands is not printed
     return f"{_outs(node)} = while {ops}", [0, 1], "do", _trips_note(note, None)
 
 
@@ -305,7 +352,7 @@ def _tree_operand(uses: Sequence[Use], tree: object) -> str:
         return _leaf_name(uses[0])  # a leaf, even where it is all of a one-leaf pytree value
     text = operand(uses)
     children = tree.children()
-    if not text.startswith("[") or not children:
+    if not (text.startswith("[") or "#" in text) or not children:  # one name covers them (not a run of leaves)
         return text
     keys = [parts[0] for parts in TreeType(tree, tuple(u.type for u in uses)).path_parts]
     fields, offset = [], 0
@@ -348,16 +395,16 @@ def _const_text(node: Glue) -> str:
 
 
 def _is_key_array(x: object) -> bool:
-    import jax
-
     return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
 def _arg_operands(inputs: Sequence[Use], fdef: FragmentDef) -> list[str]:
+    """A call's operands, argument by argument; an argument without leaves (an empty tuple) is not printed."""
     out, offset = [], 0
     for t in fdef.in_types:
         n = len(t.leaves)
-        out.append(operand(inputs[offset : offset + n], t))
+        if n:
+            out.append(operand(inputs[offset : offset + n], t))
         offset += n
     return out
 

@@ -12,6 +12,7 @@ import dataclasses
 
 from fragc.ir.errors import FragcError
 from fragc.ir.graph_builder import FreshNames
+from fragc.ir.printer import operand
 from fragc.ir.module import CARRIERS, Delay, Glue, Graph, Module, RegionNode, Run, Transfer, Use, Value, walk
 from fragc.ir.types import TreeType
 
@@ -149,8 +150,6 @@ class _Mover:
 
 
 def _common_name(uses: tuple[Use, ...], idx: list[int]) -> str:
-    from fragc.ir.printer import operand
-
     text = operand([uses[i] for i in idx])
     if text.startswith("["):
         return uses[idx[0]].value.name

@@ -214,7 +214,7 @@ def test_a_while_loop_is_a_region_whose_trips_are_data():
     assert [n.fragment for n in walk(node.body.nodes) if n.kind == "run"] == ["learn"]
     assert [u.type.dtype for u in node.cond.outputs] == [np.dtype(bool)] and len(node.outputs) == 1
     text = str(module)
-    assert " = while consts(" in text and "} do {" in text and "^cond(" in text and "^body(" in text
+    assert " = while body_consts(" in text and "} do {" in text and "^cond(" in text and "^body(" in text
     # every policy compiles it and counts its trips as data: two to five updates an iteration here
     _, history = compiled("while_loss", "single").run(compiled("while_loss", "single").init(0), 4)
     assert set(np.unique(history["updates"])) <= set(range(1, 6)) and history["updates"][0] > 1
@@ -240,6 +240,21 @@ def test_a_while_loop_under_gspmd_and_in_a_population_equals_the_reference(polic
     assert_trees_close(jax.tree.map(member, out), ref, rtol=1e-5, atol=1e-6)
     updates = history["updates"][1] if prog.population else history["updates"]
     np.testing.assert_array_equal(updates, [m["updates"] for m in ref_history])
+
+
+def test_the_printed_ir_names_metrics_reuses_aliases_and_prints_no_empty_operands():
+    """Metrics made by a region print by their names, not as a run of a value's leaves (`%carry2#1..2`); a
+    branch's operands share one alias (`!Ops`, not `!Ops1` for `%ops1`); a type that is an alias on one group
+    prints as `!Alias@group`; an empty group of a loop's operands or an empty argument is not printed."""
+    text = " ".join(str(fragc.trace(SHAPES["while_loss"]())).split())
+    assert "metrics={loss: %carry2.1, updates: %carry2.2}" in text and "#" not in text[text.index("return"):]
+    assert " = while body_consts(%data.x, %sample_0) carry(" in text  # its condition takes no constants
+    cond = str(run_pipeline(fragc.trace(SHAPES["cond"]()), default_passes(resolve("actor_learner", 8), 4)).final)
+    assert "^then(%ops1: !Ops):" in cond and "^else(%ops: !Ops):" in cond and "!Ops1" not in cond
+    ppo_text = str(run_pipeline(fragc.trace(ppo.PPO(ppo.Config(num_envs=8, num_steps=8))),
+                                default_passes(resolve("actor_learner", 8), 4)).final)
+    assert "learner: !Learner@learner," in ppo_text
+    assert "xs(())" not in ppo_text and ", ())" not in ppo_text
 
 
 def test_regions_hold_what_the_user_wrote():

@@ -130,7 +130,7 @@ def test_the_loop_node_holds_what_runs(single_two_groups):
     node = next(n for n in module.graph.nodes if isinstance(n, HostLoop))
     assert node.fragment == "rollout" and (node.steps, node.groups) == (16, 2)
     assert "= loop @rollout(%state.learner.params.params, %state.runner) steps=16 groups=2 {" in text
-    for line in ("run @rollout.infer(%rollout_consts, %rollout_carry, ())",
+    for line in ("run @rollout.infer(%rollout_consts, %rollout_carry)",
                  "%rollout_ops_to_host = transfer %rollout_ops @main -> @host via device_get   // ",
                  "%rollout_env = run @rollout.env_step(%rollout_ops_to_host)",
                  "%rollout_env_to_main = transfer %rollout_env @host -> @main via device_put   // ",

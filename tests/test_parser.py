@@ -68,6 +68,8 @@ def test_every_module_of_every_pass_parses_back_to_an_equal_module(algo_module, 
     for module in run_pipeline(algo_module, default_passes(resolve(policy, 8), 4, "device_put")).modules:
         text = str(module)
         assert structure(parse(text)) == structure(module), module.label
+        returned = text[text.index("  return "):].splitlines()
+        assert max(map(len, returned)) <= 120, module.label  # the return line is wrapped at 120
         assert str(verify(parse(text, bodies=module))) == text, module.label
 
 
