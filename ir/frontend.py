@@ -10,14 +10,13 @@ the top level, which `build_graph` turns into a `Module`.
 from __future__ import annotations
 
 import contextvars
-import itertools
+import dataclasses
 import functools
+import itertools
 import inspect
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from jax.extend import core as jex
 from jax.interpreters import ad, batching
 
@@ -30,9 +29,15 @@ from .host import find_host_steps
 from .module import REPLICA, FragmentDef, Module
 from .replicas import run_replicated
 from .shared_keys import warn_shared_draws
-from .types import LeafType, TreeType
+from .types import NUMBERS, LeafType, TreeType, as_arrays
 
 _TRACING: contextvars.ContextVar["_TraceContext | None"] = contextvars.ContextVar("fragc_trace", default=None)
+
+_JIT_CACHE_SCOPE = jax.make_user_context(None)
+"""Part of JAX's tracing-cache key (`jax.make_user_context`), set to the trace's id while `trace` runs. JAX caches
+the jaxpr of a `jax.jit` of the user's own (a jitted method or helper that calls fragments) by function and
+argument types; a fragc trace must neither reuse one traced outside fragc (its fragments ran as plain functions,
+and would silently become glue) nor leave its own fragment calls for a later trace or `jax.jit` to find."""
 
 fragment_call_p = jex.Primitive("fragment_call")
 fragment_call_p.multiple_results = True
@@ -60,6 +65,11 @@ def fragment(*, role: str, in_axes: Any = 0, out_axes: Any = 0) -> Callable[[Cal
       environment (batch) axis, `None` for replicated values, or a pytree prefix.
       Axes count from the front (no negative axes: one entry may cover leaves of
       different ranks).
+
+    Arguments are arrays; Python and NumPy numbers are taken as arrays, as `jax.jit`
+    takes them. Any other value (a string, an enum member, a function, one in a dict)
+    is bound into the body, as `jax.jit`'s static arguments are: a call with another
+    value defines another fragment. Parameters left out take their defaults.
     """
     if not isinstance(role, str) or not role:
         raise FragmentError(f"fragment role must be a non-empty string, got {role!r}")
@@ -77,10 +87,10 @@ class Fragment:
     def __init__(self, fn: Callable[..., Any], role: str, in_axes: Any, out_axes: Any):
         functools.update_wrapper(self, fn)
         self.fn, self.role, self.in_axes, self.out_axes = fn, role, in_axes, out_axes
-        self.name = getattr(fn, "__name__", "fragment")
+        self.name = _name(fn, role)
 
     def __get__(self, obj: Any, objtype: Any = None) -> "Fragment":
-        if obj is None:
+        if obj is None or not hasattr(self.fn, "__get__"):  # a functools.partial binds no `self`
             return self
         return Fragment(self.fn.__get__(obj, objtype), self.role, self.in_axes, self.out_axes)
 
@@ -90,8 +100,8 @@ class Fragment:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if (sweeping := sweep.active()) is not None:  # the swept hyperparameters as one more argument
             bound = self._bind(args, kwargs)
-            return sweeping[0].fragment(self, len(bound))(*bound, sweeping[1])
-        args = _as_arrays(self._bind(args, kwargs))
+            return sweeping[0].fragment(self, len(bound), SweptFragment)(*bound, sweeping[1])
+        args = self._arguments(self._bind(args, kwargs))
         ctx = _TRACING.get()
         if ctx is not None and ctx.defining:
             raise FragmentError(f"fragment '{self.name}' is called inside fragment '{ctx.defining[-1]}' (at "
@@ -113,20 +123,50 @@ class Fragment:
 
     def _bind(self, args: tuple, kwargs: dict) -> tuple:
         """The arguments as Python binds them, positionally: keyword arguments in their parameters' places,
-        defaults filled in for the parameters left out before them."""
-        if not kwargs:
+        defaults filled in for the parameters left out."""
+        keywords = f" with keywords ({', '.join(kwargs)})" if kwargs else ""
+        try:
+            signature = inspect.signature(self.fn)
+        except (TypeError, ValueError):  # a callable without a signature (a C function): its arguments as given
+            if kwargs:
+                raise FragmentError(f"fragment '{self.name}' called at {caller()}{keywords}: its signature is "
+                                    "unknown; pass its arguments positionally") from None
             return args
         try:
-            bound = inspect.signature(self.fn).bind(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
         except TypeError as err:
-            raise FragmentError(f"fragment '{self.name}' called at {caller()} with keywords "
-                                f"({', '.join(kwargs)}): {err}") from None
+            raise FragmentError(f"fragment '{self.name}' called at {caller()}{keywords}: {err}") from None
+        passed = set(bound.arguments)
         bound.apply_defaults()
+        for name, param in signature.parameters.items():  # left out, a keyword-only one keeps its default itself
+            if param.kind is param.KEYWORD_ONLY and name not in passed:  # (a functools.partial's keywords)
+                del bound.arguments[name]
         if bound.kwargs:
             raise FragmentError(f"fragment '{self.name}' called at {caller()}: keyword-only parameters "
                                 f"({', '.join(sorted(bound.kwargs))}) cannot carry values between fragments; "
                                 "make them positional-or-keyword")
         return tuple(bound.args)
+
+    def _arguments(self, args: tuple) -> tuple:
+        """The bound arguments as fragc traces them: numbers as arrays (constants of the graph), and every
+        other leaf that is not an array (a string, an enum member, a function) as `Static`."""
+        names = self.arg_names(len(args))
+
+        def leaf(path: Any, x: Any) -> Any:
+            if isinstance(x, NUMBERS) or (hasattr(x, "shape") and hasattr(x, "dtype")):
+                return x
+            try:
+                hash(x)
+            except TypeError:
+                where = names[path[0].idx] + jax.tree_util.keystr(path[1:])
+                raise FragmentError(
+                    f"fragment '{self.name}', argument '{where}' (called at {caller()}): a {type(x).__name__} is "
+                    "neither an array nor a hashable value; fragc binds a non-array argument into the body, as "
+                    "jax.jit does a static argument, and tells its values apart by hash: pass arrays, or make it "
+                    "hashable (a frozen dataclass, a tuple, a frozenset)") from None
+            return Static(x)
+
+        return as_arrays(jax.tree_util.tree_map_with_path(leaf, args))
 
     def arg_names(self, count: int) -> tuple[str, ...]:
         try:
@@ -151,25 +191,33 @@ class SweptFragment(Fragment):
         super().__init__(body, frag.role, in_axes + (None,), frag.out_axes)
         self.name, self.original = frag.name, frag
 
+    def _bind(self, args: tuple, kwargs: dict) -> tuple:
+        """The arguments the swept fragment bound (`Fragment.__call__`), and the values last."""
+        return args
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        token = sweep._ACTIVE.set(None)  # this call is the swept one
-        try:
+        with sweep.suspended():  # this call is the swept one
             return super().__call__(*args, **kwargs)
-        finally:
-            sweep._ACTIVE.reset(token)
 
     def arg_names(self, count: int) -> tuple[str, ...]:
         return self.original.arg_names(count - 1) + ("hyperparameters",)
 
 
-def _as_arrays(args: tuple) -> tuple:
-    """Python numbers and NumPy scalars or arrays among the arguments as JAX arrays (constants of the graph)."""
-    def convert(x: Any) -> Any:
-        if isinstance(x, (bool, int, float, complex, np.generic, np.ndarray)):
-            return jnp.asarray(x)
-        return x
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class Static:
+    """A leaf of a fragment's arguments that is not an array: a string, an enum member, a function. Like
+    `jax.jit`'s static arguments it is bound into the body, not passed: it is a pytree node without leaves
+    whose value is part of the arguments' treedef, so calls with another value define another fragment
+    (`fit`, `fit_1`), and an argument that is all static is not an argument of the IR's fragment at all."""
 
-    return jax.tree.map(convert, args)
+    value: Any
+
+
+def _unwrap_static(tree: Any) -> Any:
+    """The user's values back in place of their `Static` wrappers, for the body."""
+    return jax.tree.map(lambda x: x.value if isinstance(x, Static) else x, tree,
+                        is_leaf=lambda x: isinstance(x, Static))
 
 
 def _refuse_batching(args: Any, dims: Any, *, fragment: str, trace_id: int) -> Any:
@@ -206,16 +254,17 @@ def define(frag: Fragment, args: tuple, name: str | None = None) -> FragmentDef:
     out_leaf_types = [LeafType.of(a, ax) for a, ax in zip(body.out_avals, out_axes)]
     out_types = (_split_types(out_tree, out_leaf_types) if isinstance(outs, tuple)
                  else (TreeType(out_tree, tuple(out_leaf_types)),))
+    passed = [i for i, arg in enumerate(args) if not isinstance(arg, Static)]  # a static argument is in the body
     fdef = FragmentDef(
         name=name or frag.name,
         role=frag.role,
         fn=flat_fn,
-        arg_names=names,
-        in_tree=in_tree,
+        arg_names=tuple(names[i] for i in passed),
+        in_tree=jax.tree.structure(tuple(args[i] for i in passed)),
         out_tree=out_tree,
         in_axes=tuple(in_axes),
         out_axes=tuple(out_axes),
-        in_types=_split_types(in_tree, in_leaf_types),
+        in_types=tuple(_split_types(in_tree, in_leaf_types)[i] for i in passed),
         out_types=out_types,
         body=body,
         source=_source(frag.fn),
@@ -305,7 +354,7 @@ def _trace_body(frag: Fragment, in_tree: Any, leaf_types: list[LeafType]) -> tup
     out_tree_cell: list[Any] = []
 
     def flat_fn(*leaves: Any) -> list[Any]:
-        out = frag.fn(*jax.tree.unflatten(in_tree, leaves))
+        out = frag.fn(*_unwrap_static(jax.tree.unflatten(in_tree, leaves)))
         out_leaves, out_tree = jax.tree.flatten(out)
         out_tree_cell[:] = [out_tree]
         return out_leaves
@@ -314,8 +363,7 @@ def _trace_body(frag: Fragment, in_tree: Any, leaf_types: list[LeafType]) -> tup
     try:
         body = jax.make_jaxpr(flat_fn, axis_env=[(REPLICA, 1)])(*structs)
     except TypeError as err:
-        traps.explain_carry_dtype(frag.name, frag.arg_names(len(in_tree.children())),
-                                  _split_types(in_tree, leaf_types), err)
+        _explain_body_error(frag, in_tree, leaf_types, flat_fn.__name__, err)
         raise
     if any(isinstance(c, jax.core.Tracer) for c in body.consts):
         hint = (" (under a hyperparameter sweep: an object built once from the config, such as an optimizer in a "
@@ -325,6 +373,24 @@ def _trace_body(frag: Fragment, in_tree: Any, leaf_types: list[LeafType]) -> tup
             f"fragment '{frag.name}' closes over a value traced outside it; pass that value as an argument{hint}"
         )
     return body, out_tree_cell[0], flat_fn
+
+
+def _explain_body_error(frag: Fragment, in_tree: Any, leaf_types: list[LeafType], function: str,
+                        err: TypeError) -> None:
+    """Raise the frontend's one-line account of a body that JAX failed to trace, where it has one: a scan's
+    carry changing dtype, an argument used as a Python value (a sweep's values are the sweep's to explain)."""
+    names, types = frag.arg_names(len(in_tree.children())), _split_types(in_tree, leaf_types)
+    traps.explain_carry_dtype(frag.name, names, types, err)
+    leaf_names = [f"'{arg}{'.' + path if path else ''}' ({leaf})" for arg, t in zip(names, types)
+                  for path, leaf in zip(t.paths, t.leaves)]
+    swept = frozenset()
+    if isinstance(frag, SweptFragment):  # its last argument, `hyperparameters`
+        swept = frozenset(range(len(leaf_names) - len(types[-1].leaves), len(leaf_names)))
+    traps.explain_python_value(
+        function, f"fragment '{frag.name}' uses argument", leaf_names, err,
+        "a fragment's arguments are traced arrays, Python numbers passed to it too (as under jax.jit); take a flag, "
+        "size or count that picks code from the algorithm (self.config) or a closure, or pass it as a string or an "
+        "enum member, which fragc binds into the body", swept, FragmentError)
 
 
 def _split_types(tree: Any, leaf_types: list[LeafType]) -> tuple[TreeType, ...]:
@@ -337,8 +403,23 @@ def _split_types(tree: Any, leaf_types: list[LeafType]) -> tuple[TreeType, ...]:
     return tuple(parts)
 
 
+def _function(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The Python function behind a method, a static method, a `functools.partial` or a decorator's wrapper."""
+    while True:
+        inner = fn.func if isinstance(fn, functools.partial) else inspect.unwrap(getattr(fn, "__func__", fn))
+        if inner is fn:
+            return fn
+        fn = inner
+
+
+def _name(fn: Callable[..., Any], role: str) -> str:
+    """A fragment's name in the IR: its function's (a partial's function's); a lambda's, its role's."""
+    name = getattr(_function(fn), "__name__", "")
+    return name if name.isidentifier() else (role if role.isidentifier() else "fragment")
+
+
 def _source(fn: Callable[..., Any]) -> str:
-    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    fn = _function(fn)
     try:
         file = inspect.getsourcefile(fn) or "?"
         line = inspect.getsourcelines(fn)[1]
@@ -377,6 +458,19 @@ class _TraceContext:
         return self.defs[key]
 
 
+def _explain_python_value(algo: Any, function: str, state: Any, err: TypeError) -> None:
+    """An iteration that branches in Python on a state value: name the leaf and the line (a sweep's values
+    are the sweep's to explain: fragc/api.py `trace_for`)."""
+    paths = [f"state{jax.tree_util.keystr(p)}" for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+    swept = frozenset()
+    if isinstance(algo, sweep.SweptAlgorithm):
+        swept = frozenset(range(len(paths) - len(algo.sweep.fields) - 1, len(paths) - 1))
+    traps.explain_python_value(
+        function, f"{type(algo).__name__}.iteration uses state leaf", paths, err,
+        "the iteration is traced once for every step, so the state's values are known only when it runs; choose "
+        "with lax.cond, lax.switch or jnp.where on it, or keep what picks code in the algorithm (self.config)", swept)
+
+
 def trace(algo: Any, name: str | None = None) -> Module:
     """Trace `algo.iteration` into a module of fragments and glue."""
     for attr in ("init", "iteration"):
@@ -397,7 +491,11 @@ def trace(algo: Any, name: str | None = None) -> Module:
     ctx = _TraceContext()
     token = _TRACING.set(ctx)
     try:
-        closed = jax.make_jaxpr(flat_iteration)(*state_leaves)
+        with _JIT_CACHE_SCOPE(ctx.trace_id):
+            closed = jax.make_jaxpr(flat_iteration)(*state_leaves)
+    except TypeError as err:
+        _explain_python_value(algo, flat_iteration.__name__, state, err)
+        raise
     finally:
         _TRACING.reset(token)
     if isinstance(algo, sweep.SweptAlgorithm):  # SweepState's leaves: the algorithm's, hyper's (sorted), lineage

@@ -77,9 +77,12 @@ def calls_fragments(eqn: Any, call_p: Any) -> bool:
 
 
 def _inherit_axes(state_type: TreeType, jaxpr: jex.Jaxpr, builder: "_Builder") -> TreeType:
-    """A state leaf's batch axis is the one its first consuming fragment declares."""
-    axes = builder.declared_axes(jaxpr)
-    leaves = [t.replace(axis=axes.get(v)) for v, t in zip(jaxpr.invars, state_type.leaves)]
+    """A state leaf's batch axis is the one its first consuming fragment declares; a leaf that no fragment reads
+    has the one its next value has where a fragment makes it (a leaf the iteration only writes). The state's
+    leaves come first among the iteration's results, in the same order."""
+    read, made = builder.declared_axes(jaxpr), builder.produced_axes(jaxpr)
+    leaves = [t.replace(axis=read[v] if v in read else made.get(out))
+              for v, out, t in zip(jaxpr.invars, jaxpr.outvars, state_type.leaves)]
     return state_type.with_leaves(tuple(leaves))
 
 
@@ -136,10 +139,11 @@ class _Builder:
         """Nodes for `jaxpr`'s equations, appended to `nodes`; `env` maps its vars to the leaves they are."""
         pending: list[Any] = []
         used_after = _last_uses(jaxpr)
+        declared = self.declared_axes(jaxpr)
 
         def flush(upto: int) -> None:
             if pending:
-                nodes.append(self.glue(pending, env, consts, used_after, upto, nodes))
+                nodes.append(self.glue(pending, env, consts, used_after, upto, nodes, declared))
                 pending.clear()
 
         for i, eqn in enumerate(jaxpr.eqns):
@@ -182,33 +186,44 @@ class _Builder:
                             axes.setdefault(v, _outer_axis(eqn, sub, w, inner[w]))
         return axes
 
+    def produced_axes(self, jaxpr: jex.Jaxpr) -> dict[Any, int | None]:
+        """For each var of `jaxpr` that a fragment called at its top level returns, the batch axis declared for it."""
+        axes: dict[Any, int | None] = {}
+        for eqn in jaxpr.eqns:
+            if eqn.primitive is self.call_p:
+                for v, leaf in zip(eqn.outvars, self.defs[eqn.params["fragment"]].out_leaf_types):
+                    axes[v] = leaf.axis
+        return axes
+
     # ---------------------------------------------------------------- operands
 
-    def use(self, v: Any, env: dict[Any, Use], consts: dict[Any, Any], nodes: list[Any]) -> Use:
-        """The leaf a var or literal is; a literal or closed-over constant becomes a `const` glue node."""
+    def use(self, v: Any, env: dict[Any, Use], consts: dict[Any, Any], nodes: list[Any], axis: int | None = None
+            ) -> Use:
+        """The leaf a var or literal is; a literal or closed-over constant becomes a `const` glue node, with the
+        batch `axis` its reader declares (a NumPy array of one value per environment passed to a fragment)."""
         if isinstance(v, jex.Var) and v in env:
             return env[v]
         value = v.val if isinstance(v, jex.Literal) else consts[v]
-        node = self.constant(v.aval, value)
+        node = self.constant(v.aval, value, axis)
         nodes.append(node)
         use = Use(node.outputs[0], 0)
         if isinstance(v, jex.Var):
             env[v] = use
         return use
 
-    def constant(self, aval: Any, value: Any) -> Glue:
+    def constant(self, aval: Any, value: Any, axis: int | None = None) -> Glue:
         var = jex.Var(aval)
         if not jax.dtypes.issubdtype(aval.dtype, jax.dtypes.prng_key):
             value = np.asarray(value, dtype=aval.dtype)  # Python scalars as arrays: one type in every branch
         jaxpr = jex.Jaxpr(constvars=[var], invars=[], outvars=[var], eqns=[], debug_info=glue_debug_info(0, 1))
-        out = Value(self.names.fresh("c"), TreeType.of((LeafType.of(aval).struct(),)))
+        out = Value(self.names.fresh("c"), TreeType.of((LeafType.of(aval).struct(),), (axis,)))
         return Glue(body=jex.ClosedJaxpr(jaxpr, [value]), inputs=(), outputs=(out,))
 
     # ---------------------------------------------------------------- nodes
 
     def run(self, eqn: Any, env: dict[Any, Use], consts: dict[Any, Any], nodes: list[Any]) -> Run:
         fdef = self.defs[eqn.params["fragment"]]
-        inputs = tuple(self.use(v, env, consts, nodes) for v in eqn.invars)
+        inputs = tuple(self.use(v, env, consts, nodes, leaf.axis) for v, leaf in zip(eqn.invars, fdef.in_leaf_types))
         outputs, offset = [], 0
         for i, out_type in enumerate(fdef.out_types):
             base = (out_type.class_name or "").lower() or f"{fdef.name}_{i}"
@@ -220,7 +235,9 @@ class _Builder:
         return Run(fragment=fdef.name, inputs=inputs, outputs=tuple(outputs))
 
     def glue(self, eqns: list[Any], env: dict[Any, Use], consts: dict[Any, Any], used_after: dict[Any, int],
-             end: int, nodes: list[Any]) -> Glue:
+             end: int, nodes: list[Any], declared: dict[Any, int | None] | None = None) -> Glue:
+        """Glue of `eqns`; an output that a fragment reads has the batch axis that fragment declares for it
+        (`declared`), as a state leaf has: a per-environment value the iteration computes between fragments."""
         defined = {v for e in eqns for v in e.outvars}
         inputs, constvars = [], []
         for e in eqns:
@@ -235,7 +252,8 @@ class _Builder:
         jaxpr = jex.Jaxpr(constvars=constvars, invars=inputs, outvars=outputs, eqns=eqns, effects=effects,
                           debug_info=glue_debug_info(len(inputs), len(outputs)))
         body = jex.ClosedJaxpr(jaxpr, [consts[v] for v in constvars])
-        value = Value(self.names.fresh("g"), TreeType.of(tuple(_struct(v) for v in outputs)))
+        axes = tuple((declared or {}).get(v) for v in outputs)
+        value = Value(self.names.fresh("g"), TreeType.of(tuple(_struct(v) for v in outputs), axes))
         node = Glue(body=body, inputs=tuple(env[v] for v in inputs), outputs=(value,))
         for j, v in enumerate(outputs):
             env[v] = Use(value, j)

@@ -29,6 +29,7 @@ from .module import (
     walk_graphs,
 )
 from .replicas import check_divides, merge_axis, replicated_output_differs, run_replicated, split_axis
+from .types import as_arrays
 
 _COMPILED: "weakref.WeakKeyDictionary[FragmentDef, dict[int, Any]]" = weakref.WeakKeyDictionary()
 
@@ -340,7 +341,7 @@ def same_values(a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 def _check_state(module: Module, state: Any) -> list[Any]:
-    leaves, tree = jax.tree.flatten(state)
+    leaves, tree = jax.tree.flatten(as_arrays(state))
     expected = module.graph.inputs[0].type
     if tree != expected.treedef or [tuple(x.shape) for x in leaves] != [t.shape for t in expected.leaves]:
         raise FragcError(f"interpret: the state does not have the module's state type {expected}")

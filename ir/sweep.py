@@ -30,7 +30,7 @@ import dataclasses
 import difflib
 import itertools
 import threading
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +64,16 @@ def active() -> "tuple[Sweep, dict] | None":
     return _ACTIVE.get()
 
 
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """No sweep active: for the call of a fragment that takes the swept values as its last argument."""
+    token = _ACTIVE.set(None)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
 class Sweep:
     """The config fields of `algo` that a population varies, and the tracing that substitutes them."""
 
@@ -95,13 +105,12 @@ class Sweep:
                 _ACTIVE.reset(token)
                 self.algo.config = saved
 
-    def fragment(self, frag: Any, nargs: int) -> Any:
-        """`frag` taking the swept values as one more (replicated) argument, with which its body is traced."""
+    def fragment(self, frag: Any, nargs: int, make: Callable[[Any, "Sweep", int], Any]) -> Any:
+        """`frag` taking the swept values as one more (replicated) argument, with which its body is traced:
+        `make(frag, self, nargs)` (the frontend's `SweptFragment`), made once per function and argument count."""
         key = (frag.fn, nargs)
         if key not in self._fragments:
-            from .frontend import SweptFragment
-
-            self._fragments[key] = SweptFragment(frag, self, nargs)
+            self._fragments[key] = make(frag, self, nargs)
         return self._fragments[key]
 
 

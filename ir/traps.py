@@ -74,6 +74,28 @@ def explain_carry_dtype(name: str, arg_names: tuple[str, ...], arg_types: tuple[
     ) from err
 
 
+_DEPENDS_ON = re.compile(r"tracing the function (\w+) at .* depends on the values? of the arguments? (.*?)\.(?:\n|$)")
+"""JAX's account of a tracer used as a Python value (jax/_src/interpreters/partial_eval.py, `_origin_msg`)."""
+
+
+def explain_python_value(function: str, subject: str, leaf_names: list[str], err: TypeError, fix: str,
+                         skip: frozenset[int] = frozenset(), error: type[FragcError] = FragcError) -> None:
+    """Code that uses a traced value as a Python value (an `if`, a shape, a loop count) while fragc traces
+    `function` (whose parameters are `*leaves`): JAX names the flat parameter (`leaves[3]`); name the user's
+    value (`leaf_names`), the line, and the fix. Leaves in `skip` (a sweep's values, which the sweep explains)
+    are left to the caller."""
+    match = _DEPENDS_ON.search(str(err))
+    if match is None or match.group(1) != function:
+        return
+    leaves = [int(i) for i in re.findall(r"leaves\[(\d+)\]", match.group(2))]
+    if not leaves or max(leaves) >= len(leaf_names) or skip.intersection(leaves):
+        return
+    frames = _user_frames(traceback.extract_tb(err.__traceback__))
+    where = short_location(frames[-1].filename, frames[-1].lineno) if frames else "?"
+    values = ", ".join(leaf_names[i] for i in leaves)
+    raise error(f"{subject} {values} as a Python value ({type(err).__name__} at {where}), but {fix}") from err
+
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 """The repository root: fragc's own frames lie under its ir/, passes/, runtime/ and fragc/."""
 

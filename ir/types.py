@@ -12,6 +12,7 @@ import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 _SHORT_DTYPES = {
@@ -64,6 +65,16 @@ class LeafType:
         dims = [f"{d}@env" if i == self.axis else str(d) for i, d in enumerate(self.shape)]
         where = f"@{self.group}" if self.group is not None else ""
         return f"{short_dtype(self.dtype)}[{','.join(dims)}]{where}"
+
+
+NUMBERS = (bool, int, float, complex, np.generic, np.ndarray)
+"""Leaves that JAX takes as arrays where it is given them (Python and NumPy numbers, NumPy arrays)."""
+
+
+def as_arrays(tree: Any) -> Any:
+    """`tree` with its Python and NumPy numbers and arrays as JAX arrays, as `jax.jit` takes them: a state whose
+    flax `TrainState.step` is still the int 0 of `TrainState.create`, a fragment's constant argument."""
+    return jax.tree.map(lambda x: jnp.asarray(x) if isinstance(x, NUMBERS) else x, tree)
 
 
 def _is_key(dtype: Any) -> bool:

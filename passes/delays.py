@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from fragc.ir.errors import FragcError
-from fragc.ir.module import REGION_KINDS, Delay, Module, Node, Run, Use, Value, walk
+from fragc.ir.module import REGION_KINDS, Delay, FragmentDef, Module, Node, Run, Use, Value, walk
 from fragc.ir.types import TreeType
 
 from .pipeline import Pass
@@ -48,8 +48,7 @@ class InsertDelays(Pass):
                     node = node.replace(inputs=_rewire(node.inputs, stale, delayed[key]))
             nodes.append(node)
         if not delayed:
-            raise FragcError(f"insert_delays: no '{self.role}' fragment reads state produced on another device group; "
-                             "nothing to pipeline")
+            raise FragcError(_nothing_to_pipeline(module, self.role))
         return module.replace(graph=graph.replace(nodes=tuple(nodes)))
 
     def _acting_group(self, module: Module, node: Node) -> str | None:
@@ -74,6 +73,30 @@ class InsertDelays(Pass):
             nodes.append(Delay(inputs=tuple(current), initial=tuple(uses), outputs=(value,)))
             current = value.uses()
         return value
+
+
+def _nothing_to_pipeline(module: Module, role: str) -> str:
+    """Why no `role` run reads state that another device group updates, naming the user's fragments and lines."""
+    fragments = [f for f in module.fragments.values() if f.role == role]
+    if not fragments:
+        found = ", ".join(f"@{f.name} ({f.role}, {f.source})" for f in module.fragments.values())
+        why = f"it has no '{role}' fragment (its fragments: {found})"
+    else:
+        why = "; ".join(_why_not_delayed(module, f) for f in fragments)
+    return (f"insert_delays: nothing to pipeline in {module.name}: {why}. A pipelined policy hands an '{role}' "
+            f"fragment called at the iteration's top level the state that another device group updates, one "
+            f"iteration late, so that the two overlap: have one read such state there, or use a synchronous policy "
+            f"such as actor_learner")
+
+
+def _why_not_delayed(module: Module, fdef: FragmentDef) -> str:
+    """Where `fdef` runs: only inside regions (which delays do not enter), or at the top reading no such state."""
+    where = f"@{fdef.name} (defined at {fdef.source})"
+    if any(isinstance(n, Run) and n.fragment == fdef.name for n in module.graph.nodes):
+        return f"{where} reads no state that another device group updates"
+    regions = [f"the {n.kind} at {n.source}" for n in module.graph.nodes if isinstance(n, REGION_KINDS)
+               and any(isinstance(m, Run) and m.fragment == fdef.name for g in n.regions for m in walk(g.nodes))]
+    return f"{where} runs only inside {', '.join(regions) or 'no node'}"
 
 
 def _rewire(inputs: tuple[Use, ...], stale: list[bool], value: Value) -> tuple[Use, ...]:

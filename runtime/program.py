@@ -28,6 +28,7 @@ from fragc.ir.interpreter import Frame
 from fragc.ir.module import Delay, Transfer
 from fragc.ir.printer import format_module
 from fragc.ir.sweep import swept
+from fragc.ir.types import as_arrays
 from fragc.passes.pipeline import PipelineResult
 from fragc.passes.policy import Policy
 
@@ -308,7 +309,7 @@ class Program:
 
     def _check_state(self, state: Any, caller: str) -> list[Any]:
         """The state's leaves, if it has the program's state type; else an error naming the first difference."""
-        leaves, tree = jax.tree.flatten(state)
+        leaves, tree = jax.tree.flatten(as_arrays(state))
         expected = jax.tree.leaves(self._expected_state())
         if tree == self._state_tree and all(same_leaf_type(e, x) for e, x in zip(expected, leaves)):
             return leaves

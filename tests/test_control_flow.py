@@ -18,7 +18,11 @@ from fragc.ir import parse, verify
 from fragc.ir.module import For, If, While, walk
 from fragc.passes import default_passes, resolve, run_pipeline
 from test_golden_ir import check_golden
-from user_shapes import SHAPES, Base
+from held_out_shapes import HELD_OUT
+from user_shapes import SHAPES as WRITTEN, Base
+
+SHAPES = {**WRITTEN, **HELD_OUT}
+"""tests/user_shapes.py's shapes and tests/held_out_shapes.py's, checked alike."""
 
 ITERATIONS = 3
 DEVICES = {"single": 1, "anakin": 4, "actor_learner": 8, "actor_learner_async": 8}
