@@ -232,6 +232,8 @@ class _Values:
     def tree(self, text: str) -> tuple[Any, list[Use]]:
         """A returned tree: `{key: tree, ...}` or an operand -> (structure with placeholder leaves, leaves)."""
         text = text.strip()
+        if text in ("()", "{}"):  # no leaves
+            return ({} if text == "{}" else ()), []
         if text.startswith("{"):
             keys, children, uses = [], [], []
             for part in split_top(text[1:-1]):

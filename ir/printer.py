@@ -348,6 +348,8 @@ def _outs(node: object) -> str:
 
 def _tree_operand(uses: Sequence[Use], tree: object) -> str:
     """Operands of a returned pytree, field by field where one name does not cover them."""
+    if not uses:  # no leaves: an empty dict of metrics prints as one
+        return "{}" if isinstance(jax.tree.unflatten(tree, []), dict) else "()"
     if len(uses) == 1 and tree.num_nodes == 1:
         return _leaf_name(uses[0])  # a leaf, even where it is all of a one-leaf pytree value
     text = operand(uses)

@@ -1,9 +1,11 @@
 """`fragc.ir.parse` reads back what the printer writes: every module after every pass of every
 built-in policy, for every algorithm (passes only, no XLA)."""
 
+import jax
 import pytest
 
 import fragc
+import user_shapes
 from fragc.ir import ParseError, format_module, parse, verify
 from fragc.passes import BUILTIN, default_passes, resolve, run_pipeline
 from shared_programs import ALGOS, traced
@@ -21,6 +23,21 @@ def tree_type(t):
 
 def use(u):
     return u.value.name, u.index
+
+
+class NoMetrics(user_shapes.Base):
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        w, _ = self.learn(state.w, data.x, y, 0.1)
+        return self.finish(state, w, data, {})
+
+
+def test_an_iteration_without_metrics_parses_back():
+    """`metrics={}` (it printed `()`, which did not parse back)."""
+    module = fragc.trace(NoMetrics())
+    text = str(module)
+    assert "metrics={}" in text and str(parse(text, bodies=module)) == text
+    assert jax.tree.structure(parse(text, bodies=module).graph.out_tree) == jax.tree.structure(module.graph.out_tree)
 
 
 def graph_nodes(graph):
