@@ -68,7 +68,7 @@ def _env_groups(fdef: FragmentDef, replicas: int, policy: Policy, in_region: boo
     if in_region:
         if groups == 1 or fdef.role == EVALUATOR:
             return 0
-        raise FragcError(f"env_groups={groups}: fragment '{fdef.name}' steps host environments inside a for/if "
+        raise FragcError(f"env_groups={groups}: fragment '{fdef.name}' steps host environments inside a for/while/if "
                          "region, where its host loop cannot run (a host loop is a node of the iteration's top "
                          "level); call it outside the region, or use env_groups 1 (host steps in-program)")
     n = fdef.batch_length()

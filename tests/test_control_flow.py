@@ -336,7 +336,7 @@ def test_host_environments_inside_a_region_step_in_program_or_are_refused_in_one
     one = run_pipeline(module, default_passes(dataclasses.replace(resolve("single", 1), env_groups=1), 4)).final
     assert one.fragments["rollout"].placement.env_groups == 0  # synchronous, its host steps in the program
     with pytest.raises(fragc.FragcError, match=r"env_groups=2: fragment 'rollout' steps host environments inside "
-                                               r"a for/if region, where its host loop cannot run"):
+                                               r"a for/while/if region, where its host loop cannot run"):
         run_pipeline(module, default_passes(dataclasses.replace(resolve("single", 1), env_groups=2), 4))
 
 
