@@ -58,16 +58,27 @@ def _axes(eqn: Any) -> tuple:
     return axes if isinstance(axes, tuple) else (axes,)
 
 
-_SHAPE = re.compile(r"= (\w+)\[([\d,]*)\][^ ]* (all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all)\(")
-_BYTES = {"f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "pred": 1, "bf16": 2, "f16": 2, "u8": 1, "s8": 1}
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+"""XLA's collective instructions. Each may be combined (one instruction of tuple shape for several operands) or
+asynchronous (`all-reduce-start` queues it, `all-reduce-done` waits for it and has the result's shape)."""
+
+_INSTRUCTION = re.compile(r"= (?P<shape>[^=]+?) (?P<op>" + "|".join(COLLECTIVES) + r")(?:-done)?\(")
+_ARRAY = re.compile(r"(\w+)\[([\d,]*)\]")
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2,
+          "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16}
 
 
 def hlo_collective_bytes(hlo_text: str) -> int:
-    """Payload of the collective instructions in optimised HLO, each counted once."""
+    """Payload of the collective instructions in optimised HLO, each counted once: a synchronous one by its result
+    (every array of a combined one's tuple), an asynchronous one by its `-done` (its `-start`'s tuple also holds
+    the operands and the collective's scratch)."""
     total = 0
-    for dtype, dims, _ in _SHAPE.findall(hlo_text):
-        n = int(np.prod([int(d) for d in dims.split(",") if d])) if dims else 1
-        total += n * _BYTES.get(dtype, 4)
+    for line in hlo_text.splitlines():
+        found = _INSTRUCTION.search(line)
+        if found is None:
+            continue
+        for dtype, dims in _ARRAY.findall(found["shape"]):
+            total += int(np.prod([int(d) for d in dims.split(",") if d])) * _BYTES.get(dtype, 4)
     return total
 
 
