@@ -13,6 +13,7 @@ from fragc.ir.lazy import lazy_names
 __getattr__, __dir__, __all__ = lazy_names(__name__, {
     "fragc.ir": ("REPLICA", "FragcError", "FragmentError", "Module", "VerifyError", "fragment", "interpret", "pmean",
                  "psum", "trace"),
+    "fragc.ir.collectives": ("fold_in_replica",),
     "fragc.api": ("compile",),
     "fragc.passes": ("Policy", "RolePlacement", "population"),
     "fragc.ir.interpreter": ("run_iterations",),
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:  # what type checkers and editors see
     from fragc import actions, distributed
     from fragc.api import compile
+    from fragc.ir.collectives import fold_in_replica
     from fragc.ir import REPLICA, FragcError, FragmentError, Module, VerifyError, fragment, interpret, pmean, psum, trace
     from fragc.ir.interpreter import run_iterations
     from fragc.ir.sweep import PBT, SweepState
