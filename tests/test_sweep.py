@@ -5,6 +5,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import warnings
 
 import chex
 import jax
@@ -109,8 +110,15 @@ def test_vectorised_members_on_8_devices_are_their_single_runs_to_float_rounding
 
 
 def test_members_spread_over_the_most_devices_they_divide_over():
-    assert [population_devices(m, 8) for m in (1, 2, 3, 6, 8, 12, 16, 64)] == [1, 2, 3, 6, 8, 6, 8, 8]
-    assert population_devices(8, 4) == 4 and population_devices(7, 4) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every device given is used: nothing to say
+        assert [population_devices(m, 8) for m in (8, 16, 64)] == [8, 8, 8] and population_devices(8, 4) == 4
+    for members, devices, used in [(1, 8, 1), (3, 8, 3), (12, 8, 6), (7, 4, 1), (5, 4, 1)]:
+        with pytest.warns(UserWarning) as said:
+            assert population_devices(members, devices) == used
+        assert [str(w.message) for w in said] == [
+            f"a population of {members} members runs on {used} of the {devices} devices given: members are spread "
+            f"over devices in equal blocks, and {used} is the most devices {members} divide over"]
 
 
 def _factorisations(jaxpr) -> list:
