@@ -343,7 +343,7 @@ def _parser(algo: str | None = None, parser_class: type = _Parser) -> argparse.A
     _algo_argument(bench)
     _config_file_option(bench)
     bench.add_argument("--policies", default="single,anakin,gspmd,actor_learner,actor_learner_async",
-                       help="comma-separated policies (default: all built-in)")
+                       help="comma-separated policies, e.g. single,population(single,4) (default: every built-in)")
     bench.add_argument("--devices", type=_count, default=8, help="devices for the distributed policies (default 8)")
     bench.add_argument("--iterations", type=_count, default=16, help="iterations per timed repeat (default 16)")
     bench.add_argument("--repeats", type=_count, default=3, help="alternating repeats (default 3)")
@@ -831,7 +831,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from fragc.runtime.bench import format_table, run_bench, write_outputs
     from fragc.training import config_dict
 
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    policies = policy_list(args.policies)
     if not policies:
         raise FragcError("--policies names no policy")
     if "auto" in policies:
@@ -865,6 +865,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     json_path, png_path = write_outputs(rows, config, args.out)
     print(f"wrote {json_path} and {png_path}")
     return 0
+
+
+def policy_list(text: str) -> list[str]:
+    """`--policies`: policies separated by the commas outside parentheses (`single,population(single,4)` is two)."""
+    policies, depth, start = [], 0, 0
+    for i, char in enumerate(text + ","):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            policies.append(text[start:i].strip())
+            start = i + 1
+    return [p for p in policies if p]
 
 
 def _bench_auto(args: argparse.Namespace) -> int:

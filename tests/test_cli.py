@@ -132,3 +132,11 @@ def test_the_command_line_starts_without_jax():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.splitlines()[-1] == "[]", out.stdout
+
+
+def test_bench_splits_its_policies_at_top_level_commas_only(capsys):
+    """`--policies 'single,population(single,4)'` names two policies: the comma inside the parentheses is the
+    population's own (refused here at the policy after it, before anything compiles)."""
+    assert main(["bench", "ppo", "--policies", "single,population(single,4),nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown policy 'nope'" in err and err.count("\n") == 1, err
