@@ -16,9 +16,14 @@ import numpy as np
 
 from fragc.ir.errors import FragcError
 
+from .actions import steps_per_iteration
+
 
 def run_bench(make_algo: Callable[[], Any], policies: list[str], devices: Any, iterations: int, repeats: int,
               log: Callable[[str], None] = print) -> dict:
+    """Per policy: compile time, devices, bytes moved per iteration, and throughput per timed repeat: env steps
+    per second where the algorithm says its steps per iteration (`env_steps_per_s`, else None), iterations per
+    second always (`iterations_per_s`); `median`, `min` and `max` are of the first known of the two (`unit`)."""
     import fragc
     from fragc.api import default_device_count
 
@@ -32,10 +37,11 @@ def run_bench(make_algo: Callable[[], Any], policies: list[str], devices: Any, i
         cost = prog.cost()["total"]
         state, _ = prog.run(prog.init(0), iterations)  # warm-up: first dispatches, transfers, caches
         runs = len(prog.policy.population) or 1
-        programs[name] = [prog, state, runs * algo.steps_per_iteration * iterations]
+        programs[name] = [prog, state, runs * steps_per_iteration(algo) * iterations]
         rows[name] = {"compile_s": compile_s, "devices": len(prog.devices),
                       "collective_bytes_per_iteration": cost["collective_bytes"],
-                      "transfer_bytes_per_iteration": cost["transfer_bytes"], "env_steps_per_s": [], "final_return": None}
+                      "transfer_bytes_per_iteration": cost["transfer_bytes"], "iterations_per_s": [],
+                      "env_steps_per_s": [] if programs[name][2] else None, "final_return": None}
         log(f"compiled {name} in {compile_s:.1f} s")
     for r in range(repeats):
         for name, entry in programs.items():
@@ -43,13 +49,18 @@ def run_bench(make_algo: Callable[[], Any], policies: list[str], devices: Any, i
             start = time.perf_counter()
             state, history = prog.run(state, iterations)
             _block(state)
-            rows[name]["env_steps_per_s"].append(steps / (time.perf_counter() - start))
-            rows[name]["final_return"] = float(np.mean(np.asarray(history["episode_return"])[..., -1]))
+            seconds = time.perf_counter() - start
+            rows[name]["iterations_per_s"].append(iterations / seconds)
+            if steps:
+                rows[name]["env_steps_per_s"].append(steps / seconds)
+            if "episode_return" in history:
+                rows[name]["final_return"] = float(np.mean(np.asarray(history["episode_return"])[..., -1]))
             entry[1] = state
         log(f"repeat {r + 1}/{repeats} done")
     for row in rows.values():
-        sps = row["env_steps_per_s"]
-        row.update(median=statistics.median(sps), min=min(sps), max=max(sps))
+        unit = "env-steps/s" if row["env_steps_per_s"] is not None else "iterations/s"
+        rates = row["env_steps_per_s"] if row["env_steps_per_s"] is not None else row["iterations_per_s"]
+        row.update(unit=unit, median=statistics.median(rates), min=min(rates), max=max(rates))
     return rows
 
 
@@ -60,13 +71,15 @@ def _block(state: Any) -> None:
 
 
 def format_table(rows: dict) -> str:
-    lines = [f"{'policy':24}{'devices':>8}{'env-steps/s':>13}{'(min - max)':>22}{'compile s':>11}"
+    unit = next(iter(rows.values()))["unit"] if rows else "env-steps/s"
+    lines = [f"{'policy':24}{'devices':>8}{unit:>13}{'(min - max)':>22}{'compile s':>11}"
              f"{'collective B/it':>17}{'transfer B/it':>15}{'return':>9}"]
     for name, r in rows.items():
         spread = f"({r['min']:,.0f} - {r['max']:,.0f})"
+        ret = f"{r['final_return']:.1f}" if r["final_return"] is not None else "-"
         lines.append(f"{name:24}{r['devices']:>8}{r['median']:>13,.0f}{spread:>22}"
                      f"{r['compile_s']:>11.1f}{r['collective_bytes_per_iteration']:>17,.0f}"
-                     f"{r['transfer_bytes_per_iteration']:>15,.0f}{r['final_return']:>9.1f}")
+                     f"{r['transfer_bytes_per_iteration']:>15,.0f}{ret:>9}")
     return "\n".join(lines)
 
 
@@ -95,7 +108,7 @@ def plot_bench(rows: dict, config: dict, path: str) -> None:
     err = np.array([[med[i] - rows[n]["min"], rows[n]["max"] - med[i]] for i, n in enumerate(names)]).T
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
     top.bar(x, med, yerr=err, capsize=4, color="tab:blue")
-    top.set_ylabel("env-steps/s (median, min-max)")
+    top.set_ylabel(f"{rows[names[0]]['unit']} (median, min-max)")
     top.set_title(f"{config.get('algo')} · {config.get('devices')} devices · {config.get('iterations')} iterations "
                   f"x {config.get('repeats')} repeats ({config.get('backend')})")
     coll = [rows[n]["collective_bytes_per_iteration"] / 1024 for n in names]
