@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import re
+import warnings
 from typing import Any, Callable, Sequence
 
 import jax
@@ -82,13 +83,21 @@ def compile(
     # its fragment bodies swap the algorithm's config under a lock (ir/sweep.py) while JAX traces them, and two
     # threads holding that lock and JAX's own could wait on each other; one thread cannot.
     if resolved.hyperparameters:
-        check_per_replica(pipeline.final)
+        warn_per_replica(pipeline.final)
         return Program(algo, pipeline, devs, resolved)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fragc-check") as pool:
         checked = pool.submit(check_per_replica, pipeline.final)
         program = Program(algo, pipeline, devs, resolved)
-        checked.result()
+        warn_per_replica(pipeline.final, checked.result())
     return program
+
+
+def warn_per_replica(module: Any, problems: list[str] | None = None) -> None:
+    """One warning line per fragment that runs with one replica here but would fail with several
+    (`check_per_replica`): a policy that runs it with several refuses it, this one runs it."""
+    for problem in check_per_replica(module) if problems is None else problems:
+        warnings.warn(f"{problem} (it runs with one replica here; a policy that runs it with several refuses it)",
+                      stacklevel=3)
 
 
 def _auto_seeds(policy: Any) -> int | None:

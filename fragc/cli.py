@@ -940,7 +940,7 @@ def cmd_ir(args: argparse.Namespace) -> int:
     from fragc.api import run_passes
     from fragc.devices import devices
     from fragc.ir import to_dot
-    from fragc.ir.frontend import check_per_replica
+    from fragc.api import warn_per_replica
 
     if args.after and args.print_after_all:
         raise FragcError("pass --after or --print-after-all, not both")
@@ -953,7 +953,7 @@ def cmd_ir(args: argparse.Namespace) -> int:
     pipeline, _, _ = run_passes(_make_algo(args), policy=args.policy, devices=args.devices,
                                 print_after_all=args.print_after_all, dump_dir=args.dump_dir,
                                 env_groups=args.env_groups, env_workers=args.env_workers)
-    check_per_replica(pipeline.final)  # what compile checks: a body that only works with one replica
+    warn_per_replica(pipeline.final)  # what compile says of a body that only works with one replica
     if args.print_after_all:
         return 0
     module = pipeline.after(args.after)
