@@ -13,7 +13,8 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Sharding
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
 from fragc.ir.errors import FragcError
 
@@ -36,8 +37,6 @@ def _leaf_to_host(x: Any) -> Any:
         return jax.random.wrap_key_data(_leaf_to_host(jax.random.key_data(x)), impl=jax.random.key_impl(x))
     if x.sharding.is_fully_replicated:
         return np.asarray(x.addressable_data(0))
-    from jax.experimental import multihost_utils
-
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
@@ -107,8 +106,6 @@ def _index_key(index: tuple, shape: tuple[int, ...]) -> tuple:
 
 def _with_key_dims(sharding: Sharding, key: jax.Array) -> Sharding:
     """`sharding` for a key array's data (one more trailing dimension, not split)."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
     extra = jax.random.key_data(key).ndim - key.ndim
     spec = tuple(sharding.spec) + (None,) * (key.ndim - len(sharding.spec) + extra)
     return NamedSharding(sharding.mesh, PartitionSpec(*spec))

@@ -1,6 +1,7 @@
 """`fragc bench`'s driver, and a smoke test of every script in bench/ at tiny sizes (so that none can rot)."""
 
-from fragc.runtime.bench import format_table, run_bench
+from fragc.cli.bench import run_bench
+from fragc.runtime.bench import format_table
 from toy_algos import Regression
 
 

@@ -24,12 +24,12 @@ def test_ir_runs_the_passes_only(capsys, monkeypatch):
     actor_learner on 8 devices: two stages, three transfers an iteration."""
     import pathlib
 
-    import fragc.api
+    import fragc.compiler
 
     def no_program(*args, **kwargs):
         raise AssertionError("fragc ir built a Program")
 
-    monkeypatch.setattr(fragc.api, "Program", no_program)
+    monkeypatch.setattr(fragc.compiler, "Program", no_program)
     assert main(["ir", "dqn", "--policy", "actor_learner", "--devices", "8"]) == 0
     out = capsys.readouterr().out
     assert out == (pathlib.Path(__file__).parent / "golden" / "dqn_actor_learner.fir").read_text()

@@ -19,7 +19,8 @@ import pytest
 import fragc
 from fragc.algos import ppo
 from fragc.algos.envs import VecEnv
-from fragc.api import run_passes
+from fragc.compiler import run_passes
+from fragc.options import CompileOptions
 from fragc.ir import parse, verify
 from fragc.ir.dot import to_dot
 from fragc.ir.errors import VerifyError
@@ -169,7 +170,7 @@ def test_the_trajectory_buffers_are_reused_only_when_nothing_else_holds_them(sin
 def test_every_pass_parses_back_with_its_host_loop(policy, devices):
     """Passes only (no XLA): the module after every pass prints, parses back with its placement (environment
     groups included), and the final module places the rollout as a host loop in a stage of its own."""
-    pipeline, _, _ = run_passes(ppo_on("gymnasium:CartPole-v1"), policy, devices, env_groups=2)
+    pipeline, _, _ = run_passes(ppo_on("gymnasium:CartPole-v1"), CompileOptions(policy, devices, env_groups=2))
     for module in pipeline.modules:
         back = parse(str(module), bodies=module)
         for name, fdef in module.fragments.items():
@@ -207,13 +208,13 @@ def test_bad_environment_groups_are_refused_in_one_line():
     algo = ppo_on("gymnasium:CartPole-v1")  # 16 environments
     with pytest.raises(fragc.FragcError,
                        match="env_groups=3: fragment 'rollout' steps 16 environments, which do not split into 3 equal"):
-        run_passes(algo, "single", 1, env_groups=3)
+        run_passes(algo, CompileOptions("single", 1, env_groups=3))
     with pytest.raises(fragc.FragcError, match="env_groups must be an int from 0"):
-        run_passes(algo, "single", 1, env_groups=-1)
+        run_passes(algo, CompileOptions("single", 1, env_groups=-1))
 
 
 def test_the_verifier_refuses_a_broken_host_loop():
-    pipeline, _, _ = run_passes(ppo_on("gymnasium:CartPole-v1"), "single", 1, env_groups=2)
+    pipeline, _, _ = run_passes(ppo_on("gymnasium:CartPole-v1"), CompileOptions("single", 1, env_groups=2))
     final = pipeline.final
     learn = final.fragments["learn"]
     broken = final.replace(fragments={**final.fragments, "learn": learn.replace(
@@ -300,11 +301,11 @@ class NestedHostStep:
 def test_a_rollout_the_host_loop_cannot_cut_runs_in_program_or_is_refused():
     """One group: synchronous either way, so the host step stays in the program (no host_loop in the IR);
     two groups: refused in one line that says what a host loop needs."""
-    pipeline, _, _ = run_passes(NestedHostStep(), "single", 1, env_groups=1)
+    pipeline, _, _ = run_passes(NestedHostStep(), CompileOptions("single", 1, env_groups=1))
     assert pipeline.final.fragments["rollout"].placement.env_groups == 0
     assert "host_loop(" not in str(pipeline.final) and pipeline.final.schedule.shape == "fused"
     with pytest.raises(fragc.FragcError, match="a host loop needs exactly one host step directly in its time loop"):
-        run_passes(NestedHostStep(), "single", 1, env_groups=2)
+        run_passes(NestedHostStep(), CompileOptions("single", 1, env_groups=2))
 
 
 class PerStepOutputs:
@@ -381,7 +382,7 @@ def test_a_reversed_time_loop_on_two_replicas_runs_as_its_loop_node_says():
 def test_the_loop_node_reads_back_as_the_split_it_was_made_from(policy, devices, groups):
     """`time_loop_of` (what HostLoop runs, read from the IR) is `split_time_loop`'s cut of the fragment: the
     same jaxprs, counts and group axes (passes only)."""
-    final = run_passes(ppo_on("gymnasium:CartPole-v1"), policy, devices, env_groups=groups)[0].final
+    final = run_passes(ppo_on("gymnasium:CartPole-v1"), CompileOptions(policy, devices, env_groups=groups))[0].final
     node = next(n for n in final.graph.nodes if isinstance(n, Loop))
     got = time_loop_of(final, node)
     want = split_time_loop(final.fragments["rollout"], devices, groups)

@@ -282,7 +282,7 @@ def test_sweep_reports_every_configuration_and_resumes_to_the_same_numbers(capsy
     state, history = prog.run(prog.init(0), 8)
     np.testing.assert_allclose([finals[m] for m in range(8)], history["episode_return"][:, -2:].reshape(8, -1).mean(1),
                                rtol=1e-6)
-    from fragc.video import restore_policy  # fragc video --member 3 reads a sweep's checkpoints
+    from fragc.sinks.video import restore_policy  # fragc video --member 3 reads a sweep's checkpoints
 
     _, params, _ = restore_policy(tmp_path / "whole" / "checkpoints", member=3)
     chex.assert_trees_all_equal(params, jax.tree.map(lambda x: x[3], state.state.learner.params))
@@ -351,12 +351,13 @@ SWEPT = {"ppo": ("lr", "gamma", "clip_eps"), "a2c": ("lr", "ent_coef"), "ppo_con
 def test_every_built_in_algorithm_sweeps_its_float_hyperparameters(name):
     """Traced and placed (no XLA compile): every swept field reaches the program, none is a Python value."""
     from fragc.algos import ALGOS, make
-    from fragc.api import run_passes
+    from fragc.compiler import run_passes
+    from fragc.options import CompileOptions
 
     assert set(SWEPT) == set(ALGOS)
     algo = make(name)
     grid = {f: [getattr(algo.config, f), getattr(algo.config, f) * 0.5] for f in SWEPT[name]}
-    pipeline = run_passes(algo, fragc.population("single", 1, **grid))[0]
+    pipeline = run_passes(algo, CompileOptions(fragc.population("single", 1, **grid)))[0]
     assert [f for f, _ in pipeline.final.hyperparameters] == list(SWEPT[name])
 
 
@@ -394,8 +395,8 @@ def test_a_users_algorithm_sweeps_its_config_and_each_member_follows_a_plain_jax
 
 
 def test_the_final_metrics_line_of_a_population_is_its_last_iteration_over_members():
-    from fragc.cli import _last_metrics
+    from fragc.cli.run import last_metrics
 
     history = {"episode_return": np.array([[1.0, 2.0, 3.0], [5.0, 6.0, 9.0]])}  # [members, iterations]
-    assert _last_metrics(history, population=True) == {"episode_return": 6.0}
-    assert _last_metrics({"episode_return": np.array([1.0, 4.0])}) == {"episode_return": 4.0}
+    assert last_metrics(history, population=True) == {"episode_return": 6.0}
+    assert last_metrics({"episode_return": np.array([1.0, 4.0])}) == {"episode_return": 4.0}

@@ -19,7 +19,7 @@ import pytest
 
 import fragc
 import fragc.algos
-from fragc import tracking
+from fragc.sinks import tracking
 from fragc.runtime.actions import Run
 
 CLIENTS = ("tensorboardX", "tensorboard", "wandb", "mlflow")

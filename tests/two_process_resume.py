@@ -14,9 +14,10 @@ import os
 import sys
 
 from fragc import distributed
+from fragc.launch import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 
-distributed.initialize(os.environ[distributed.ENV_COORDINATOR], int(os.environ[distributed.ENV_NUM_PROCESSES]),
-                       int(os.environ[distributed.ENV_PROCESS_ID]), local_devices=4)
+distributed.initialize(os.environ[ENV_COORDINATOR], int(os.environ[ENV_NUM_PROCESSES]), int(os.environ[ENV_PROCESS_ID]),
+                       local_devices=4)
 distributed.keep_native_output_off_stdout()
 
 import jax  # noqa: E402
