@@ -1,8 +1,72 @@
-"""`fragc bench`'s driver, and a smoke test of every script in bench/ at tiny sizes (so that none can rot)."""
+"""`fragc bench`'s driver, and a smoke test of every script in bench/ at tiny sizes, so that none can rot.
 
+Each script's `main()` runs in this process (its folder on sys.path, as running it puts it there) with its own
+options at their smallest and the algorithms' configs shrunk (`tiny_configs`): the whole script runs, its
+arithmetic on a few environments for a few iterations, and what it writes is read back. Programs compile through
+the suite's compilation cache. The GPU experiments (bench/experiments/) are one-off scripts with their sizes
+fixed; their CPU path runs too, with the same configs shrunk.
+"""
+
+import dataclasses
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+import types
+from typing import Callable
+
+import jax
+import pytest
+
+from fragc.algos import pqn, ppo, sac
 from fragc.cli.bench import run_bench
 from fragc.runtime.bench import format_table
 from toy_algos import Regression
+
+BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
+
+TINY = {
+    ppo: dict(num_envs=4, num_steps=8, num_minibatches=2, update_epochs=1),
+    pqn: dict(num_envs=4, num_steps=4, num_epochs=1, num_minibatches=2, hidden=16),
+    sac: dict(num_envs=1, buffer_size=64, batch_size=4, learning_starts=0, hidden=8),
+}
+"""The configs' sizes in the smoke tests: each algorithm's `Config` defaults to these."""
+
+
+@pytest.fixture
+def tiny_configs(monkeypatch):
+    """Each algorithm's `Config` with TINY's defaults (a subclass: what a script builds and what `algos.make`
+    builds are tiny)."""
+    for module, sizes in TINY.items():
+        base = module.Config
+        fields = [(name, base.__dataclass_fields__[name].type, dataclasses.field(default=value))
+                  for name, value in sizes.items()]
+        monkeypatch.setattr(module, "Config", dataclasses.make_dataclass("Config", fields, bases=(base,), frozen=True,
+                                                                          namespace={"__module__": module.__name__}))
+
+
+@pytest.fixture
+def bench(monkeypatch, tmp_path):
+    """`bench(name, *argv)`: bench/NAME.py's main() with `argv` (and `--out` in a folder of the test's) -> that
+    folder; `before(module)` runs first. The JAX settings a script changes are put back."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.syspath_prepend(str(BENCH.parent / "tests"))
+    cache = jax.config.jax_enable_compilation_cache
+
+    def run(name: str, *argv: str, out: bool = True, before: Callable | None = None) -> pathlib.Path:
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up there
+        spec.loader.exec_module(module)
+        if before is not None:
+            before(module)
+        monkeypatch.setattr(sys, "argv", [str(BENCH / f"{name}.py"), *argv, *(["--out", str(tmp_path)] if out else [])])
+        module.main()
+        return tmp_path
+
+    yield run
+    jax.config.update("jax_enable_compilation_cache", cache)
 
 
 def test_bench_times_an_algorithm_that_says_neither_its_steps_nor_a_return():
@@ -14,3 +78,100 @@ def test_bench_times_an_algorithm_that_says_neither_its_steps_nor_a_return():
     assert row["env_steps_per_s"] is None and row["final_return"] is None
     line = format_table(rows).splitlines()[1]
     assert line.split()[:2] == ["single", "1"] and line.split()[-1] == "-", line
+
+
+def test_lowering(bench, tiny_configs):
+    """purejaxrl_ppo.FragcPort (PureJaxRL's PPO as two fragments) compiles under `single` and runs beside jit."""
+    result = json.loads((bench("lowering", "--repeats", "1", "--iterations", "2", "--k", "2")
+                         / "lowering.json").read_text())
+    assert set(result["env_steps_per_s"]) == {"fragc", "plain_jit"} and len(result["ratios"]) == 1
+
+
+def test_ppo_single(bench, tiny_configs, capsys):
+    result = json.loads((bench("ppo_single", "--repeats", "1", "--iterations", "2", "--k", "2", "--compile-repeats",
+                               "0") / "ppo_single.json").read_text())
+    assert set(result["env_steps_per_s"]) == {"fragc", "plain_jit", "purejaxrl"}
+    bench("ppo_single", "--compile-only", "fragc", "--k", "2", out=False)  # what each cold-compile process runs
+    assert float(capsys.readouterr().out.splitlines()[-1]) > 0
+
+
+def test_pqn_plain(bench, tiny_configs):
+    result = json.loads((bench("pqn_plain", "--repeats", "1", "--iterations", "2", "--k", "2") / "pqn_plain.json")
+                        .read_text())
+    assert set(result["env_steps_per_s"]) == {"fragc", "plain_jit", "purejaxql"}
+
+
+def test_sac_plain(bench, tiny_configs):
+    result = json.loads((bench("sac_plain", "--repeats", "1", "--iterations", "2", "--k", "2", "--buffer-size", "64")
+                         / "sac_plain.json").read_text())
+    assert set(result["env_steps_per_s"]) == {"fragc", "fragc_rolled", "plain_jit", "cleanrl", "cleanrl_unrolled"}
+
+
+def test_policies(bench, tiny_configs, tmp_path):
+    """Every built-in policy and `population(single,4)` through `fragc bench` (a comma inside parentheses)."""
+    with pytest.raises(SystemExit) as done:
+        bench("policies", "--devices", "2", "--iterations", "1", "--repeats", "1", "--num-envs", "4", "--num-steps", "8")
+    assert done.value.code == 0
+    rows = json.loads((tmp_path / "bench.json").read_text())["policies"]
+    assert list(rows) == ["single", "anakin", "gspmd", "actor_learner", "actor_learner_async", "population(single,4)"]
+    assert (tmp_path / "bench.png").stat().st_size > 0
+
+
+def test_throughput(bench, tiny_configs, tmp_path):
+    out = tmp_path / "throughput.json"
+    bench("throughput", "--rows", "ppo-cartpole-population-256", "--iterations", "1", "--repeats", "1", "--out",
+          str(out), out=False)
+    [row] = json.loads(out.read_text())
+    assert row["population"] == 256 and row["env_steps_per_s"] > 0
+
+
+def test_host_envs(bench, tiny_configs):
+    """Gymnasium's CartPole through the host loop (EnvPool's Pong is skipped by the script where EnvPool is not
+    installed, and run where it is)."""
+    rows = json.loads((bench("host_envs", "--envs", "gymnasium:CartPole-v1", "--num-envs", "2", "--num-steps", "4",
+                             "--iterations", "1", "--repeats", "1", "--modes", "1") / "host_envs.json").read_text())
+    assert [(r["env"], r["env_groups"]) for r in rows] == [("gymnasium:CartPole-v1", 1)] and rows[0]["train_ratio"]
+
+
+def test_auto(bench, monkeypatch, tmp_path):
+    """The search against the exhaustive bench on 2 devices, for the toy regression."""
+    monkeypatch.setenv("FRAGC_CACHE_DIR", str(tmp_path / "cache"))  # the machine constants of 2 devices: measured
+    result = json.loads((bench("auto", "--algos", "regression", "--devices", "2", "--iterations", "2", "--repeats",
+                               "1") / "auto.json").read_text())
+    regression = result["algos"]["regression"]
+    assert regression["runnable"] >= 2 and regression["chosen"] in regression["calibration"]
+
+
+def test_results(bench, tiny_configs):
+    """A learning run of every seed as one population, its statistics (rliable) and its curves."""
+    out = bench("results", "--only", "ppo", "--seeds", "0-1", "--steps", "64")
+    [row] = json.loads((out / "results.json").read_text())
+    assert row["run"] == "ppo" and len(row["final_returns"]) == 2 and (out / "ppo.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("what", ["throughput", "pbt"])
+def test_sweep(bench, tiny_configs, what):
+    argv = ["--members", "8", "--k", "1"] if what == "throughput" else ["--seeds", "1", "--iterations", "10"]
+    result = json.loads((bench("sweep", what, "--repeats", "1", "--iterations", "1", *argv) / f"sweep_{what}.json")
+                        .read_text())
+    assert result["rows"] if what == "throughput" else result["pbt"]["final"]
+
+
+def test_rnn_screen(bench):
+    """The screens' rule and report, their `fragc sweep`s run in this process (the script starts each in one of
+    its own): one screen of two learning rates, on two seeds, and the run it picks, at tiny sizes."""
+    def shrunk(module):
+        def in_process(argv, timeout):
+            return subprocess.CompletedProcess(argv, main(argv[argv.index("sweep"):]))
+
+        module.subprocess = types.SimpleNamespace(run=in_process, TimeoutExpired=subprocess.TimeoutExpired)
+        module.SCREEN_SEEDS, module.TEN_SEEDS = "20-21", "0-1"
+        module.BASE = ["--mask-velocity", "true", "--num-envs", "2", "--num-steps", "4", "--update-epochs", "1",
+                       "--num-minibatches", "1"]
+        module.SCREENS = {"lr": ["--lr", "1e-3,5e-4"]}
+
+    from fragc.cli import main
+
+    out = bench("rnn_screen", "--only", "lr", "--iterations", "1", before=shrunk)
+    screen = json.loads((out / "screen.json").read_text())
+    assert len(screen["screens"]) == 2 and screen["pick"]["screen"] == "lr" and len(screen["final"]) == 1

@@ -1,4 +1,4 @@
-"""fragc.stats: the IQM against scipy and a hand-worked example, rliable's stratified bootstrap CI (contains the
+"""fragc.sinks.stats: the IQM against scipy and a hand-worked example, rliable's stratified bootstrap CI (contains the
 estimate, narrows with more seeds, fixed by its seed), seeds at a threshold, the best configuration, the table, the
 learning-curve PNG read back, and the one-line error without rliable."""
 

@@ -1,4 +1,4 @@
-"""Videos of a policy (fragc/video.py): from a checkpoint to .mp4 and .gif, and CaptureVideo during a run.
+"""Videos of a policy (fragc/sinks/video.py): from a checkpoint to .mp4 and .gif, and CaptureVideo during a run.
 
 Frame counts are checked against episodes played here with plain gymnax (or Gymnasium) and the network's
 argmax: an episode of T steps is T + 1 frames (its first state and each state reached)."""
@@ -69,7 +69,7 @@ def plain(algo):
 
 def episode_lengths(algo, params, episodes, seed, max_steps=MAX_STEPS):
     """Steps of each greedy episode, played with gymnax's own step (which resets itself: the flags say when
-    an episode ends) from the keys fragc/video.py documents."""
+    an episode ends) from the keys fragc/sinks/video.py documents."""
     env, env_params, act = plain(algo)
     lengths = []
     for key in jax.random.split(jax.random.key(seed), episodes):

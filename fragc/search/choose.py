@@ -199,7 +199,7 @@ def _compile_best(algo: Any, options: CompileOptions, devs: list[Any], live: lis
             continue
         compiled += 1
         COUNTERS.compiled += 1
-        row.memory_bytes = max(prog.memory().values(), default=0) or row.memory_bytes
+        row.memory_bytes = max((sum(m.values()) for m in prog.memory().values()), default=0) or row.memory_bytes
         if memory_limit is not None and row.memory_bytes > memory_limit:
             row.pruned = (f"XLA's memory analysis: {_mib(row.memory_bytes)} per device, over the limit "
                           f"{_mib(memory_limit)}")
