@@ -180,7 +180,6 @@ def gae(traj: Transition, gamma: float, lam: float) -> tuple[jax.Array, jax.Arra
 
 
 def action_log_prob(log_probs: jax.Array, action: jax.Array) -> jax.Array:
-    """Each action's entry of `log_probs` (its last axis indexed by `action`)."""
     return jnp.take_along_axis(log_probs, action[..., None], -1)[..., 0]
 
 

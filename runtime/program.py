@@ -127,7 +127,8 @@ class Program:
             except Exception:  # noqa: BLE001 - a backend without the analysis
                 m = None
             out[e.name] = {} if m is None else {"argument": int(m.argument_size_in_bytes),
-                                                "output": int(m.output_size_in_bytes), "temp": int(m.temp_size_in_bytes)}
+                                                "output": int(m.output_size_in_bytes),
+                                                "temp": int(m.temp_size_in_bytes)}
         return out
 
     # ------------------------------------------------------------ running

@@ -38,7 +38,11 @@ TINY = {
 def tiny_configs(monkeypatch):
     """Each algorithm's `Config` with TINY's defaults (a subclass: what a script builds and what `algos.make`
     builds are tiny)."""
-    for module, sizes in TINY.items():
+    shrink(monkeypatch, TINY)
+
+
+def shrink(monkeypatch, tiny: dict) -> None:
+    for module, sizes in tiny.items():
         base = module.Config
         fields = [(name, base.__dataclass_fields__[name].type, dataclasses.field(default=value))
                   for name, value in sizes.items()]
@@ -53,9 +57,10 @@ def bench(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(BENCH))
     monkeypatch.syspath_prepend(str(BENCH.parent / "tests"))
     cache = jax.config.jax_enable_compilation_cache
+    loaded = set(sys.modules)
 
     def run(name: str, *argv: str, out: bool = True, before: Callable | None = None) -> pathlib.Path:
-        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+        spec = importlib.util.spec_from_file_location("bench_" + name.replace("/", "_"), BENCH / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up there
         spec.loader.exec_module(module)
@@ -67,6 +72,9 @@ def bench(monkeypatch, tmp_path):
 
     yield run
     jax.config.update("jax_enable_compilation_cache", cache)
+    for name in set(sys.modules) - loaded:  # bench/'s modules (purejaxrl_ppo is tests/'s too) go with its path
+        if str(BENCH) in (getattr(sys.modules[name], "__file__", None) or ""):
+            del sys.modules[name]
 
 
 def test_bench_times_an_algorithm_that_says_neither_its_steps_nor_a_return():
@@ -107,14 +115,22 @@ def test_sac_plain(bench, tiny_configs):
     assert set(result["env_steps_per_s"]) == {"fragc", "fragc_rolled", "plain_jit", "cleanrl", "cleanrl_unrolled"}
 
 
-def test_policies(bench, tiny_configs, tmp_path):
-    """Every built-in policy and `population(single,4)` through `fragc bench` (a comma inside parentheses)."""
+def test_policies(bench, tiny_configs, tmp_path, capsys):
+    """Every built-in policy and `population(single,4)` through `fragc bench` (a comma inside parentheses): the
+    table, bench.json with every repeat's number, and bench.png."""
     with pytest.raises(SystemExit) as done:
-        bench("policies", "--devices", "2", "--iterations", "1", "--repeats", "1", "--num-envs", "4", "--num-steps", "8")
+        bench("policies", "--devices", "2", "--iterations", "1", "--repeats", "2", "--num-envs", "4", "--num-steps",
+              "8")
     assert done.value.code == 0
-    rows = json.loads((tmp_path / "bench.json").read_text())["policies"]
+    table = capsys.readouterr().out
+    assert "env-steps/s" in table and "population(single,4)" in table
+    data = json.loads((tmp_path / "bench.json").read_text())
+    rows = data["policies"]
     assert list(rows) == ["single", "anakin", "gspmd", "actor_learner", "actor_learner_async", "population(single,4)"]
-    assert (tmp_path / "bench.png").stat().st_size > 0
+    row = rows["actor_learner"]
+    assert len(row["env_steps_per_s"]) == 2 and row["min"] <= row["median"] <= row["max"]
+    assert row["transfer_bytes_per_iteration"] > 0 and rows["single"]["transfer_bytes_per_iteration"] == 0
+    assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_throughput(bench, tiny_configs, tmp_path):
@@ -159,7 +175,8 @@ def test_sweep(bench, tiny_configs, what):
 
 def test_rnn_screen(bench):
     """The screens' rule and report, their `fragc sweep`s run in this process (the script starts each in one of
-    its own): one screen of two learning rates, on two seeds, and the run it picks, at tiny sizes."""
+    its own), on two seeds, at tiny sizes: a screen of one configuration, and the run it picks (the same program,
+    one dispatch an iteration: compiled once)."""
     def shrunk(module):
         def in_process(argv, timeout):
             return subprocess.CompletedProcess(argv, main(argv[argv.index("sweep"):]))
@@ -167,11 +184,27 @@ def test_rnn_screen(bench):
         module.subprocess = types.SimpleNamespace(run=in_process, TimeoutExpired=subprocess.TimeoutExpired)
         module.SCREEN_SEEDS, module.TEN_SEEDS = "20-21", "0-1"
         module.BASE = ["--mask-velocity", "true", "--num-envs", "2", "--num-steps", "4", "--update-epochs", "1",
-                       "--num-minibatches", "1"]
-        module.SCREENS = {"lr": ["--lr", "1e-3,5e-4"]}
+                       "--num-minibatches", "1", "--iterations-per-dispatch", "1"]
+        module.SCREENS = {"lr": ["--lr", "1e-3"]}
 
     from fragc.cli import main
 
     out = bench("rnn_screen", "--only", "lr", "--iterations", "1", before=shrunk)
     screen = json.loads((out / "screen.json").read_text())
-    assert len(screen["screens"]) == 2 and screen["pick"]["screen"] == "lr" and len(screen["final"]) == 1
+    assert len(screen["screens"]) == 1 and screen["pick"]["screen"] == "lr" and len(screen["final"]) == 1
+    assert screen["final"][0]["seeds"] == [0, 1]
+
+
+@pytest.mark.slow  # must be: 17 programs compiled (about 40 s of the default suite's 6 minutes), for one-off scripts
+@pytest.mark.parametrize("name, argv", [
+    ("sac_learn_gpu", ["--seeds", "1"]),
+    ("sac_plain_loops_gpu", ["--k", "2", "--iterations", "2", "--repeats", "1"]),
+    ("sac_variants_gpu", ["--k", "2", "--iterations", "2", "--repeats", "1"]),
+    ("sac_profile_gpu", ["--k", "2", "--iterations", "2"]),
+])
+def test_gpu_experiment_on_the_cpu(bench, monkeypatch, capsys, name, argv):
+    """bench/experiments/: the GPU experiments behind docs/benchmarks.md, their CPU path at tiny sizes (the profile
+    finds no GPU kernels here; SAC's whole run is TINY's 16 steps)."""
+    shrink(monkeypatch, {**TINY, sac: {**TINY[sac], "total_steps": 16}})
+    bench(f"experiments/{name}", *argv, out=name == "sac_profile_gpu")
+    assert capsys.readouterr().out.strip()

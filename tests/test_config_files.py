@@ -132,7 +132,10 @@ def test_ppo_total_steps_below_one_iteration_is_said_before_compiling(capsys, mo
     """The issue's `--total-steps 10`: one line on stderr, before anything compiles (compile is stopped here)."""
     from fragc.cli import algorithm  # what the command line compiles with
 
-    monkeypatch.setattr(algorithm, "compile_with", lambda *a, **k: (_ for _ in ()).throw(fragc.FragcError("not compiled")))
+    def not_compiled(*args, **kwargs):
+        raise fragc.FragcError("not compiled")
+
+    monkeypatch.setattr(algorithm, "compile_with", not_compiled)
     assert main(["run", "ppo", "--total-steps", "10"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         "fragc: warning: --total-steps 10 is less than one iteration (512 env steps): running 1 iteration "

@@ -224,8 +224,8 @@ def search_options(parser: argparse.ArgumentParser, explain: bool = True) -> Non
     """The options of the placement search (`--policy auto`, docs/auto.md)."""
     if explain:
         parser.add_argument("--explain", action="store_true",
-                            help="with --policy auto: print the search's whole table (candidate, predicted and measured "
-                                 "time per iteration, why pruned)")
+                            help="with --policy auto: print the search's whole table (candidate, predicted and "
+                                 "measured time per iteration, why pruned)")
     parser.add_argument("--auto-budget", type=seconds, default=60.0, metavar="SECONDS",
                         help="with --policy auto: seconds the search may take (default 60)")
     parser.add_argument("--auto-top", type=count, default=3, metavar="N",

@@ -30,8 +30,8 @@ imageio (and imageio-ffmpeg for .mp4), drawing classic control needs pygame: `pi
 
 What draws and writes frames is imported inside the function that uses it, never when this module is imported
 (`fragc run` imports it for `--capture-video`): the optional extras (imageio, pygame, ale_py) so that a missing
-one is refused in one line when it is needed, and the heavy modules (Gymnasium, gymnax's renderers with
-matplotlib, orbax) so that a run that records no video does not pay for them.
+one is refused in one line when it is needed, and the heavy modules (gymnax's renderers with matplotlib, orbax)
+so that a run that records no video does not pay for them.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import os
 import warnings
 from typing import Any, Callable
 
+import gymnasium
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -345,8 +346,6 @@ class _GymnasiumRenderer(_Renderer):
         return frames
 
     def _action(self, action: np.ndarray) -> Any:
-        import gymnasium
-
         space = self.env.action_space
         if isinstance(space, gymnasium.spaces.Discrete):
             return int(action) + int(space.start)
@@ -362,8 +361,6 @@ def _gymnasium_id(backend: str, env_id: str) -> str | None:
         return env_id
     if backend != "envpool":
         return None
-    import gymnasium
-
     if env_id in gymnasium.registry:
         return env_id
     return f"ALE/{env_id}" if _is_atari(env_id) else None
@@ -371,15 +368,11 @@ def _gymnasium_id(backend: str, env_id: str) -> str | None:
 
 def _is_atari(env_id: str) -> bool:
     """EnvPool names its Atari games `Game-v5` (Gymnasium: `ALE/Game-v5`)."""
-    import gymnasium
-
     return env_id.endswith("-v5") and env_id not in gymnasium.registry
 
 
 def _make_gymnasium(gym_id: str, name: str, atari: bool = False) -> Any:
     """`gymnasium.make(gym_id, render_mode="rgb_array")`, refused in one line where it cannot render."""
-    import gymnasium
-
     _quiet_pygame()
     try:
         if atari:
@@ -413,8 +406,6 @@ def _quiet_pygame() -> None:
 
 
 def _gymnasium_render(env: Any, name: str) -> np.ndarray:
-    import gymnasium
-
     try:
         frame = env.render()
     except gymnasium.error.DependencyNotInstalled as err:
