@@ -94,7 +94,8 @@ def parse(*argv):
 
 
 def test_command_writes_mp4(run, rendered, tmp_path, capsys):
-    """`fragc video D --out agent.mp4 ...` (fragc/cli/video.py): the frames of the episodes played with plain gymnax."""
+    """`fragc video D --out agent.mp4 ...` (fragc/cli/video.py): the frames of the episodes played with plain
+    gymnax."""
     algo, folder, seen, _ = run
     lengths = episode_lengths(algo, seen[4], 2, seed=1)
     assert min(lengths) < MAX_STEPS  # an episode that ends by itself, not only cut ones
