@@ -50,6 +50,15 @@ def shrink(monkeypatch, tiny: dict) -> None:
                                                                           namespace={"__module__": module.__name__}))
 
 
+def bench_module(name: str):
+    """bench/NAME.py, imported as a module of its own (under sys.modules, where its dataclasses look it up)."""
+    spec = importlib.util.spec_from_file_location("bench_" + name.replace("/", "_"), BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture
 def bench(monkeypatch, tmp_path):
     """`bench(name, *argv)`: bench/NAME.py's main() with `argv` (and `--out` in a folder of the test's) -> that
@@ -60,10 +69,7 @@ def bench(monkeypatch, tmp_path):
     loaded = set(sys.modules)
 
     def run(name: str, *argv: str, out: bool = True, before: Callable | None = None) -> pathlib.Path:
-        spec = importlib.util.spec_from_file_location("bench_" + name.replace("/", "_"), BENCH / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up there
-        spec.loader.exec_module(module)
+        module = bench_module(name)
         if before is not None:
             before(module)
         monkeypatch.setattr(sys, "argv", [str(BENCH / f"{name}.py"), *argv, *(["--out", str(tmp_path)] if out else [])])
@@ -72,7 +78,7 @@ def bench(monkeypatch, tmp_path):
 
     yield run
     jax.config.update("jax_enable_compilation_cache", cache)
-    for name in set(sys.modules) - loaded:  # bench/'s modules (purejaxrl_ppo is tests/'s too) go with its path
+    for name in set(sys.modules) - loaded:  # bench/'s modules go with its path (purejaxrl_ppo is tests/'s too)
         if str(BENCH) in (getattr(sys.modules[name], "__file__", None) or ""):
             del sys.modules[name]
 
@@ -103,12 +109,18 @@ def test_ppo_single(bench, tiny_configs, capsys):
     assert float(capsys.readouterr().out.splitlines()[-1]) > 0
 
 
+# slow, as it must be: 3 programs compiled, over the default suite's 6 minutes; the fragc calls it makes (compile,
+# init, run) are test_ppo_single's and test_lowering's too
+@pytest.mark.slow
 def test_pqn_plain(bench, tiny_configs):
     result = json.loads((bench("pqn_plain", "--repeats", "1", "--iterations", "2", "--k", "2") / "pqn_plain.json")
                         .read_text())
     assert set(result["env_steps_per_s"]) == {"fragc", "plain_jit", "purejaxql"}
 
 
+# slow, as it must be: 5 programs compiled, over the default suite's 6 minutes; the fragc calls it makes (compile,
+# init, run) are test_ppo_single's and test_lowering's too
+@pytest.mark.slow
 def test_sac_plain(bench, tiny_configs):
     result = json.loads((bench("sac_plain", "--repeats", "1", "--iterations", "2", "--k", "2", "--buffer-size", "64")
                          / "sac_plain.json").read_text())
@@ -165,7 +177,8 @@ def test_results(bench, tiny_configs):
     assert row["run"] == "ppo" and len(row["final_returns"]) == 2 and (out / "ppo.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize("what", ["throughput", "pbt"])
+# pbt slow, as it must be: 2 programs over the default suite's 6 minutes; PBT's populations are tests/test_sweep.py's
+@pytest.mark.parametrize("what", ["throughput", pytest.param("pbt", marks=pytest.mark.slow)])
 def test_sweep(bench, tiny_configs, what):
     argv = ["--members", "8", "--k", "1"] if what == "throughput" else ["--seeds", "1", "--iterations", "10"]
     result = json.loads((bench("sweep", what, "--repeats", "1", "--iterations", "1", *argv) / f"sweep_{what}.json")
@@ -188,7 +201,11 @@ def test_rnn_screen(bench):
         module.SCREENS = {"lr": ["--lr", "1e-3"]}
 
     from fragc.cli import main
+    from fragc.cli.commands import parse
 
+    screens = bench_module("rnn_screen")
+    for options in screens.SCREENS.values():  # the script's own options are ppo_rnn's (not shrunk: parsed only)
+        parse(["sweep", "ppo_rnn", *screens.BASE, *options, "--seeds", screens.SCREEN_SEEDS], "ppo_rnn")
     out = bench("rnn_screen", "--only", "lr", "--iterations", "1", before=shrunk)
     screen = json.loads((out / "screen.json").read_text())
     assert len(screen["screens"]) == 1 and screen["pick"]["screen"] == "lr" and len(screen["final"]) == 1
