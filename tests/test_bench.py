@@ -20,18 +20,21 @@ import jax
 import pytest
 
 from fragc.algos import pqn, ppo, sac
-from fragc.cli.bench import run_bench
+from fragc.cli.bench import policy_list, run_bench
+from fragc.passes.policy import resolve
 from fragc.runtime.bench import format_table
 from toy_algos import Regression
 
 BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
 
 TINY = {
-    ppo: dict(num_envs=4, num_steps=8, num_minibatches=2, update_epochs=1),
+    ppo: dict(num_envs=16, num_steps=16, num_minibatches=2, update_epochs=2),  # shared_programs.ppo_algo's
     pqn: dict(num_envs=4, num_steps=4, num_epochs=1, num_minibatches=2, hidden=16),
     sac: dict(num_envs=1, buffer_size=64, batch_size=4, learning_starts=0, hidden=8),
 }
-"""The configs' sizes in the smoke tests: each algorithm's `Config` defaults to these."""
+"""The configs' sizes in the smoke tests: each algorithm's `Config` defaults to these. PPO's are
+tests/shared_programs.py's, so that a script's `fragc.compile(PPO(Config()), POLICY)` on 8 devices, 16 iterations a
+dispatch, is the program test_policies.py compiles (XLA compiles it once a session: the compilation cache)."""
 
 
 @pytest.fixture
@@ -102,10 +105,10 @@ def test_lowering(bench, tiny_configs):
 
 
 def test_ppo_single(bench, tiny_configs, capsys):
-    result = json.loads((bench("ppo_single", "--repeats", "1", "--iterations", "2", "--k", "2", "--compile-repeats",
+    result = json.loads((bench("ppo_single", "--repeats", "1", "--iterations", "16", "--k", "16", "--compile-repeats",
                                "0") / "ppo_single.json").read_text())
     assert set(result["env_steps_per_s"]) == {"fragc", "plain_jit", "purejaxrl"}
-    bench("ppo_single", "--compile-only", "fragc", "--k", "2", out=False)  # what each cold-compile process runs
+    bench("ppo_single", "--compile-only", "fragc", "--k", "16", out=False)  # what each cold-compile process runs
     assert float(capsys.readouterr().out.splitlines()[-1]) > 0
 
 
@@ -128,20 +131,22 @@ def test_sac_plain(bench, tiny_configs):
 
 
 def test_policies(bench, tiny_configs, tmp_path, capsys):
-    """Every built-in policy and `population(single,4)` through `fragc bench` (a comma inside parentheses): the
-    table, bench.json with every repeat's number, and bench.png."""
+    """`fragc bench` of the single run and a population of it (a comma inside parentheses): the table, bench.json
+    with every repeat's number, and bench.png; every policy the script names by default resolves (each is
+    compiled by test_policies.py)."""
+    policies = bench_module("policies").POLICIES
+    assert [resolve(p, 8).name for p in policy_list(policies)] == policy_list(policies)
     with pytest.raises(SystemExit) as done:
-        bench("policies", "--devices", "2", "--iterations", "1", "--repeats", "2", "--num-envs", "4", "--num-steps",
-              "8")
+        bench("policies", "--policies", "single,population(single,4)", "--devices", "8", "--iterations", "1",
+              "--repeats", "2", "--num-envs", "16", "--num-steps", "16")
     assert done.value.code == 0
     table = capsys.readouterr().out
     assert "env-steps/s" in table and "population(single,4)" in table
-    data = json.loads((tmp_path / "bench.json").read_text())
-    rows = data["policies"]
-    assert list(rows) == ["single", "anakin", "gspmd", "actor_learner", "actor_learner_async", "population(single,4)"]
-    row = rows["actor_learner"]
-    assert len(row["env_steps_per_s"]) == 2 and row["min"] <= row["median"] <= row["max"]
-    assert row["transfer_bytes_per_iteration"] > 0 and rows["single"]["transfer_bytes_per_iteration"] == 0
+    rows = json.loads((tmp_path / "bench.json").read_text())["policies"]
+    assert list(rows) == ["single", "population(single,4)"]
+    row = rows["population(single,4)"]
+    assert len(row["env_steps_per_s"]) == 2 and row["min"] <= row["median"] <= row["max"] and row["devices"] == 1
+    assert rows["single"]["transfer_bytes_per_iteration"] == 0
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -187,24 +192,26 @@ def test_sweep(bench, tiny_configs, what):
 
 
 def test_rnn_screen(bench):
-    """The screens' rule and report, their `fragc sweep`s run in this process (the script starts each in one of
-    its own), on two seeds, at tiny sizes: a screen of one configuration, and the run it picks (the same program,
-    one dispatch an iteration: compiled once)."""
+    """The screens' rule and report. The script's own options are parsed as `fragc sweep ppo_rnn`'s; its sweeps
+    then run in this process (the script starts each in one of its own) on PPO at tiny sizes, two seeds each: a
+    screen of one configuration, and the run it picks (the same program, one iteration a dispatch: compiled
+    once). A recurrent PPO's population would cost the suite a compile of seconds for the same script lines."""
     def shrunk(module):
         def in_process(argv, timeout):
-            return subprocess.CompletedProcess(argv, main(argv[argv.index("sweep"):]))
+            argv = ["ppo" if a == "ppo_rnn" else a for a in argv[argv.index("sweep"):]]
+            return subprocess.CompletedProcess(argv, main(argv))
 
         module.subprocess = types.SimpleNamespace(run=in_process, TimeoutExpired=subprocess.TimeoutExpired)
         module.SCREEN_SEEDS, module.TEN_SEEDS = "20-21", "0-1"
-        module.BASE = ["--mask-velocity", "true", "--num-envs", "2", "--num-steps", "4", "--update-epochs", "1",
-                       "--num-minibatches", "1", "--iterations-per-dispatch", "1"]
+        module.BASE = ["--num-envs", "4", "--num-steps", "8", "--hidden", "16", "--update-epochs", "1",
+                       "--num-minibatches", "2", "--iterations-per-dispatch", "1"]
         module.SCREENS = {"lr": ["--lr", "1e-3"]}
 
     from fragc.cli import main
     from fragc.cli.commands import parse
 
     screens = bench_module("rnn_screen")
-    for options in screens.SCREENS.values():  # the script's own options are ppo_rnn's (not shrunk: parsed only)
+    for options in screens.SCREENS.values():  # the script's own options are ppo_rnn's
         parse(["sweep", "ppo_rnn", *screens.BASE, *options, "--seeds", screens.SCREEN_SEEDS], "ppo_rnn")
     out = bench("rnn_screen", "--only", "lr", "--iterations", "1", before=shrunk)
     screen = json.loads((out / "screen.json").read_text())
