@@ -36,13 +36,13 @@ import threading
 import warnings
 from typing import Any, Callable
 
+import gymnasium
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from flax import struct
 
-from fragc.algos.envs import BACKENDS, Runner, Step, VecEnv, split_env_name
+from fragc.algos.vec_env import BACKENDS, IMPLEMENTATIONS, Runner, Step, VecEnv, split_env_name, to_gymnax_space
 from fragc.ir.errors import FragcError
 from fragc.ir.host import host_call
 
@@ -111,8 +111,6 @@ class GymnasiumPool(HostPool):
 
     @classmethod
     def spaces(cls, env_id: str) -> tuple[Any, Any]:
-        import gymnasium
-
         try:
             env = gymnasium.make(env_id)
         except gymnasium.error.Error as err:
@@ -127,13 +125,9 @@ class GymnasiumPool(HostPool):
 
     @classmethod
     def max_episode_steps(cls, env_id: str) -> int | None:
-        import gymnasium
-
         return gymnasium.spec(env_id).max_episode_steps
 
     def __init__(self, env_id: str, num_envs: int):
-        import gymnasium
-
         super().__init__(env_id, num_envs)
         self.envs = gymnasium.make_vec(env_id, num_envs=num_envs, vectorization_mode=self.mode, vector_kwargs={
             "autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP, **self.vector_kwargs})
@@ -244,6 +238,7 @@ def _by_env_id(obs: np.ndarray, info: dict) -> np.ndarray:
 
 
 def _import_envpool() -> Any:
+    """EnvPool, an optional extra: imported when an envpool: environment is made, refused in one line if missing."""
     try:
         import envpool
     except ImportError as err:
@@ -264,6 +259,7 @@ def register_host_pool(backend: str, pool: type[HostPool], summary: str) -> None
         raise FragcError(f"cannot register a host backend named {backend!r}")
     HOST_POOLS[backend] = pool
     BACKENDS[backend] = summary
+    IMPLEMENTATIONS[backend] = HostVecEnv
 
 
 # ---------------------------------------------------------------- the VecEnv interface
@@ -291,8 +287,6 @@ class HostVecEnv(VecEnv):
     on_host = True
 
     def __init__(self, name: str):
-        from fragc.algos.envs import to_gymnax_space
-
         self.name = name
         backend, self.env_id = split_env_name(name)
         self.pool_type = HOST_POOLS[backend]
@@ -493,3 +487,6 @@ def _per_env_begin(ids: np.ndarray, begin: Callable[..., Callable[[], tuple[np.n
         return tuple(out)
 
     return in_caller_order
+
+
+IMPLEMENTATIONS.update({backend: HostVecEnv for backend in HOST_POOLS})

@@ -179,7 +179,7 @@ def gae(traj: Transition, gamma: float, lam: float) -> tuple[jax.Array, jax.Arra
 # ---------------------------------------------------------------- algorithm
 
 
-def _take(log_probs: jax.Array, action: jax.Array) -> jax.Array:
+def action_log_prob(log_probs: jax.Array, action: jax.Array) -> jax.Array:
     return jnp.take_along_axis(log_probs, action[..., None], -1)[..., 0]
 
 
@@ -243,13 +243,13 @@ class PPO:
         """Sample one action per observation (one key each) -> (action, log-probability, value)."""
         logits, value = self.network.apply(params, obs)
         action = jax.vmap(jax.random.categorical)(keys, logits)
-        return action, _take(jax.nn.log_softmax(logits), action), value
+        return action, action_log_prob(jax.nn.log_softmax(logits), action), value
 
     def evaluate(self, params: Any, obs: jax.Array, action: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """(log-probability of `action`, entropy, value) per observation, any leading shape."""
         logits, value = self.network.apply(params, obs)
         log_probs = jax.nn.log_softmax(logits)
-        return _take(log_probs, action), -jnp.sum(jnp.exp(log_probs) * log_probs, -1), value
+        return action_log_prob(log_probs, action), -jnp.sum(jnp.exp(log_probs) * log_probs, -1), value
 
     def value(self, params: Any, obs: jax.Array) -> jax.Array:
         """The critic alone: V(obs), any leading shape."""

@@ -36,7 +36,7 @@ from flax import struct
 import fragc
 from fragc.algos.envs import Runner, Step, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
-from fragc.algos.ppo import _take, dense, gae
+from fragc.algos.ppo import action_log_prob, dense, gae
 from fragc.algos.run_length import RunLength
 from fragc.algos.sac import TORCH_INIT
 from fragc.ir.errors import FragcError
@@ -376,7 +376,7 @@ class PPORNN:
             hidden, logits, value = self.network.apply(params, actor.hidden, obs[None], actor.done[None])
             logits, value = logits[0], value[0]
             action = jax.vmap(jax.random.categorical)(keys[:, 0], logits)
-            log_prob = _take(jax.nn.log_softmax(logits), action)
+            log_prob = action_log_prob(jax.nn.log_softmax(logits), action)
             new_runner, out = self.env.step(runner.replace(key=keys[:, 2]), action, keys[:, 1])
             record = (actor.hidden, actor.done, obs, action, log_prob, value, hidden,
                       observe(obs_stats, out.final_obs), out.reward, out.terminated, out.episode_done)
@@ -442,7 +442,7 @@ class PPORNN:
         clip = c.clip_eps if clip is None else clip
         _, logits, value = self.network.apply(params, traj.hidden[0], traj.obs, traj.reset)  # replay from the start
         log_probs = jax.nn.log_softmax(logits)
-        log_prob = _take(log_probs, traj.action)
+        log_prob = action_log_prob(log_probs, traj.action)
         entropy = jnp.mean(-jnp.sum(jnp.exp(log_probs) * log_probs, -1))
 
         value_losses = (value - targets) ** 2

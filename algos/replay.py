@@ -65,11 +65,12 @@ class ReplayBuffer:
     @fragc.fragment(role="buffer", in_axes=(Buffer(1, None, None), None), out_axes=1)
     def sample(self, buffer: Buffer, key: jax.Array) -> Any:
         """[batches_per_iteration, batch] transitions from written slots only; each replica samples its share of
-        the batch from its own environments."""
+        the batch from its own environments, with the key folded with its index (one key for every replica would
+        draw the same slots of each replica's environments)."""
         c = self.config
         local_envs = jax.tree.leaves(buffer.data)[0].shape[1]
         per_update = c.batch_size * local_envs // c.num_envs
-        k_time, k_env = jax.random.split(key)
+        k_time, k_env = jax.random.split(fragc.fold_in_replica(key))
         shape = (self.batches_per_iteration, per_update)
         t = jax.random.randint(k_time, shape, 0, buffer.size)
         e = jax.random.randint(k_env, shape, 0, local_envs)

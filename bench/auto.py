@@ -3,10 +3,10 @@
     JAX_NUM_CPU_DEVICES=8 python bench/auto.py [--algos ppo,dqn,impala,regression] [--devices 8]
         [--iterations 64] [--repeats 3] [--out bench-out/auto]
 
-For each algorithm: (1) the exhaustive bench: every candidate of the default space (`fragc.auto.default_candidates`:
+For each algorithm: (1) the exhaustive bench: every candidate of the default space (`fragc.search.default_candidates`:
 the built-in policies, actor/learner splits, k in 4, 16, 64) compiled (what the passes refuse is skipped), warmed
 up, then timed alternately (`--repeats` rounds of >= 16 iterations, whole dispatches) -> the median seconds per
-iteration of each; (2) the search, `fragc.auto.search`, its decision cache off, on the same space (run first, so
+iteration of each; (2) the search, `fragc.search.search`, its decision cache off, on the same space (run first, so
 that whatever one process keeps warm from one to the other helps the exhaustive bench, not the search).
 Printed: auto's choice, its measured env-steps/s relative to the exhaustive fastest, the search's time relative to
 the exhaustive bench's; and per candidate, predicted against measured time per iteration, with Spearman's rank
@@ -97,17 +97,18 @@ def main() -> None:
     args = parser.parse_args()
     import jax
 
-    jax.config.update("jax_num_cpu_devices", args.devices)
-    jax.config.update("jax_enable_compilation_cache", False)  # both compile from scratch
-    from fragc import auto
+    from fragc import search
     from fragc.devices import devices as choose
     from fragc.ir.frontend import trace
+    from fragc.options import CompileOptions, SearchOptions
     from fragc.runtime.actions import steps_per_iteration
+
+    jax.config.update("jax_enable_compilation_cache", False)  # both compile from scratch
 
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     devs = choose(args.devices)
     t0 = time.perf_counter()
-    machine = auto.machine_constants(devs)  # the sizes of the default space: what each search reads
+    machine = search.machine_constants(devs)  # the sizes of the default space: what each search reads
     machine_s = time.perf_counter() - t0
     log(f"machine constants in {machine_s:.1f} s")
     results = {"devices": args.devices, "backend": jax.default_backend(), "machine_s": machine_s,
@@ -115,11 +116,12 @@ def main() -> None:
     for name in args.algos.split(","):
         algo = make_algo(name)
         hosted = any(f.host_steps for f in trace(algo).fragments.values())
-        space = auto.default_candidates(args.devices, hosted, args.iterations)
+        space = search.default_candidates(args.devices, hosted, args.iterations)
         log(f"{name}: {len(space)} candidates")
         t0 = time.perf_counter()
-        prog = auto.search(make_algo(name), devs, candidates=space, cache=False, repeats=args.repeats,
-                           iterations=args.iterations, memory_limit=None, log=log)
+        prog = search.search(make_algo(name), CompileOptions("auto", devs, search=SearchOptions(
+            candidates=space, cache=False, repeats=args.repeats, run_iterations=args.iterations, memory_limit=None,
+            log=log, machine=machine)))
         search_s = time.perf_counter() - t0
         measured, exhaustive_s = exhaustive(name, space, devs, args.repeats, 16, log)
         report = prog.auto

@@ -6,7 +6,7 @@
 Needs rliable (`pip install -e '.[sweep]'`, in the test extra). Per run: the final return (mean over environments
 of each one's last completed episode, at the end of training). Per algorithm: every seed's final return, how many
 reach the algorithm's threshold, the interquartile mean (IQM) over seeds and its 95% stratified-bootstrap
-confidence interval (2,000 replications, seed 0), computed by `fragc.stats` with rliable (Agarwal et al. 2021);
+confidence interval (2,000 replications, seed 0), computed by `fragc.sinks.stats` with rliable (Agarwal et al. 2021);
 before rliable this file had its own percentile bootstrap of the same statistic (docs/results.md says which rows
 were computed with which). A row whose config sets `eval_every` reports the same of each seed's last greedy
 evaluation (`eval_return`, algos/evaluation.py) on a line of its own, and under "greedy_eval" in its JSON. Each
@@ -173,8 +173,9 @@ def seed_list(text: str) -> list[int]:
 
 
 class Progress:
-    """`Program.run` callback: prints each seed's latest return every `every` environment steps, and keeps them
-    (`rows`: one per report; a run of several seeds one after another reports each seed in turn)."""
+    """Called with each dispatch's metrics (`fragc.actions.OnMetrics`): prints each seed's latest return every
+    `every` environment steps, and keeps them (`rows`: one per report; a run of several seeds one after another
+    reports each seed in turn)."""
 
     def __init__(self, label: str, steps_per_iteration: int, every: int = 1_000_000):
         self.label, self.steps_per_iteration, self.every = label, steps_per_iteration, every
@@ -207,23 +208,24 @@ def learning_curves(algo, policy: str, devices: int, seeds: list[int], iteration
                     progress: Progress) -> dict[str, np.ndarray]:
     """Each metric of `CURVES` the runs report -> its value at every iteration [seeds, iterations]."""
     import fragc
+    from fragc.actions import OnMetrics
 
     if policy == "single" and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
         # exact: each member is its `fragc run --seed S` run bit for bit; vectorised members drift from those by
         # float rounding that grows over a long run (a pqn row gave 6/10 vectorised where seed-by-seed runs gave 9/10)
         prog = fragc.compile(algo, fragc.population("single", len(seeds), exact=True), devices=1,
                              iterations_per_dispatch=32)
-        _, history = prog.run(prog.init(seeds[0]), iterations, callback=progress)
+        _, history = prog.run(prog.init(seeds[0]), iterations, [OnMetrics(progress)])
         return {m: np.asarray(history[m], np.float64) for m in CURVES if m in history}  # [seeds, iterations] each
     prog = fragc.compile(algo, policy, devices=devices, iterations_per_dispatch=32)
-    histories = [prog.run(prog.init(seed), iterations, callback=progress)[1] for seed in seeds]
+    histories = [prog.run(prog.init(seed), iterations, [OnMetrics(progress)])[1] for seed in seeds]
     return {m: np.stack([np.asarray(h[m], np.float64) for h in histories]) for m in CURVES if m in histories[0]}
 
 
 def summary(name: str, returns: np.ndarray, threshold: float | None) -> dict:
     """Each seed's final value of a metric, how many seeds reach `threshold` (None without one), their IQM and
-    its 95% confidence interval (`fragc.stats`)."""
-    from fragc import stats
+    its 95% confidence interval (`fragc.sinks.stats`)."""
+    from fragc.sinks import stats
 
     point, lo, hi = stats.interval_estimates({name: returns})[name]
     return {"final_returns": [round(float(r), 1) for r in returns],
@@ -240,10 +242,10 @@ def main() -> None:
                         help="stop each run after its first STEPS environment steps (a partial run: the learning-rate "
                              "schedule stays the configured run's); default: the whole run")
     args = parser.parse_args()
-    import jax
+    from fragc.devices import simulate_cpu_devices
+    from fragc.sinks import stats
 
-    jax.config.update("jax_num_cpu_devices", 8)
-    from fragc import stats
+    simulate_cpu_devices(8)  # before JAX's backend starts (the runs' devices: at most 8)
 
     seeds = seed_list(args.seeds)
     only = set(filter(None, args.only.split(",")))

@@ -50,9 +50,10 @@ def throughput(args) -> dict:
     steps = base.config.steps_per_iteration
     sides = {"one run": fragc.compile(base, "single", iterations_per_dispatch=args.k)}
     grid = fragc.population("single", seeds, lr=list(LRS), ent_coef=list(ENTS))
-    sides[f"{args.members} members, 1 device"] = fragc.compile(ppo.PPO(), grid, devices=1, iterations_per_dispatch=args.k)
+    sides[f"{args.members} members, 1 device"] = fragc.compile(ppo.PPO(ppo.Config()), grid, devices=1,
+                                                               iterations_per_dispatch=args.k)
     if len(jax.devices()) >= 8:
-        sides[f"{args.members} members, 8 devices"] = fragc.compile(ppo.PPO(), grid, devices=8,
+        sides[f"{args.members} members, 8 devices"] = fragc.compile(ppo.PPO(ppo.Config()), grid, devices=8,
                                                                     iterations_per_dispatch=args.k)
     states = {name: prog.init(0) for name, prog in sides.items()}
     for name, prog in sides.items():  # warm up: the first dispatch of each
@@ -69,9 +70,8 @@ def throughput(args) -> dict:
     for name, prog in sides.items():
         members = len(prog.population) or 1
         t = statistics.median(times[name])
-        mem = prog._executor.executables[0].compiled.memory_analysis()
-        temp = getattr(mem, "temp_size_in_bytes", 0) if mem is not None else 0
-        devices = 1 if members == 1 else int(prog._executor.population_mesh.devices.size)
+        temp = prog.memory()[prog.executables[0]].get("temp", 0)
+        devices = len(jax.tree.leaves(states[name])[0].sharding.device_set)
         rows.append({"side": name, "members": members, "devices": devices, "median_s": t,
                      "env_steps_per_s": members * steps * args.iterations / t,
                      "vs_sequential": (members * one) / t, "vs_one_run": (members * steps * args.iterations / t) /
@@ -83,7 +83,7 @@ def throughput(args) -> dict:
 
 
 def pbt(args) -> dict:
-    from fragc import stats
+    from fragc.sinks import stats
 
     config = ppo.Config(anneal_lr=False, total_steps=args.iterations * 512)
     grid = {"lr": list(LRS)}

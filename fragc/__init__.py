@@ -13,7 +13,9 @@ from fragc.ir.lazy import lazy_names
 __getattr__, __dir__, __all__ = lazy_names(__name__, {
     "fragc.ir": ("REPLICA", "FragcError", "FragmentError", "Module", "VerifyError", "fragment", "interpret", "pmean",
                  "psum", "trace"),
-    "fragc.api": ("compile",),
+    "fragc.ir.collectives": ("fold_in_replica",),
+    "fragc.api": ("compile", "compile_with"),
+    "fragc.options": ("CompileOptions", "SearchOptions"),
     "fragc.passes": ("Policy", "RolePlacement", "population"),
     "fragc.ir.interpreter": ("run_iterations",),
     "fragc.ir.sweep": ("PBT", "SweepState"),
@@ -25,10 +27,12 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what type checkers and editors see
     from fragc import actions, distributed
-    from fragc.api import compile
+    from fragc.api import compile, compile_with
+    from fragc.ir.collectives import fold_in_replica
     from fragc.ir import REPLICA, FragcError, FragmentError, Module, VerifyError, fragment, interpret, pmean, psum, trace
     from fragc.ir.interpreter import run_iterations
     from fragc.ir.sweep import PBT, SweepState
+    from fragc.options import CompileOptions, SearchOptions
     from fragc.passes import Policy, RolePlacement, population
     from fragc.runtime.program import Program
     from fragc.training import TrainResult, train

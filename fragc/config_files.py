@@ -9,20 +9,26 @@ override the file. A table `[fragc]` (`fragc:` in YAML) is the record of where t
 (written by `fragc run`, see `record`); reading it checks that it names the same algorithm.
 
 This module reads, checks and writes files; which keys exist and what they mean is the command line's
-(fragc/cli.py), which passes each key's `Key`.
+(fragc/cli/config_file.py), which passes each key's `Key`.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
+import inspect
 import json
 import math
 import os
 import re
+import shlex
 import subprocess
+import tomllib
+from importlib import metadata
 from typing import Any, Callable
 
+from fragc import __version__
 from fragc.ir.errors import FragcError
 
 FORMATS = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml"}
@@ -47,8 +53,6 @@ def read(path: str) -> dict[str, Any]:
     except OSError as err:
         raise FragcError(f"cannot read the config file '{path}': {err.strerror}") from None
     if fmt == "toml":
-        import tomllib
-
         try:
             table = tomllib.loads(data.decode("utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
@@ -69,6 +73,7 @@ def read(path: str) -> dict[str, Any]:
 
 
 def _yaml() -> Any:
+    """PyYAML, an optional extra: imported when a YAML file is read or written, refused in one line if missing."""
     try:
         import yaml
     except ImportError:
@@ -132,8 +137,6 @@ def value_of(path: str, key: str, spec: Key, value: Any) -> Any:
     elif spec.tuples:
         value = _tuples(value)
     if spec.check is not None and kind in ("int", "float"):
-        import argparse
-
         try:
             spec.check(repr(value))
         except (argparse.ArgumentTypeError, ValueError) as err:
@@ -273,19 +276,13 @@ def record(algo_spec: str, algo_cls: type, command: list[str] | None) -> dict[st
 
 
 def fragc_version() -> str:
-    from importlib import metadata
-
     try:
         return metadata.version("fragc")
     except metadata.PackageNotFoundError:
-        import fragc
-
-        return getattr(fragc, "__version__", "unknown")
+        return __version__
 
 
 def _source_file(cls: type) -> str | None:
-    import inspect
-
     try:
         path = inspect.getsourcefile(cls)
     except (TypeError, OSError):
@@ -314,6 +311,4 @@ def git_revision(path: str) -> tuple[str | None, bool | None]:
 
 
 def _quoted(arg: str) -> str:
-    import shlex
-
     return shlex.quote(arg)

@@ -27,18 +27,19 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import threading
 import time
 from typing import Any
 
-from fragc.ir.errors import FragcError
+import jax
+from jax._src import distributed as coordination  # the coordination service's key-value store has no public name
 
-ENV_COORDINATOR = "FRAGC_COORDINATOR"
-ENV_NUM_PROCESSES = "FRAGC_NUM_PROCESSES"
-ENV_PROCESS_ID = "FRAGC_PROCESS_ID"
-ENV_LAUNCHER_FD = "FRAGC_LAUNCHER_FD"
-"""A pipe from `fragc launch`; it reads end-of-file when the launcher is gone."""
+from fragc.devices import simulate_cpu_devices
+from fragc.ir.errors import FragcError
+from fragc.launch import ENV_LAUNCHER_FD, ENV_PROCESS_ID
+
 ENV_LOST_AFTER_S = "FRAGC_LOST_AFTER_S"
 """Overrides `LOST_AFTER_S` (tests use a few seconds)."""
 
@@ -64,10 +65,6 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     timeout_s: how long to wait for every process to join.
     watchdog: stop this process, naming the lost one, when another stops.
     """
-    import jax
-
-    from fragc.devices import simulate_cpu_devices
-
     _watch_launcher()
     if local_devices is not None and local_devices > 1:
         simulate_cpu_devices(local_devices)
@@ -140,8 +137,6 @@ def keep_native_output_off_stdout() -> None:
 def _wait_for_coordinator(address: str, timeout_s: float) -> None:
     """Refuse clearly when process 0 cannot be reached: JAX would abort this process after its
     timeout with a C++ stack trace."""
-    import socket
-
     host, _, port = address.rpartition(":")
     deadline = time.monotonic() + timeout_s
     while True:
@@ -162,23 +157,17 @@ def _check_address(address: str) -> None:
 
 
 def is_multiprocess() -> bool:
-    import jax
-
     return jax.process_count() > 1
 
 
 def _client() -> Any:
-    from jax._src import distributed  # the coordination service's key-value store has no public name
-
-    if distributed.global_state.client is None:
+    if coordination.global_state.client is None:
         raise FragcError("fragc.distributed.initialize has not been called")
-    return distributed.global_state.client
+    return coordination.global_state.client
 
 
 def check_same(config: dict[str, Any], timeout_s: float = 60.0) -> None:
     """Refuse to go on unless every process passed the same `config` (JSON-able)."""
-    import jax
-
     me, n = jax.process_index(), jax.process_count()
     if n == 1:
         return
@@ -209,8 +198,6 @@ def _shown(value: Any) -> str:
 
 def finish() -> None:
     """Leave the run: tell the watchdogs this process is done, then shut JAX's runtime down."""
-    import jax
-
     if not is_multiprocess():
         return
     if _watchdog is not None:
@@ -221,8 +208,6 @@ def finish() -> None:
 def fail(message: str) -> None:
     """Tell the other processes why this one is stopping, so their watchdogs say it; give them time
     to read it if this process hosts the coordination service (they lose it when it exits)."""
-    import jax
-
     if _watchdog is None:
         return
     try:
@@ -252,8 +237,6 @@ def wait_for_verdict(seconds: float) -> None:
 class _Watchdog(threading.Thread):
     def __init__(self, lost_after_s: float, interval_s: float):
         super().__init__(name="fragc-watchdog", daemon=True)
-        import jax
-
         self.me, self.n = jax.process_index(), jax.process_count()
         self.lost_after_s, self.interval_s = lost_after_s, interval_s
         self.client = _client()

@@ -29,8 +29,14 @@ import threading
 import time
 from typing import IO, Sequence
 
-from fragc.distributed import ENV_COORDINATOR, ENV_LAUNCHER_FD, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 from fragc.ir.errors import FragcError
+
+ENV_COORDINATOR = "FRAGC_COORDINATOR"
+ENV_NUM_PROCESSES = "FRAGC_NUM_PROCESSES"
+ENV_PROCESS_ID = "FRAGC_PROCESS_ID"
+"""What each launched process reads as the defaults of `--coordinator`, `--num-processes`, `--process-id`."""
+ENV_LAUNCHER_FD = "FRAGC_LAUNCHER_FD"
+"""A pipe from `fragc launch`; it reads end-of-file when the launcher is gone (`fragc.distributed`)."""
 
 
 def free_port() -> int:

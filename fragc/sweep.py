@@ -1,12 +1,7 @@
-"""`fragc sweep`: a grid of hyperparameters x seeds as one program, with a statistical report.
+"""A sweep's run and report (`fragc sweep`, fragc/cli/sweep.py): a grid of hyperparameters x seeds as one program.
 
-    fragc sweep ppo --lr 1e-4,3e-4,1e-3 --ent-coef 0,0.01 --seeds 0-9 [--devices N] [--pbt-every K]
-
-A config option given several values (comma-separated) is an axis of the
-grid; given one, it sets the config as under `fragc run`. Every configuration
-runs with every seed as one `population(POLICY, seeds, **grid)` program
-(ir/sweep.py), spread over the devices given. Into `--out` (default
-`sweeps/ALGO`) go:
+Every configuration runs with every seed as one `population(POLICY, seeds, **grid)` program (ir/sweep.py), spread
+over the devices given. Into `--out` (default `sweeps/ALGO`) go:
 
 - `members.jsonl`: one line per member and dispatch: its member index, seed,
   starting configuration, current values (population-based training changes
@@ -14,156 +9,27 @@ runs with every seed as one `population(POLICY, seeds, **grid)` program
   mean over the dispatch;
 - `checkpoints/`: the whole population's state (`--resume` continues it);
 - `summary.json` and `curves.png`: per configuration, the IQM of the final
-  returns over seeds with its 95% stratified-bootstrap CI (rliable: fragc/stats.py),
+  returns over seeds with its 95% stratified-bootstrap CI (rliable: fragc/sinks/stats.py),
   seeds at `--threshold`, the best configuration, and learning curves with CI bands.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import itertools
 import json
 import os
 import sys
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fragc.ir.errors import FragcError
 from fragc.runtime.actions import Action, Run
-
-
-def add_parser(sub: Any, algo: str | None) -> argparse.ArgumentParser:
-    """`fragc sweep`'s options; with `algo` known, its config fields, each taking one value or a list."""
-    from fragc import cli
-
-    p = sub.add_parser("sweep", help="train a grid of hyperparameters x seeds as one program; report IQM and 95%% CIs")
-    cli._algo_argument(p)
-    p.add_argument("--seeds", type=seed_list, default=list(range(10)), metavar="SEEDS",
-                   help="seeds of every configuration: 0-9 or 0,3,5 (default 0-9)")
-    p.add_argument("--policy", default="single", help="the members' policy (default single; one device group only)")
-    p.add_argument("--devices", type=cli._count, default=None,
-                   help="devices to spread the members over (default 1; simulated on CPU if needed)")
-    p.add_argument("--exact", action="store_true",
-                   help="run each device's members one after another, each bit for bit its single run "
-                        "(default: vectorised, faster, equal to the last bits)")
-    p.add_argument("--iterations", type=cli._count, default=None, metavar="N",
-                   help="train N iterations (default: the config's total_steps)")
-    p.add_argument("--iterations-per-dispatch", type=cli._count, default=16)
-    p.add_argument("--pbt-every", type=cli._count, default=None, metavar="K",
-                   help="population-based training: every K iterations the worst quarter copies the best quarter "
-                        "and perturbs its hyperparameters (runtime/pbt.py)")
-    p.add_argument("--pbt-metric", default="episode_return", metavar="METRIC",
-                   help="the metric PBT ranks members by (default episode_return)")
-    p.add_argument("--pbt-seed", type=cli._seed, default=0, help="seed of PBT's draws (default 0)")
-    p.add_argument("--threshold", type=float, default=None, help="report how many seeds reach this final return")
-    p.add_argument("--out", default=None, metavar="DIR", help="where the sweep writes (default sweeps/ALGO)")
-    p.add_argument("--checkpoint-every", type=cli._count, default=64, metavar="K",
-                   help="iterations between checkpoints (default 64)")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
-    p.add_argument("--stop-after", type=cli._count, default=None, metavar="K",
-                   help="run at most K iterations now (checkpointed), to be continued with --resume")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
-    p.add_argument("--no-plot", action="store_true", help="do not draw curves.png")
-    if algo is not None:
-        cli._config_options(p, algo, values=_values, description="one value sets the field; several (a,b,c) sweep it")
-    return p
-
-
-def _values(kind: Any) -> Any:
-    def parse(text: str) -> list:
-        items = [t.strip() for t in text.split(",")]
-        if not all(items):
-            raise argparse.ArgumentTypeError(f"expected a value or a comma-separated list, got {text!r}")
-        return [kind(t) for t in items]
-
-    parse.__name__ = getattr(kind, "__name__", "value")
-    return parse
-
-
-def seed_list(text: str) -> list[int]:
-    """'0-9' or '0,3,5' -> the seeds, each in 0 .. 2**32 - 1, no seed twice."""
-    try:
-        if "-" in text:
-            lo, hi = (int(x) for x in text.split("-"))
-            seeds = list(range(lo, hi + 1))
-        else:
-            seeds = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"seeds are 0-9 or 0,3,5, got {text!r}") from None
-    if not seeds or min(seeds) < 0 or max(seeds) > 2**32 - 1 or len(set(seeds)) != len(seeds):
-        raise argparse.ArgumentTypeError(f"seeds must be distinct, in 0 .. 2**32 - 1, at least one: got {text!r}")
-    return seeds
-
-
-# ---------------------------------------------------------------- the run
-
-
-def cmd_sweep(args: argparse.Namespace) -> int:
-    import fragc
-    from fragc import algos, cli
-    from fragc.devices import devices
-    from fragc.runtime.actions import steps_per_iteration
-    from fragc.runtime.reporting import enable_compilation_cache
-    from fragc.runtime.stopping import Stopped
-    from fragc.training import algo_meta, train
-
-    given = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_") and v is not None}
-    fixed = {k: v[0] for k, v in given.items() if len(v) == 1}
-    grid = {k: v for k, v in given.items() if len(v) > 1}
-    if not grid and len(args.seeds) < 2:
-        raise FragcError("a sweep needs several seeds or a config option with several values (--lr 1e-4,3e-4)")
-    out = args.out or os.path.join("sweeps", os.path.basename(args.algo).replace(":", "_"))
-    devices(args.devices)
-    enable_compilation_cache()
-    algo = algos.make(args.algo, **fixed)
-    iterations = _iterations(algo, args)
-    steps = steps_per_iteration(algo)
-    k = args.iterations_per_dispatch
-    pbt = fragc.PBT(args.pbt_every, args.pbt_metric, seed=args.pbt_seed) if args.pbt_every else None
-    run_info = {"algo": args.algo, "seeds": args.seeds, "grid": grid, "pbt_every": args.pbt_every}
-    os.makedirs(out, exist_ok=True)
-    checkpoints = cli._open_checkpoints(os.path.join(out, "checkpoints"))
-    with checkpoints:
-        if args.resume:
-            checkpoints.check_run(algo_meta(algo, run_info))
-        prog = fragc.compile(algo, fragc.population(args.policy, args.seeds, exact=args.exact, pbt=pbt, **grid),
-                             devices=args.devices, iterations_per_dispatch=k)
-        members = Members(args.seeds, grid, steps)
-        log = sys.stderr if args.json else sys.stdout
-        print(f"fragc sweep {args.algo}: {members.configs} configuration(s) x {len(args.seeds)} seed(s) = "
-              f"{members.count} members on {_mesh_size(prog)} device(s), {iterations} iterations"
-              + (f" x {steps} env steps" if steps else "") + f", compiled in {prog.compile_seconds:.1f} s", file=log)
-        writer = MemberMetrics(os.path.join(out, "members.jsonl"), members)
-        try:
-            train(prog, prog.init(0), iterations, checkpoint_dir=checkpoints, checkpoint_every=args.checkpoint_every,
-                  resume=args.resume, progress=log, stop_after=args.stop_after, run_info=run_info,
-                  actions=[writer, ReportProgress(members, log)])
-        except Stopped as stop:
-            print(f"fragc: {stop}; its checkpoint continues with --resume", file=sys.stderr)
-            return stop.exit_code
-    if args.stop_after and writer.last < iterations:
-        print(f"stopped after iteration {writer.last} of {iterations}: continue with --resume", file=log)
-        return 0
-    summary = report(os.path.join(out, "members.jsonl"), members, args.threshold, out, plot=not args.no_plot,
-                     log=log)
-    if args.json:
-        print(json.dumps(summary))
-    return 0
-
-
-def _iterations(algo: Any, args: argparse.Namespace) -> int:
-    if args.iterations is not None:
-        return args.iterations
-    iterations = getattr(getattr(algo, "config", None), "iterations", None)
-    if not isinstance(iterations, int) or iterations < 1:
-        raise FragcError(f"{args.algo}: a sweep needs its run length: pass --iterations N or --total-steps N")
-    return iterations
-
-
-def _mesh_size(prog: Any) -> int:
-    mesh = getattr(prog._executor, "population_mesh", None)
-    return mesh.devices.size if mesh is not None else len(prog.devices)
+from fragc.runtime.reporting import keep_rows_until
+from fragc.sinks import stats
 
 
 @dataclasses.dataclass
@@ -175,8 +41,6 @@ class Members:
     steps_per_iteration: int
 
     def __post_init__(self) -> None:
-        import itertools
-
         self.combos = [dict(zip(self.grid, c)) for c in itertools.product(*self.grid.values())]
 
     @property
@@ -205,17 +69,12 @@ class MemberMetrics(Action):
         self.path, self.members, self.file, self.last = path, members, None, 0
 
     def on_start(self, run: Run) -> None:
-        from fragc.runtime.reporting import _keep_rows_until
-
         self.run = run
         if run.start:
-            _keep_rows_until(self.path, run.start)
+            keep_rows_until(self.path, run.start)
         self.file = open(self.path, "a" if run.start else "w", encoding="utf-8")
 
     def on_dispatch(self, iteration: int, state: Any) -> Any:
-        import jax
-        import jax.numpy as jnp
-
         if not self.members.grid:  # seeds only: a plain population, no SweepState; each member its own lineage
             return {}, np.arange(self.members.count)
         return jax.tree.map(jnp.copy, (state.hyper, state.lineage))  # copies: the state's buffers are donated
@@ -263,8 +122,6 @@ class ReportProgress(Action):
 def report(path: str, members: Members, threshold: float | None, out: str, plot: bool = True,
            log: Any = sys.stdout, metric: str = "episode_return") -> dict:
     """The table (printed), summary.json and curves.png from the members' metric lines."""
-    from fragc import stats
-
     rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
     iterations = sorted({r["iteration"] for r in rows})
     if not rows or metric not in rows[0]:

@@ -27,12 +27,16 @@ import sys
 import time
 from typing import Any, Sequence, TextIO
 
+import jax
 import numpy as np
 
 from fragc.ir.errors import FragcError
 from fragc.runtime.actions import Action, Run, check_actions
+from fragc.runtime.checkpoint import Checkpointer
 from fragc.runtime.divergence import CheckFinite, Diverged, check_state
+from fragc.runtime.reporting import MetricsWriter, config_dict
 from fragc.runtime.stopping import Stopped, StopOnSignal
+from fragc.sinks import tracking
 
 
 @dataclasses.dataclass
@@ -77,7 +81,7 @@ def train(prog: Any, state: Any, iterations: int, *, checkpoint_dir: Any = None,
       its algorithm name and seed).
     track: tracking sinks ("tensorboard", "wandb", "mlflow"; a comma-separated
       string or a list): every metric against the env step, with the run's
-      hyperparameters and IR header (fragc/tracking.py); `track_dir` is where
+      hyperparameters and IR header (fragc/sinks/tracking.py); `track_dir` is where
       they write (default: the metrics file's folder, else the checkpoints',
       else `runs`).
     actions: your own periodic actions (fragc.actions), run after the built-in ones.
@@ -105,8 +109,6 @@ def train(prog: Any, state: Any, iterations: int, *, checkpoint_dir: Any = None,
 
 
 def _open_checkpoints(checkpoint_dir: Any) -> Any:
-    from fragc.runtime.checkpoint import Checkpointer
-
     if checkpoint_dir is None or isinstance(checkpoint_dir, Checkpointer):
         return checkpoint_dir
     return Checkpointer(os.fspath(checkpoint_dir))
@@ -114,11 +116,9 @@ def _open_checkpoints(checkpoint_dir: Any) -> Any:
 
 def _trackers(track: Any, track_dir: Any, prog: Any, run_info: dict | None, metrics: Any,
               checkpoints: Any) -> list[Action]:
-    """The tracking sinks `track` names, as actions (fragc/tracking.py imports each client only when asked)."""
+    """The tracking sinks `track` names, as actions (fragc/sinks/tracking.py imports each client only when asked)."""
     if not track:
         return []
-    from fragc import tracking
-
     if track_dir is None:
         track_dir = (os.path.dirname(os.path.abspath(metrics)) if metrics is not None
                      else checkpoints.directory if checkpoints is not None else "runs")
@@ -130,8 +130,6 @@ class _Training:
 
     def __init__(self, prog: Any, iterations: int, checkpointer: Any, checkpoint_every: int,
                  run_info: dict | None, progress: bool | TextIO):
-        import jax
-
         self.prog, self.iterations, self.checkpointer = prog, iterations, checkpointer
         self.checkpoint_every = checkpoint_every
         self.lead = jax.process_index() == 0  # metrics, progress and checkpoints come from process 0
@@ -213,8 +211,6 @@ class WriteMetrics(Action):
         self.path, self.resume_from, self.writer = path, resume_from, None
 
     def on_start(self, run: Run) -> None:
-        from fragc.runtime.reporting import MetricsWriter
-
         self.run = run
         self.writer = MetricsWriter(self.path, resume_from=self.resume_from)
 
@@ -224,14 +220,6 @@ class WriteMetrics(Action):
     def on_end(self, run: Run) -> None:
         if self.writer is not None:
             self.writer.close()
-
-
-def config_dict(algo: Any) -> dict | None:
-    """The algorithm's config as it reads back from JSON (tuples become lists), None without one."""
-    config = getattr(algo, "config", None)
-    if not (dataclasses.is_dataclass(config) and not isinstance(config, type)):
-        return None
-    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
 
 
 def _run_meta(prog: Any, run_info: dict | None) -> dict:

@@ -1,4 +1,5 @@
-"""`fragc.pmean` and `fragc.psum`: reductions over the replicas of the enclosing fragment.
+"""`fragc.pmean` and `fragc.psum`: reductions over the replicas of the enclosing fragment; `fragc.fold_in_replica`:
+a replicated key made one per replica.
 
 Deterministic by default: the result's bits do not depend on how the replicas
 are spread over devices and processes. An all-reduce's summation order
@@ -45,11 +46,24 @@ def psum(x: Any, *, deterministic: bool = True) -> Any:
     return _reduce(x, "psum", mean=False, deterministic=deterministic)
 
 
-def _reduce(tree: Any, name: str, mean: bool, deterministic: bool) -> Any:
+def fold_in_replica(key: jax.Array) -> jax.Array:
+    """`key` folded with this replica's index where the enclosing fragment runs several replicas, so that a key
+    declared replicated (`in_axes` None) draws different numbers on each; with one replica, `key` itself (a
+    one-replica run draws what it drew without this call)."""
+    if _replica_count("fold_in_replica") == 1:
+        return key
+    return jax.random.fold_in(key, lax.axis_index(REPLICA))
+
+
+def _replica_count(name: str) -> int:
     try:
-        replicas = lax.axis_size(REPLICA)
+        return lax.axis_size(REPLICA)
     except NameError as err:
         raise FragcError(f"fragc.{name} must be called inside a @fragc.fragment function") from err
+
+
+def _reduce(tree: Any, name: str, mean: bool, deterministic: bool) -> Any:
+    replicas = _replica_count(name)
     if replicas == 1 or not deterministic:  # one replica: lowering drops it (without_unit_reductions)
         return lax.pmean(tree, REPLICA) if mean else lax.psum(tree, REPLICA)
     return _by_dtype(tree, lambda flat: _ordered_sum(flat, replicas) / replicas if mean else _ordered_sum(flat, replicas))

@@ -274,16 +274,21 @@ def define(frag: Fragment, args: tuple, name: str | None = None) -> FragmentDef:
     return fdef
 
 
-def check_per_replica(module: Module) -> None:
-    """Trace at 2 replicas' shapes every batch-parallel fragment that the module runs with one
-    replica (unplaced, or placed so by `single`, `gspmd`, populations) and whose axes divide by 2,
-    so that a body or axis declaration that only works with one replica fails under every policy,
-    not only on several devices. Fragments placed with R > 1 replicas are traced at R by lowering
-    anyway (`FragmentDef.body_for`, with the same message)."""
+def check_per_replica(module: Module) -> list[str]:
+    """What would break on several replicas: trace at 2 replicas' shapes every batch-parallel fragment that the
+    module runs with one replica (unplaced, or placed so by `single`, `gspmd`, populations) and whose axes
+    divide by 2 -> one line per fragment whose body or axis declaration works only with one replica (the
+    caller says so; it runs as it is here). Fragments placed with R > 1 replicas are traced at R by lowering
+    (`FragmentDef.body_for`, with the same message), which refuses them."""
+    problems = []
     for fdef in module.callable_fragments().values():  # a host loop's parts are cut from one traced so
         n = fdef.batch_length()
         if (fdef.placement is None or fdef.placement.replicas == 1) and n is not None and n % 2 == 0:
-            fdef.body_for(2)
+            try:
+                fdef.body_for(2)
+            except FragmentError as err:
+                problems.append(str(err))
+    return problems
 
 
 def _as_results(frag: Fragment, outs: Any) -> tuple:

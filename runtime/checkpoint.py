@@ -21,6 +21,7 @@ process sees (a shared filesystem on a cluster).
 from __future__ import annotations
 
 import errno
+import gc
 import hashlib
 import json
 import logging
@@ -29,6 +30,7 @@ import re
 import shutil
 import socket
 import sys
+import traceback
 import warnings
 from typing import Any
 
@@ -115,7 +117,7 @@ class Checkpointer:
     """Save and restore training state in `directory`, keeping the last `keep` checkpoints."""
 
     def __init__(self, directory: str, keep: int = 3):
-        import orbax.checkpoint as ocp
+        import orbax.checkpoint as ocp  # 3-4 s of CPU to import: only a run that checkpoints pays for it
 
         logging.getLogger("absl").setLevel(logging.ERROR)
         self.directory = os.path.abspath(directory)
@@ -301,8 +303,6 @@ class _QuietFailedReads:
         if self.hook is None:
             return
         if self.failed:  # the abandoned reads' tasks log when collected: collect them while filtered
-            import gc
-
             gc.collect()
         if sys.unraisablehook is self.hook:  # else someone replaced it since: theirs stays
             sys.unraisablehook = self.previous
@@ -318,8 +318,6 @@ def _closed_loop_noise(unraisable: Any) -> bool:
     error = unraisable.exc_value
     if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed" and unraisable.object is None):
         return False
-    import traceback
-
     frames = traceback.extract_tb(unraisable.exc_traceback)
     return bool(frames) and frames[-1].name == "_check_closed" and "asyncio" in frames[-1].filename
 

@@ -14,6 +14,7 @@ replica and no mesh, so that the iteration can be vmapped.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 import jax
@@ -184,5 +185,11 @@ def _replica_body(fdef: Any) -> Any:
 
 
 def population_devices(members: int, devices: int) -> int:
-    """The most devices, up to `devices`, that `members` members divide over evenly."""
-    return max(d for d in range(1, devices + 1) if members % d == 0)
+    """The most devices, up to `devices`, that `members` members divide over evenly; fewer than `devices` is said
+    in one warning line (5 members on 4 devices run on one)."""
+    used = max(d for d in range(1, devices + 1) if members % d == 0)
+    if used < devices:
+        warnings.warn(f"a population of {members} members runs on {used} of the {devices} devices given: members are "
+                      f"spread over devices in equal blocks, and {used} is the most devices {members} divide over",
+                      stacklevel=2)
+    return used

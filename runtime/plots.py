@@ -1,10 +1,14 @@
-"""Learning curves from `fragc run --metrics` files (matplotlib, headless)."""
+"""Learning curves from `fragc run --metrics` files (matplotlib, headless: figures drawn without pyplot, so no
+display and no global backend change)."""
 
 from __future__ import annotations
 
 import json
 import numbers
 import os
+
+from matplotlib.backend_bases import FigureCanvasBase
+from matplotlib.figure import Figure
 
 from fragc.ir.errors import FragcError
 
@@ -37,16 +41,12 @@ def _metric_row(path: str, n: int, line: str) -> dict:
 
 
 def plot_learning_curve(path: str, out: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     check_figure_path(out)
     rows = read_metrics(path)
     steps = [r["env_steps"] for r in rows]
     returns = [r.get("episode_return") for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
     ax.plot(steps, [r if isinstance(r, numbers.Real) else float("nan") for r in returns], color="tab:blue")
     ax.set_xlabel("environment steps")
     ax.set_ylabel("mean episode return")
@@ -57,8 +57,6 @@ def plot_learning_curve(path: str, out: str) -> None:
 
 def check_figure_path(path: str) -> None:
     """Refuse an image format matplotlib cannot write, before anything is drawn (no suffix: PNG)."""
-    from matplotlib.backend_bases import FigureCanvasBase
-
     suffix = os.path.splitext(path)[1][1:].lower()
     supported = FigureCanvasBase.get_supported_filetypes()
     if suffix and suffix not in supported:
@@ -66,15 +64,11 @@ def check_figure_path(path: str) -> None:
                          f"{', '.join(sorted(supported))})")
 
 
-def save_figure(fig, path: str) -> None:
-    """Write a matplotlib figure to PNG and free it; a clear error if the path is unwritable."""
-    import matplotlib.pyplot as plt
-
+def save_figure(fig: Figure, path: str) -> None:
+    """Write a matplotlib figure to PNG; a clear error if the path is unwritable."""
     try:
         check_figure_path(path)
         fig.tight_layout()
         fig.savefig(path, dpi=100)
     except OSError as err:
         raise FragcError(f"cannot write plot '{path}': {err.strerror}") from err
-    finally:
-        plt.close(fig)

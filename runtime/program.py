@@ -130,6 +130,20 @@ class Program:
                         "device_to_host_bytes": float(to_host), "host_to_device_bytes": float(from_host)}
         return out
 
+    def memory(self) -> dict[str, dict[str, int]]:
+        """Per executable: XLA's memory analysis per device, `argument`, `output` and `temp` bytes (none where
+        the backend gives none)."""
+        out = {}
+        for e in self._executor.executables:
+            try:
+                m = e.compiled.memory_analysis()
+            except Exception:  # noqa: BLE001 - a backend without the analysis
+                m = None
+            out[e.name] = {} if m is None else {"argument": int(m.argument_size_in_bytes),
+                                                "output": int(m.output_size_in_bytes),
+                                                "temp": int(m.temp_size_in_bytes)}
+        return out
+
     # ------------------------------------------------------------ running
 
     def init(self, seed: int) -> Any:

@@ -1,7 +1,9 @@
-"""What a run reports: a fingerprint of its parameters, metric lines, the compilation cache."""
+"""What a run reports: a fingerprint of its parameters, its algorithm's config, metric lines, the compilation
+cache."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -42,7 +44,7 @@ class MetricsWriter:
         self.path = path
         try:
             if resume_from is not None:
-                _keep_rows_until(path, resume_from)
+                keep_rows_until(path, resume_from)
             self._file: TextIO = open(path, "w" if resume_from is None else "a")
         except OSError as err:
             raise FragcError(f"cannot write metrics to '{path}': {err.strerror}") from err
@@ -63,7 +65,7 @@ class MetricsWriter:
             pass
 
 
-def _keep_rows_until(path: str, iteration: int) -> None:
+def keep_rows_until(path: str, iteration: int) -> None:
     """Rewrite the metrics file at `path` (if any) with only its rows up to `iteration`, atomically."""
     if not os.path.isfile(path):  # nothing yet, or not a file to rewrite (a pipe, /dev/stdout)
         return
@@ -85,6 +87,14 @@ def _row_iteration(line: str) -> int | None:
         return None
     iteration = row.get("iteration") if isinstance(row, dict) else None
     return iteration if isinstance(iteration, int) else None
+
+
+def config_dict(algo: Any) -> dict | None:
+    """The algorithm's config as it reads back from JSON (tuples become lists), None without one."""
+    config = getattr(algo, "config", None)
+    if not (dataclasses.is_dataclass(config) and not isinstance(config, type)):
+        return None
+    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
 
 
 def default_cache_dir() -> str:

@@ -95,7 +95,7 @@ class GracefulStop:
     def requested(self) -> int:
         """The signal that asked this run to stop, 0 if none: in a multi-process run, the first
         one any process got. Every process must call it at the same points (it is a collective)."""
-        import jax
+        import jax  # not at the top: the command line imports this module, and `fragc launch` starts without JAX
 
         if jax.process_count() == 1:
             return self.signum

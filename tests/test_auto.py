@@ -10,14 +10,22 @@ import numpy as np
 import pytest
 
 import fragc
-from fragc import auto
-from fragc.auto import Candidate, Machine
+from fragc import search
+from fragc.options import CompileOptions, SearchOptions
+from fragc.runtime.cost import Machine
+from fragc.search import Candidate
+from fragc.search import choose
 
 from toy_algos import Regression
 
 MACHINE = Machine(flops_per_s=1e10, bytes_per_s=1e10, speedup={"1": 1.0}, trip_s={"1": 1e-7}, collective_s={},
                   dispatch_s=1e-4, call_s=1e-5, collective_bytes_per_s=1e9, transfer_bytes_per_s=1e9,
                   host_call_s=1e-4)
+
+
+def searched(algo, **options):
+    """The search on 8 devices with the machine constants above (no micro-benchmarks)."""
+    return search.search(algo, CompileOptions("auto", 8, search=SearchOptions(**{"machine": MACHINE, **options})))
 
 
 @pytest.fixture(autouse=True)
@@ -27,7 +35,7 @@ def own_cache(tmp_path, monkeypatch):
 
 
 def test_a_candidate_whose_replicas_do_not_divide_is_pruned_with_the_reason():
-    rows, _ = auto.rank(Regression(num_envs=8), jax.devices()[:8],
+    rows, _ = search.rank(Regression(num_envs=8), jax.devices()[:8],
                         [Candidate("anakin", 4), Candidate("actor_learner(actors=3)", 4)], machine=MACHINE)
     anakin, split = rows
     assert not anakin.pruned and anakin.predicted_s > 0
@@ -37,7 +45,7 @@ def test_a_candidate_whose_replicas_do_not_divide_is_pruned_with_the_reason():
 
 def test_a_candidate_over_the_memory_limit_is_pruned():
     algo = Regression(num_envs=4096)  # ~80 KiB of per-environment state: 10 KiB a device under anakin
-    rows, _ = auto.rank(algo, jax.devices()[:8], [Candidate("single", 4), Candidate("anakin", 4)],
+    rows, _ = search.rank(algo, jax.devices()[:8], [Candidate("single", 4), Candidate("anakin", 4)],
                         memory_limit=40_000, machine=MACHINE)
     single, anakin = rows
     assert "over the limit" in single.pruned and single.memory_bytes > 40_000
@@ -46,31 +54,29 @@ def test_a_candidate_over_the_memory_limit_is_pruned():
 
 def test_nothing_fits_is_one_line():
     with pytest.raises(fragc.FragcError, match="no candidate can run"):
-        auto.search(Regression(num_envs=4096), 8, candidates=[Candidate("single", 4)], memory_limit=1000,
-                    machine=MACHINE)
+        searched(Regression(num_envs=4096), candidates=[Candidate("single", 4)], memory_limit=1000)
 
 
 def test_the_choice_is_cached_and_a_changed_config_searches_again():
     space = [Candidate("single", 4), Candidate("single", 8)]
-    before = (auto.COUNTERS.compiled, auto.COUNTERS.timed)
-    prog = auto.search(Regression(num_envs=8), 8, candidates=space, machine=MACHINE, repeats=1, timed_iterations=8)
-    assert auto.COUNTERS.compiled == before[0] + 1 and auto.COUNTERS.timed > before[1]  # one k per placement
+    before = (search.COUNTERS.compiled, search.COUNTERS.timed)
+    prog = searched(Regression(num_envs=8), candidates=space, repeats=1, timed_iterations=8)
+    assert search.COUNTERS.compiled == before[0] + 1 and search.COUNTERS.timed > before[1]  # one k per placement
     assert not prog.auto.cached and prog.auto.chosen in space
     assert "// auto: chose single k=" in prog.ir().splitlines()[1]
     assert "pruned" in prog.auto.table() or "not timed" in prog.auto.table()
 
-    after = (auto.COUNTERS.compiled, auto.COUNTERS.timed)
-    again = auto.search(Regression(num_envs=8), 8, candidates=space, machine=MACHINE, repeats=1, timed_iterations=8)
-    assert (auto.COUNTERS.compiled, auto.COUNTERS.timed) == after  # nothing compiled for the search, nothing timed
+    after = (search.COUNTERS.compiled, search.COUNTERS.timed)
+    again = searched(Regression(num_envs=8), candidates=space, repeats=1, timed_iterations=8)
+    assert (search.COUNTERS.compiled, search.COUNTERS.timed) == after  # nothing compiled for the search, nothing timed
     assert again.auto.cached and again.auto.chosen == prog.auto.chosen and again.k == prog.k
 
-    auto.search(Regression(num_envs=8, lr=0.05), 8, candidates=space, machine=MACHINE, repeats=1,
-                timed_iterations=8)
-    assert auto.COUNTERS.timed > after[1]  # another configuration: searched again
+    searched(Regression(num_envs=8, lr=0.05), candidates=space, repeats=1, timed_iterations=8)
+    assert search.COUNTERS.timed > after[1]  # another configuration: searched again
 
 
 def test_the_choice_computes_what_the_same_policy_compiled_by_hand_does(monkeypatch):
-    monkeypatch.setattr(auto, "machine_constants", lambda *a, **k: MACHINE)  # no micro-benchmarks here
+    monkeypatch.setattr(choose, "machine_constants", lambda *a, **k: MACHINE)  # no micro-benchmarks here
     algo = Regression(num_envs=8)
     prog = fragc.compile(algo, "auto", devices=8, auto_candidates=[Candidate("anakin", 2)], auto_cache=False)
     assert prog.auto.chosen == Candidate("anakin", 2)
@@ -85,25 +91,25 @@ def test_the_choice_computes_what_the_same_policy_compiled_by_hand_does(monkeypa
 
 
 def test_the_default_space():
-    space = auto.default_candidates(8, hosted=True, iterations=10)
+    space = search.default_candidates(8, hosted=True, iterations=10)
     labels = {c.label for c in space}
     assert {"single k=4 G=1", "anakin k=10 G=2", "actor_learner(actors=2) k=4 G=1",
             "actor_learner_async(actors=6) k=10 G=2", "gspmd k=4 G=1"} <= labels
     assert all(c.k <= 10 for c in space)
-    assert {c.seeds for c in auto.default_candidates(4, seeds=3)} == {3}
+    assert {c.seeds for c in search.default_candidates(4, seeds=3)} == {3}
 
 
 @pytest.mark.parametrize("bad, match", [({"budget": 0}, "budget"), ({"top": 0}, "top"),
                                         ({"memory_limit": -1}, "memory_limit"), ({"candidates": []}, "empty")])
 def test_bad_arguments_are_one_line(bad, match):
     with pytest.raises(fragc.FragcError, match=match):
-        auto.search(Regression(num_envs=8), 8, machine=MACHINE, **bad)
+        searched(Regression(num_envs=8), **bad)
 
 
 def test_the_model_charges_a_staged_schedule_its_stage_launches_and_leaf_transfers():
     machine = dataclasses.replace(MACHINE, stage_call_s={"4": 1e-3}, stage_leaf_s={"4": 1e-5},
                                   put_leaf_s={"4": 1e-4}, dispatch_leaf_s=1e-5, dispatch_metric_s=1e-4)
-    rows, _ = auto.rank(Regression(num_envs=8), jax.devices()[:8],
+    rows, _ = search.rank(Regression(num_envs=8), jax.devices()[:8],
                         [Candidate("actor_learner(actors=4)", 4), Candidate("anakin", 4), Candidate("anakin", 8)],
                         machine=machine)
     staged, fused, fused8 = rows
@@ -116,6 +122,6 @@ def test_the_model_charges_a_staged_schedule_its_stage_launches_and_leaf_transfe
 
 
 def test_timing_stops_once_the_choice_is_settled():
-    assert auto._decided({1: [1.0, 1.02], 2: [1.2, 1.3]}, 0.1)
-    assert not auto._decided({1: [1.0, 1.05], 2: [1.1, 1.3]}, 0.1)
-    assert auto._decided({1: [1.0]}, 0.1)
+    assert search.decided({1: [1.0, 1.02], 2: [1.2, 1.3]}, 0.1)
+    assert not search.decided({1: [1.0, 1.05], 2: [1.1, 1.3]}, 0.1)
+    assert search.decided({1: [1.0]}, 0.1)

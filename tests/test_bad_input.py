@@ -300,10 +300,10 @@ def test_warnings_on_the_command_line_are_one_line():
     """A damaged checkpoint's fallback notice (a Python warning) reads as one line, without the source line."""
     import warnings
 
-    from fragc.cli import _one_line_warnings
+    from fragc.cli.errors import one_line_warnings
 
     message = "checkpoint 96 in 'D' is damaged; falling back to the previous one"
-    with _one_line_warnings():
+    with one_line_warnings():
         shown = warnings.formatwarning(UserWarning(message), UserWarning, "runtime/checkpoint.py", 182)
     assert shown == f"fragc: warning: {message}\n"
     assert not warnings.formatwarning(UserWarning(message), UserWarning, "x.py", 1).startswith("fragc:")  # restored

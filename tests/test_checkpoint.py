@@ -217,7 +217,9 @@ def test_resuming_with_another_configuration_is_refused_naming_what_differs(caps
     ckpt = str(tmp_path / "ckpt")
     assert main([*RUN, "--checkpoint-dir", ckpt, "--stop-after", "8"]) == 0  # RUN's program, compiled already
     capsys.readouterr()
-    monkeypatch.setattr(fragc, "compile", lambda *a, **k: pytest.fail("compiled before refusing"))
+    from fragc.cli import algorithm  # what the command line compiles with
+
+    monkeypatch.setattr(algorithm, "compile_with", lambda *a, **k: pytest.fail("compiled before refusing"))
     for option, named in ((["--env", "Acrobot-v1"], "--env is 'CartPole-v1' in the checkpoint and 'Acrobot-v1' here"),
                           (["--seed", "7"], "--seed is 0 in the checkpoint and 7 here.")):
         assert main([*RUN, *option, "--checkpoint-dir", ckpt, "--resume"]) == 2

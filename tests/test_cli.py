@@ -24,12 +24,12 @@ def test_ir_runs_the_passes_only(capsys, monkeypatch):
     actor_learner on 8 devices: two stages, three transfers an iteration."""
     import pathlib
 
-    import fragc.api
+    import fragc.compiler
 
     def no_program(*args, **kwargs):
         raise AssertionError("fragc ir built a Program")
 
-    monkeypatch.setattr(fragc.api, "Program", no_program)
+    monkeypatch.setattr(fragc.compiler, "Program", no_program)
     assert main(["ir", "dqn", "--policy", "actor_learner", "--devices", "8"]) == 0
     out = capsys.readouterr().out
     assert out == (pathlib.Path(__file__).parent / "golden" / "dqn_actor_learner.fir").read_text()
@@ -132,3 +132,11 @@ def test_the_command_line_starts_without_jax():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.splitlines()[-1] == "[]", out.stdout
+
+
+def test_bench_splits_its_policies_at_top_level_commas_only(capsys):
+    """`--policies 'single,population(single,4)'` names two policies: the comma inside the parentheses is the
+    population's own (refused here at the policy after it, before anything compiles)."""
+    assert main(["bench", "ppo", "--policies", "single,population(single,4),nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown policy 'nope'" in err and err.count("\n") == 1, err

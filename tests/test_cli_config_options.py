@@ -6,7 +6,8 @@ field; `fragc bench` has its own `--iterations`. Parsed in-process: no JAX start
 
 import pytest
 
-from fragc import cli
+from fragc.cli.algorithm import make_algo
+from fragc.cli.commands import parse
 
 ALGO = '''
 import dataclasses
@@ -42,16 +43,16 @@ def spec(tmp_path_factory):
 
 
 def test_a_field_named_like_a_command_option_is_offered_with_a_prefix(spec):
-    args = cli._parse(["bench", spec, "--iterations", "3", "--config-iterations", "7", "--seed-offset", "2"], spec)
+    args = parse(["bench", spec, "--iterations", "3", "--config-iterations", "7", "--seed-offset", "2"], spec)
     assert (args.iterations, args.cfg_iterations, args.cfg_seed_offset) == (3, 7, 2)
-    assert cli._make_algo(args).config.iterations == 7
-    args = cli._parse(["run", spec, "--iterations", "4"], spec)  # `run` has no --iterations: the field keeps its name
-    assert cli._make_algo(args).config.iterations == 4
+    assert make_algo(args).config.iterations == 7
+    args = parse(["run", spec, "--iterations", "4"], spec)  # `run` has no --iterations: the field keeps its name
+    assert make_algo(args).config.iterations == 4
 
 
 def test_the_help_says_why_a_field_has_a_prefix(spec, capsys):
     with pytest.raises(SystemExit) as stopped:
-        cli._parse(["bench", spec, "--help"], spec)
+        parse(["bench", spec, "--help"], spec)
     assert stopped.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "--config-iterations ITERATIONS Training iterations (fragc run's run length). (config field " \

@@ -14,8 +14,10 @@ import tomllib
 import pytest
 
 import fragc
-from fragc import cli, config_files
+from fragc import config_files
 from fragc.cli import main
+from fragc.cli.algorithm import make_algo
+from fragc.cli.commands import parse
 
 TINY = '''
 import dataclasses
@@ -128,7 +130,12 @@ def test_total_steps_where_steps_per_iteration_are_known_and_what_is_rounded_is_
 
 def test_ppo_total_steps_below_one_iteration_is_said_before_compiling(capsys, monkeypatch):
     """The issue's `--total-steps 10`: one line on stderr, before anything compiles (compile is stopped here)."""
-    monkeypatch.setattr(fragc, "compile", lambda *a, **k: (_ for _ in ()).throw(fragc.FragcError("not compiled")))
+    from fragc.cli import algorithm  # what the command line compiles with
+
+    def not_compiled(*args, **kwargs):
+        raise fragc.FragcError("not compiled")
+
+    monkeypatch.setattr(algorithm, "compile_with", not_compiled)
     assert main(["run", "ppo", "--total-steps", "10"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         "fragc: warning: --total-steps 10 is less than one iteration (512 env steps): running 1 iteration "
@@ -153,14 +160,14 @@ def test_iterations_is_a_configs_iterations_field_under_run_and_bench_keeps_its_
     --config-iterations under fragc bench, whose --iterations counts timed iterations; a config file's
     `iterations` is the field under both."""
     spec = tiny("WithConfig")
-    assert cli._make_algo(cli._parse(["run", spec, "--iterations", "4"], spec)).config.iterations == 4
+    assert make_algo(parse(["run", spec, "--iterations", "4"], spec)).config.iterations == 4
     path = tmp_path / "c.toml"
     path.write_text("iterations = 7\nlr = 0.5\n")
-    run = cli._parse(["run", spec, "--config", str(path)], spec)
-    assert cli._make_algo(run).config.iterations == 7 and run.iterations == 7
-    bench = cli._parse(["bench", spec, "--config", str(path)], spec)
+    run = parse(["run", spec, "--config", str(path)], spec)
+    assert make_algo(run).config.iterations == 7 and run.iterations == 7
+    bench = parse(["bench", spec, "--config", str(path)], spec)
     assert (bench.iterations, bench.cfg_iterations, bench.cfg_lr) == (16, 7, 0.5)
-    assert cli._make_algo(bench).config.iterations == 7
+    assert make_algo(bench).config.iterations == 7
 
 
 # ------------------------------------------------------------------ item 4: config files
@@ -214,8 +221,8 @@ def test_the_printed_config_runs_the_same_run(tiny, capsys, tmp_path):
     path.write_text(text)
     got = run_json(capsys, ["run", spec, "--config", str(path)])
     assert got["params_fingerprint"] == expected["params_fingerprint"] and got["iterations"] == 6
-    args = cli._parse(["run", spec, "--config", str(path)], spec)
-    assert cli._make_algo(args).config == fragc.algos.load(spec)[1](lr=0.1, iterations=6, scale=(0.5, 3.0), seed=5)
+    args = parse(["run", spec, "--config", str(path)], spec)
+    assert make_algo(args).config == fragc.algos.load(spec)[1](lr=0.1, iterations=6, scale=(0.5, 3.0), seed=5)
 
 
 @pytest.mark.parametrize("content,message", [
@@ -261,7 +268,7 @@ def test_ir_takes_the_config_and_the_placement_from_a_runs_file(tiny, capsys, tm
     path.write_text('policy = "anakin"\ndevices = 4\nseed = 7\ncheckpoint_dir = "ckpt"\nlr = 0.3\n')
     assert main(["ir", spec, "--config", str(path)]) == 0
     assert "mesh @all = devices[0..3]" in capsys.readouterr().out
-    args = cli._parse(["ir", spec, "--config", str(path), "--devices", "2"], spec)
+    args = parse(["ir", spec, "--config", str(path), "--devices", "2"], spec)
     assert (args.policy, args.devices, args.cfg_lr) == ("anakin", 2, 0.3) and not hasattr(args, "seed")
 
 

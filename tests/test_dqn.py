@@ -56,6 +56,33 @@ def test_sampling_never_returns_unwritten_slots():
     assert len(seen) > 12  # draws cover many written slots, not one
 
 
+@pytest.mark.parametrize("name", ["dqn", "sac"])
+def test_each_replica_samples_its_own_indices(name):
+    """The sampling key is replicated (one for every learner replica); each replica folds in its index, so two
+    replicas draw different slots of their own environments. One replica draws what it always drew."""
+    from fragc.algos import sac
+    from fragc.algos.replay import Buffer
+
+    algo = small() if name == "dqn" else sac.SAC(sac.Config(num_envs=8, buffer_size=64, batch_size=16))
+    replicas, envs, capacity = 2, 8, 5
+    slot_ids = np.array([[1000 * t + e for e in range(envs)] for t in range(capacity)], np.float32)
+    buffer = Buffer({"id": jnp.asarray(slot_ids)}, jnp.int32(0), jnp.int32(capacity))
+    key = jax.random.key(3)
+
+    split = Buffer({"id": buffer.data["id"].reshape(capacity, replicas, envs // replicas)}, buffer.position,
+                   buffer.size)
+    draws = jax.vmap(algo.sample.fn, in_axes=(Buffer(1, None, None), None), axis_name=fragc.REPLICA)(split, key)
+    ids = np.asarray(draws["id"])  # [replica, batches, per replica]
+    local = [(ids[r] // 1000, ids[r] % 1000 - r * envs // replicas) for r in range(replicas)]
+    assert not all(np.array_equal(a, b) for a, b in zip(local[0], local[1])), "both replicas drew the same slots"
+
+    k_time, k_env = jax.random.split(key)  # one replica: the key as given, the draws of before
+    shape = (algo.batches_per_iteration, algo.config.batch_size)
+    expected = slot_ids[np.asarray(jax.random.randint(k_time, shape, 0, capacity)),
+                        np.asarray(jax.random.randint(k_env, shape, 0, envs))]
+    np.testing.assert_array_equal(np.asarray(algo.sample(buffer, key)["id"]), expected)
+
+
 def test_buffer_beside_the_actors():
     """A policy places the buffer fragment with the actors: the sampled batch, not the buffer, crosses groups."""
     algo = small()

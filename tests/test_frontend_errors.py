@@ -1,5 +1,7 @@
 """Clear errors (and one warning) for mistakes in declaring or calling fragments."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -250,27 +252,37 @@ class _PerReplica:
         return {"obs": state["obs"]}, {"mean": self.step(state["obs"]).mean()}
 
 
-def test_a_body_using_a_config_size_fails_under_single_naming_the_replicas():
+def test_a_body_using_a_config_size_is_one_warning_line_under_one_replica_and_refused_under_several():
+    """A PureJaxRL port that sizes by the config (`reshape(T * NUM_ENVS)`) runs under `single`: it is told in one
+    line what several replicas would break; a policy that runs several refuses it with the same words."""
     def flatten(obs):  # [T, n] declared with its environment axis 1
         return obs.reshape(_PerReplica.num_steps * _PerReplica.num_envs)
 
     algo = _PerReplica(flatten, in_axes=(1,))
-    with pytest.raises(fragc.FragmentError, match=r"fragment 'flatten' traced with 2 replicas, .*each seeing 1/2 of "
-                                                  r"every declared axis \(obs f32\[4,8@env\] -> f32\[4,4\]\): its body "
-                                                  r"fails: cannot reshape .*take batch sizes from the arguments' shapes"):
-        fragc.compile(algo, policy="single", devices=1)  # the check traces while XLA compiles, then raises
+    with pytest.warns(UserWarning) as said:
+        prog = fragc.compile(algo, policy="single", devices=1)  # the check traces while XLA compiles
+    [line] = [str(w.message) for w in said]
+    assert re.fullmatch(r"fragment 'flatten' traced with 2 replicas, .*each seeing 1/2 of every declared axis \(obs "
+                        r"f32\[4,8@env\] -> f32\[4,4\]\): its body fails: cannot reshape .*take batch sizes from the "
+                        r"arguments' shapes.* \(it runs with one replica here; a policy that runs it with several "
+                        r"refuses it\)", line), line
+    _, history = prog.run(prog.init(0), 1)
+    assert history["mean"].shape == (1,)
+    with pytest.raises(fragc.FragmentError, match=r"fragment 'flatten' traced with 2 replicas, .*obs f32\[4,8@env\] "
+                                                  r"-> f32\[4,4\]"):
+        fragc.compile(algo, policy="anakin", devices=2)
     with pytest.raises(fragc.FragmentError, match=r"fragment 'flatten' traced with 4 replicas, .*obs f32\[4,8@env\] "
                                                   r"-> f32\[4,2\]"):
         fragc.interpret(fragc.trace(algo), algo.init(jax.random.key(0)), replicas=4)
 
 
-def test_a_wrong_axis_declaration_fails_under_single():
+def test_a_wrong_axis_declaration_is_one_warning_line_under_single():
     def per_env_mean(obs):  # [T, n], but declared with its environment axis 0
         return obs.mean(axis=0)
 
-    with pytest.raises(fragc.FragmentError, match=r"fragment 'per_env_mean' traced with 2 replicas, .*it returns "
-                                                  r"result 0 as f32\[8\], but f32\[8@env\] declared out_axes 0 makes "
-                                                  r"it f32\[4\] per replica"):
+    with pytest.warns(UserWarning, match=r"fragment 'per_env_mean' traced with 2 replicas, .*it returns result 0 as "
+                                         r"f32\[8\], but f32\[8@env\] declared out_axes 0 makes it f32\[4\] per "
+                                         r"replica.*a policy that runs it with several refuses it"):
         fragc.compile(_PerReplica(per_env_mean), policy="single", devices=1)
 
 

@@ -203,11 +203,11 @@ def test_env_workers_are_placed_printed_parsed_and_reach_every_pool(host_single)
 
     # Another program over the same environments, with another count (`Program` applies it as below): the
     # pools already made are left to the first, which goes on stepping them without a reset.
-    from fragc.api import run_passes
+    from fragc.compiler import run_passes
     from fragc.ir.host import apply_env_workers
 
     env, pools = prog.algo.env, dict(prog.algo.env.pools)
-    apply_env_workers(run_passes(prog.algo, "single", env_workers=1)[0].final)
+    apply_env_workers(run_passes(prog.algo, fragc.CompileOptions("single", env_workers=1))[0].final)
     assert env.pools == pools and env.workers == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a closed pool would be reset mid-run, with a warning
@@ -242,11 +242,11 @@ register_host_pool("gymnax_two_args", TwoArgumentPool, "a pool whose __init__ ta
 
 
 def test_a_pool_class_that_cannot_take_its_worker_count_is_one_line():
-    from fragc.api import run_passes  # the passes alone: refused where the placement is made, before XLA
+    from fragc.compiler import run_passes  # the passes alone: refused where the placement is made, before XLA
 
     with pytest.raises(fragc.FragcError, match=r"env_workers=2: TwoArgumentPool says it takes threads but its "
                                                r"__init__ takes no third argument \(workers\)"):
-        run_passes(ppo_on("gymnax_two_args:CartPole-v1"), "single", env_workers=2)
+        run_passes(ppo_on("gymnax_two_args:CartPole-v1"), fragc.CompileOptions("single", env_workers=2))
 
 
 @pytest.mark.parametrize("policy,devices,message", [

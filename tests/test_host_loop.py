@@ -20,12 +20,12 @@ import pytest
 import fragc
 from fragc.algos import ppo
 from fragc.algos.envs import VecEnv
-from fragc.api import run_passes
+from fragc.compiler import run_passes
+from fragc.options import CompileOptions
 from fragc.ir import parse, verify
 from fragc.ir.dot import to_dot
 from fragc.ir.errors import VerifyError
 from fragc.ir.interpreter import run_iterations
-from fragc.ir.interpreter import Frame
 from fragc.ir.module import HostLoop, Placement
 from fragc.ir.time_loop import split_time_loop
 from fragc.passes.pipeline import PipelineResult
@@ -225,7 +225,8 @@ def test_an_edited_step_runs_as_its_text_says(groups, round_trip):
     reference interpreter on the edited module, and not the unedited program (the rewards it learns from are
     doubled)."""
     algo = ppo_on(HOST_CARTPOLE)
-    pipeline, devices, policy = run_passes(algo, "single", 1, iterations_per_dispatch=2, env_groups=groups)
+    pipeline, devices, policy = run_passes(algo, CompileOptions("single", 1, iterations_per_dispatch=2,
+                                                                env_groups=groups))
     module = verify(edited(pipeline.final, round_trip))
     assert "%scaled" in str(module) and str(parse(str(module), bodies=module)) == str(module)
     prog = Program(algo, PipelineResult(pipeline.modules + [module]), devices, policy)
@@ -244,7 +245,7 @@ def test_an_edited_step_runs_as_its_text_says(groups, round_trip):
 def test_every_pass_parses_back_with_its_host_loop(policy, devices):
     """Passes only (no XLA): the module after every pass prints, parses back with its placement (environment
     groups included), and the final module places the rollout as a host loop in a stage of its own."""
-    pipeline, _, _ = run_passes(ppo_on("gymnasium:CartPole-v1"), policy, devices, env_groups=2)
+    pipeline, _, _ = run_passes(ppo_on("gymnasium:CartPole-v1"), CompileOptions(policy, devices, env_groups=2))
     for module in pipeline.modules:
         back = parse(str(module), bodies=module)
         for name, fdef in module.fragments.items():
@@ -282,13 +283,13 @@ def test_bad_environment_groups_are_refused_in_one_line():
     algo = ppo_on("gymnasium:CartPole-v1")  # 16 environments
     with pytest.raises(fragc.FragcError,
                        match="env_groups=3: fragment 'rollout' steps 16 environments, which do not split into 3 equal"):
-        run_passes(algo, "single", 1, env_groups=3)
+        run_passes(algo, CompileOptions("single", 1, env_groups=3))
     with pytest.raises(fragc.FragcError, match="env_groups must be an int from 0"):
-        run_passes(algo, "single", 1, env_groups=-1)
+        run_passes(algo, CompileOptions("single", 1, env_groups=-1))
 
 
 def test_the_verifier_refuses_a_broken_host_loop():
-    pipeline, _, _ = run_passes(ppo_on("gymnasium:CartPole-v1"), "single", 1, env_groups=2)
+    pipeline, _, _ = run_passes(ppo_on("gymnasium:CartPole-v1"), CompileOptions("single", 1, env_groups=2))
     final = pipeline.final
     learn = final.fragments["learn"]
     broken = final.replace(fragments={**final.fragments, "learn": learn.replace(
@@ -375,11 +376,11 @@ class NestedHostStep:
 def test_a_rollout_the_host_loop_cannot_cut_runs_in_program_or_is_refused():
     """One group: synchronous either way, so the host step stays in the program (no host_loop in the IR);
     two groups: refused in one line that says what a host loop needs."""
-    pipeline, _, _ = run_passes(NestedHostStep(), "single", 1, env_groups=1)
+    pipeline, _, _ = run_passes(NestedHostStep(), CompileOptions("single", 1, env_groups=1))
     assert pipeline.final.fragments["rollout"].placement.env_groups == 0
     assert "host_loop(" not in str(pipeline.final) and pipeline.final.schedule.executor == "fused"
     with pytest.raises(fragc.FragcError, match="a host loop needs exactly one host step directly in its time loop"):
-        run_passes(NestedHostStep(), "single", 1, env_groups=2)
+        run_passes(NestedHostStep(), CompileOptions("single", 1, env_groups=2))
 
 
 class PerStepOutputs:
@@ -448,7 +449,7 @@ def test_the_reference_reports_a_nan_metric_as_nan_not_as_a_replica_mismatch():
     """Two replicas' host loop in the reference interpreter: a replicated per-step output that is NaN on both is
     NaN, not "differs between replicas"."""
     algo = NaNPerStep()
-    final = run_passes(algo, "anakin", 2, env_groups=1)[0].final
+    final = run_passes(algo, CompileOptions("anakin", 2, env_groups=1))[0].final
     assert any(isinstance(n, HostLoop) for n in final.graph.nodes)
     _, history = run_iterations(final, algo.init(jax.random.key(0)), 1)
     assert np.isnan(history[0]["per_step"]).all() and np.isfinite(history[0]["positions"]).all()
@@ -512,7 +513,7 @@ def test_a_reversed_time_loop_on_two_replicas_runs_as_its_loop_node_says():
 def test_the_loop_node_holds_the_split_it_was_made_from(policy, devices, groups):
     """The loop node holds `split_time_loop`'s cut of the fragment: its prefix and suffix, its parts' bodies for
     its groups, and the groups' axes as the step's `@env` types (passes only)."""
-    final = run_passes(ppo_on("gymnasium:CartPole-v1"), policy, devices, env_groups=groups)[0].final
+    final = run_passes(ppo_on("gymnasium:CartPole-v1"), CompileOptions(policy, devices, env_groups=groups))[0].final
     node = next(n for n in final.graph.nodes if isinstance(n, HostLoop))
     want = split_time_loop(final.fragments["rollout"], devices, groups)
     assert (node.steps, node.reverse, node.num_consts, node.num_carry) == (

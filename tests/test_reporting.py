@@ -58,19 +58,6 @@ def test_bad_paths_are_one_line_and_exit_code_2(capsys, argv, message):
     assert err.count("\n") == 1 and message in err, err
 
 
-def test_bench_table_json_and_plot(capsys, tmp_path):
-    out = tmp_path / "bench"
-    assert main(["bench", "ppo", "--policies", "single,actor_learner", "--devices", "8", "--num-envs", "8",
-                 "--num-steps", "16", "--iterations", "2", "--repeats", "2", "--out", str(out)]) == 0
-    table = capsys.readouterr().out
-    assert "single" in table and "actor_learner" in table and "env-steps/s" in table
-    data = json.loads((out / "bench.json").read_text())
-    row = data["policies"]["actor_learner"]
-    assert len(row["env_steps_per_s"]) == 2 and row["min"] <= row["median"] <= row["max"]
-    assert row["transfer_bytes_per_iteration"] > 0 and data["policies"]["single"]["transfer_bytes_per_iteration"] == 0
-    assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
-
-
 def test_bench_unknown_policy_fails_before_compiling(capsys):
     assert main(["bench", "ppo", "--policies", "single,anakn"]) == 2
     assert "unknown policy 'anakn' (did you mean 'anakin'?)" in capsys.readouterr().err

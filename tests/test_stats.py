@@ -1,4 +1,4 @@
-"""fragc.stats: the IQM against scipy and a hand-worked example, rliable's stratified bootstrap CI (contains the
+"""fragc.sinks.stats: the IQM against scipy and a hand-worked example, rliable's stratified bootstrap CI (contains the
 estimate, narrows with more seeds, fixed by its seed), seeds at a threshold, the best configuration, the table, the
 learning-curve PNG read back, and the one-line error without rliable."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import fragc
-from fragc import stats
+from fragc.sinks import stats
 
 pytest.importorskip("rliable")
 
@@ -126,7 +126,7 @@ def test_without_rliable_the_error_is_one_line(monkeypatch):
     for call in (lambda: stats.iqm([1.0, 2.0]), lambda: stats.interval_estimates({"a": np.ones(4)})):
         with pytest.raises(fragc.FragcError) as err:
             call()
-        assert str(err.value) == "fragc.stats needs rliable: pip install 'fragc[sweep]'"
+        assert str(err.value) == "fragc.sinks.stats needs rliable: pip install 'fragc[sweep]'"
 
 
 def test_bad_scores_are_one_line():

@@ -5,6 +5,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import warnings
 
 import chex
 import jax
@@ -109,8 +110,15 @@ def test_vectorised_members_on_8_devices_are_their_single_runs_to_float_rounding
 
 
 def test_members_spread_over_the_most_devices_they_divide_over():
-    assert [population_devices(m, 8) for m in (1, 2, 3, 6, 8, 12, 16, 64)] == [1, 2, 3, 6, 8, 6, 8, 8]
-    assert population_devices(8, 4) == 4 and population_devices(7, 4) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # every device given is used: nothing to say
+        assert [population_devices(m, 8) for m in (8, 16, 64)] == [8, 8, 8] and population_devices(8, 4) == 4
+    for members, devices, used in [(1, 8, 1), (3, 8, 3), (12, 8, 6), (7, 4, 1), (5, 4, 1)]:
+        with pytest.warns(UserWarning) as said:
+            assert population_devices(members, devices) == used
+        assert [str(w.message) for w in said] == [
+            f"a population of {members} members runs on {used} of the {devices} devices given: members are spread "
+            f"over devices in equal blocks, and {used} is the most devices {members} divide over"]
 
 
 def _factorisations(jaxpr) -> list:
@@ -274,7 +282,7 @@ def test_sweep_reports_every_configuration_and_resumes_to_the_same_numbers(capsy
     state, history = prog.run(prog.init(0), 8)
     np.testing.assert_allclose([finals[m] for m in range(8)], history["episode_return"][:, -2:].reshape(8, -1).mean(1),
                                rtol=1e-6)
-    from fragc.video import restore_policy  # fragc video --member 3 reads a sweep's checkpoints
+    from fragc.sinks.video import restore_policy  # fragc video --member 3 reads a sweep's checkpoints
 
     _, params, _ = restore_policy(tmp_path / "whole" / "checkpoints", member=3)
     chex.assert_trees_all_equal(params, jax.tree.map(lambda x: x[3], state.state.learner.params))
@@ -343,12 +351,13 @@ SWEPT = {"ppo": ("lr", "gamma", "clip_eps"), "a2c": ("lr", "ent_coef"), "ppo_con
 def test_every_built_in_algorithm_sweeps_its_float_hyperparameters(name):
     """Traced and placed (no XLA compile): every swept field reaches the program, none is a Python value."""
     from fragc.algos import ALGOS, make
-    from fragc.api import run_passes
+    from fragc.compiler import run_passes
+    from fragc.options import CompileOptions
 
     assert set(SWEPT) == set(ALGOS)
     algo = make(name)
     grid = {f: [getattr(algo.config, f), getattr(algo.config, f) * 0.5] for f in SWEPT[name]}
-    pipeline = run_passes(algo, fragc.population("single", 1, **grid))[0]
+    pipeline = run_passes(algo, CompileOptions(fragc.population("single", 1, **grid)))[0]
     assert [f for f, _ in pipeline.final.hyperparameters] == list(SWEPT[name])
 
 
@@ -386,8 +395,8 @@ def test_a_users_algorithm_sweeps_its_config_and_each_member_follows_a_plain_jax
 
 
 def test_the_final_metrics_line_of_a_population_is_its_last_iteration_over_members():
-    from fragc.cli import _last_metrics
+    from fragc.cli.run import last_metrics
 
     history = {"episode_return": np.array([[1.0, 2.0, 3.0], [5.0, 6.0, 9.0]])}  # [members, iterations]
-    assert _last_metrics(history, population=True) == {"episode_return": 6.0}
-    assert _last_metrics({"episode_return": np.array([1.0, 4.0])}) == {"episode_return": 4.0}
+    assert last_metrics(history, population=True) == {"episode_return": 6.0}
+    assert last_metrics({"episode_return": np.array([1.0, 4.0])}) == {"episode_return": 4.0}

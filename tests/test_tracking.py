@@ -1,4 +1,4 @@
-"""Tracking sinks (fragc/tracking.py): one short run into TensorBoard, W&B (offline) and MLflow at once, each
+"""Tracking sinks (fragc/sinks/tracking.py): one short run into TensorBoard, W&B (offline) and MLflow at once, each
 read back with its own reader (not a mocked client): the same numbers as the run's history at the same env
 steps, the hyperparameters, and the IR header."""
 
@@ -19,7 +19,7 @@ import pytest
 
 import fragc
 import fragc.algos
-from fragc import tracking
+from fragc.sinks import tracking
 from fragc.runtime.actions import Run
 
 CLIENTS = ("tensorboardX", "tensorboard", "wandb", "mlflow")

@@ -1,4 +1,4 @@
-"""Videos of a policy (fragc/video.py): from a checkpoint to .mp4 and .gif, and CaptureVideo during a run.
+"""Videos of a policy (fragc/sinks/video.py): from a checkpoint to .mp4 and .gif, and CaptureVideo during a run.
 
 Frame counts are checked against episodes played here with plain gymnax (or Gymnasium) and the network's
 argmax: an episode of T steps is T + 1 frames (its first state and each state reached)."""
@@ -25,7 +25,8 @@ if importlib.util.find_spec("pygame") is None:
     pytest.skip("CartPole is drawn by Gymnasium's renderer, which needs pygame (the video extra)",
                 allow_module_level=True)
 
-from fragc import video  # noqa: E402
+from fragc.cli import video as video_command  # noqa: E402
+from fragc.sinks import video  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # imageio reading through ffmpeg
 MAX_STEPS = 60
@@ -68,7 +69,7 @@ def plain(algo):
 
 def episode_lengths(algo, params, episodes, seed, max_steps=MAX_STEPS):
     """Steps of each greedy episode, played with gymnax's own step (which resets itself: the flags say when
-    an episode ends) from the keys fragc/video.py documents."""
+    an episode ends) from the keys fragc/sinks/video.py documents."""
     env, env_params, act = plain(algo)
     lengths = []
     for key in jax.random.split(jax.random.key(seed), episodes):
@@ -89,16 +90,17 @@ def n_frames(lengths):
 
 def parse(*argv):
     """`fragc video ...` as the command line parses it."""
-    return fragc.cli._parser().parse_args(["video", *argv])
+    return fragc.cli.commands.build_parser("video").parse_args(["video", *argv])
 
 
 def test_command_writes_mp4(run, rendered, tmp_path, capsys):
-    """`fragc video D --out agent.mp4 ...` (cmd_video): the frames of the episodes played with plain gymnax."""
+    """`fragc video D --out agent.mp4 ...` (fragc/cli/video.py): the frames of the episodes played with plain
+    gymnax."""
     algo, folder, seen, _ = run
     lengths = episode_lengths(algo, seen[4], 2, seed=1)
     assert min(lengths) < MAX_STEPS  # an episode that ends by itself, not only cut ones
     out = tmp_path / "agent.mp4"
-    assert video.cmd_video(parse(str(folder / "checkpoints"), "--out", str(out), "--seed", "1", "--max-steps",
+    assert video_command.main(parse(str(folder / "checkpoints"), "--out", str(out), "--seed", "1", "--max-steps",
                                  str(MAX_STEPS))) == 0
     frames = n_frames(lengths)
     line = capsys.readouterr().out.strip()
@@ -196,7 +198,7 @@ def test_command_refusals(run):
         with pytest.raises(SystemExit):
             parse("D", *bad)
     with pytest.raises(FragcError, match=r"^--member 1: the checkpoint in '.*' is of one run, not a population$"):
-        video.cmd_video(parse(str(folder / "checkpoints"), "--member", "1"))
+        video_command.main(parse(str(folder / "checkpoints"), "--member", "1"))
 
 
 def test_a_recurrent_policy_plays_with_its_hidden_state_carried(tmp_path):

@@ -14,15 +14,17 @@ import os
 import sys
 
 from fragc import distributed
+from fragc.launch import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 
-distributed.initialize(os.environ[distributed.ENV_COORDINATOR], int(os.environ[distributed.ENV_NUM_PROCESSES]),
-                       int(os.environ[distributed.ENV_PROCESS_ID]), local_devices=4)
+distributed.initialize(os.environ[ENV_COORDINATOR], int(os.environ[ENV_NUM_PROCESSES]), int(os.environ[ENV_PROCESS_ID]),
+                       local_devices=4)
 distributed.keep_native_output_off_stdout()
 
 import jax  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
 import fragc  # noqa: E402
+from fragc.actions import OnMetrics  # noqa: E402
 from fragc.algos import make  # noqa: E402
 from fragc.runtime.checkpoint import Checkpointer  # noqa: E402
 from fragc.runtime.reporting import params_fingerprint  # noqa: E402
@@ -32,7 +34,7 @@ def resumed_and_straight(policy: str, folder: str, config: dict) -> dict:
     algo = make("ppo", **config)
     prog = fragc.compile(algo, policy, iterations_per_dispatch=2, transfers="collective")
     dispatch_ends = []
-    straight, _ = prog.run(prog.init(0), 4, callback=lambda done, metrics: dispatch_ends.append(done))
+    straight, _ = prog.run(prog.init(0), 4, [OnMetrics(lambda done, metrics: dispatch_ends.append(done))])
     checkpointer = Checkpointer(os.path.join(folder, policy))
     meta = {"algo": "ppo", "policy": policy}
 

@@ -4,16 +4,26 @@ Sides (alternating, medians), all fragc `single` (static trip count built in) ex
   packed     the same numbers: learn concatenates the batches' leaves into one [G, B, F] array, one slice a step
   unrolled   the same numbers: learn's scan unrolled (static slices)
   inloop     each gradient step samples its own batch inside the loop (sample + update under lax.scan)
-  cleanrl    bench/sac_plain.py's independent side"""
-import os, statistics, sys, time
-sys.path.insert(0, "bench")
-import jax, jax.numpy as jnp
-import fragc, sac_plain
-from fragc.algos import sac
-from fragc.algos.replay import Transition
+  cleanrl    bench/sac_plain.py's independent side
 
-K, IT, REPEATS = 16, 64, int(sys.argv[1]) if len(sys.argv) > 1 else 9
-config = sac.Config(learning_starts=0, unroll=1)  # the rolled loop of d404db6, before Config.unroll
+    python bench/experiments/sac_variants_gpu.py [--k 16] [--iterations 64] [--repeats 9]
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import sac_plain  # noqa: E402
+
+import fragc  # noqa: E402
+from fragc.algos import sac  # noqa: E402
+from fragc.algos.replay import Transition  # noqa: E402
+
 NONE = {"qf_loss": 0.0, "actor_loss": 0.0, "alpha_loss": 0.0, "entropy": 0.0}
 
 
@@ -83,7 +93,7 @@ class InLoopSAC(sac.SAC):
         return state, {**metrics, **losses, "alpha": self.alpha(learner.log_alpha)}
 
 
-def fragc_side(algo):
+def fragc_side(algo, K, IT):
     t = time.perf_counter()
     prog = fragc.compile(algo, "single", iterations_per_dispatch=K)
     s = jax.block_until_ready(prog.init(0))
@@ -91,20 +101,23 @@ def fragc_side(algo):
     return prog, s, (lambda s: prog.run(s, IT)[0])
 
 
-def dispatches(step):
-    return sac_plain.dispatched(step, IT, K)
-
-
-if __name__ == "__main__":
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--k", type=int, default=16, help="iterations per dispatch")
+    parser.add_argument("--iterations", type=int, default=64, help="iterations timed per repeat")
+    parser.add_argument("--repeats", type=int, default=9)
+    args = parser.parse_args()
+    K, IT, REPEATS = args.k, args.iterations, args.repeats
+    config = sac.Config(learning_starts=0, unroll=1)  # the rolled loop of d404db6, before Config.unroll
     progs = {}
     sides = {}
     for name, cls in (("fragc", sac.SAC), ("packed", PackedSAC), ("unrolled", UnrolledSAC), ("inloop", InLoopSAC)):
-        progs[name], s, run = fragc_side(cls(config))
+        progs[name], s, run = fragc_side(cls(config), K, IT)
         sides[name] = (s, run)
     train = sac_plain.make_train(config)
     ps = jax.jit(train.init)(jax.random.key(0))
     static = jax.jit(lambda s: jax.lax.scan(train.update_step, s, None, K), donate_argnums=0).lower(ps).compile()
-    sides["cleanrl"] = (ps, dispatches(static))
+    sides["cleanrl"] = (ps, sac_plain.dispatched(static, IT, K))
     # same numbers? (packed and unrolled must be HEAD's SAC to rounding)
     ref = progs["fragc"].run(sides["fragc"][0], 4)[0]
     for name in ("packed", "unrolled"):
@@ -116,7 +129,9 @@ if __name__ == "__main__":
     times = {n: [] for n in sides}
     for _ in range(REPEATS):
         for n, (_, run) in sides.items():
-            t = time.perf_counter(); jax.block_until_ready(run(states[n])); times[n].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            jax.block_until_ready(run(states[n]))
+            times[n].append(time.perf_counter() - t)
     base = times["cleanrl"]
     print(f"device {jax.devices()[0].device_kind}, jax {jax.__version__}, {REPEATS} alternating repeats of {IT} "
           f"iterations")
@@ -125,3 +140,7 @@ if __name__ == "__main__":
         r = [b / t for b, t in zip(base, ts)]
         print(f"{n:10} {statistics.median(sps):10.0f} env-steps/s   / cleanrl: median {statistics.median(r):.3f} "
               f"(min {min(r):.3f}, max {max(r):.3f})", flush=True)
+
+
+if __name__ == "__main__":
+    main()

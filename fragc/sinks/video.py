@@ -1,4 +1,5 @@
-"""Videos of a policy: `fragc video CHECKPOINT_DIR --out agent.mp4`, and `CaptureVideo` during a run.
+"""Videos of a policy: `render_episodes` and `video_from_checkpoint` (`fragc video CHECKPOINT_DIR --out
+agent.mp4`, fragc/cli/video.py), and `CaptureVideo` during a run.
 
 `render_episodes(algo, params, episodes, seed)` plays whole episodes with the algorithm's deterministic
 policy, what evaluation acts with (`algo.greedy_action(params, obs)`; a recurrent policy's
@@ -26,21 +27,34 @@ or truncated state, before any reset). The episodes' frames follow one another.
 `video_from_checkpoint` restores the latest good checkpoint's parameters, renders and writes; `CaptureVideo`
 is a periodic action writing `DIRECTORY/videos/iteration_NNNNNNN.mp4` during training. Writing needs
 imageio (and imageio-ffmpeg for .mp4), drawing classic control needs pygame: `pip install 'fragc[video]'`.
+
+What draws and writes frames is imported inside the function that uses it, never when this module is imported
+(`fragc run` imports it for `--capture-video`): the optional extras (imageio, pygame, ale_py) so that a missing
+one is refused in one line when it is needed, and the heavy modules (gymnax's renderers with matplotlib, orbax)
+so that a run that records no video does not pay for them.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import importlib.util
 import os
 import warnings
 from typing import Any, Callable
 
+import gymnasium
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from fragc import algos
+from fragc.algos.envs import VecEnv, split_env_name
+from fragc.algos.evaluation import Evaluator
+from fragc.algos.host_envs import seeds_of
 from fragc.ir.errors import FragcError
 from fragc.ir.sweep import swept
 from fragc.runtime.actions import Action, Run
+from fragc.runtime.checkpoint import Checkpointer
 
 SUFFIXES = (".mp4", ".gif")
 """The formats `write_video` writes."""
@@ -79,8 +93,6 @@ class EpisodeRenderer:
     (or use it as a context manager) to close them."""
 
     def __init__(self, algo: Any):
-        from fragc.algos.envs import VecEnv, split_env_name
-
         self.greedy = _greedy(algo)
         env = self.greedy.env
         if not isinstance(env, VecEnv):
@@ -120,8 +132,6 @@ class EpisodeRenderer:
 
 def check_renderable(env: Any) -> None:
     """Refuse, in one line, an environment `render_episodes` cannot draw (before a run that records videos)."""
-    from fragc.algos.envs import split_env_name
-
     backend, env_id = split_env_name(env.name)
     if backend == "gymnax":
         if env_id not in CLASSIC_CONTROL + MATPLOTLIB_DRAWN:
@@ -151,11 +161,6 @@ class _Greedy:
 def _greedy(algo: Any) -> _Greedy:
     """`algo`'s greedy policy: its evaluator's recurrent step (`Evaluator.recurrent`: ppo_rnn, which acts in the
     evaluator's environment, masking the observations itself), else `greedy_action(params, obs)` in `algo.env`."""
-    import jax
-    import jax.numpy as jnp
-
-    from fragc.algos.evaluation import Evaluator
-
     if not callable(getattr(algo, "policy_params", None)):
         raise FragcError(f"{type(algo).__name__} has no policy_params(): videos act with the deterministic policy "
                          "(policy_params(state) and greedy_action(params, obs), as the built-in algorithms define "
@@ -174,8 +179,6 @@ def _greedy(algo: Any) -> _Greedy:
 
 
 def _episode_keys(seed: int, episodes: int) -> list[Any]:
-    import jax
-
     return list(jax.random.split(jax.random.key(seed), episodes))
 
 
@@ -211,8 +214,6 @@ class _GymnaxRenderer(_Renderer):
             self.fps = 10  # gymnax's Visualizer: 100 ms a frame
 
     def episode(self, greedy: Any, params: Any, key: Any, max_steps: int | None) -> list[np.ndarray]:
-        import jax
-
         limit = int(self.vec.max_episode_steps) if max_steps is None else min(max_steps, self.vec.max_episode_steps)
         state, obs, carry = self._reset(key)
         policy_carry = greedy.start()
@@ -236,9 +237,6 @@ def _gymnax_steps(vec: Any) -> tuple[Any, Any]:
     carry, policy_carry, reward, done)), jitted, for one environment of a gymnax `VecEnv`: its keys (`carry`) split
     as `VecEnv` splits them, and `step_env` without the reset gymnax's `step` adds (the last state is drawn as
     reached)."""
-    import jax
-    import jax.numpy as jnp
-
     env, env_params = vec.env, vec.params
 
     def flat(obs: Any) -> Any:
@@ -328,10 +326,6 @@ class _GymnasiumRenderer(_Renderer):
                              f"observations of {size} values, the policy takes {vec.obs_size}")
 
     def episode(self, greedy: Any, params: Any, key: Any, max_steps: int | None) -> list[np.ndarray]:
-        import jax
-
-        from fragc.algos.host_envs import seeds_of
-
         reset_key = jax.random.split(key)[0]  # as VecEnv.reset_each splits an environment's key
         obs, _ = self.env.reset(seed=seeds_of(np.asarray(jax.random.key_data(reset_key))[None])[0])
         frames = [_rgb(_gymnasium_render(self.env, self.name))]
@@ -352,8 +346,6 @@ class _GymnasiumRenderer(_Renderer):
         return frames
 
     def _action(self, action: np.ndarray) -> Any:
-        import gymnasium
-
         space = self.env.action_space
         if isinstance(space, gymnasium.spaces.Discrete):
             return int(action) + int(space.start)
@@ -369,8 +361,6 @@ def _gymnasium_id(backend: str, env_id: str) -> str | None:
         return env_id
     if backend != "envpool":
         return None
-    import gymnasium
-
     if env_id in gymnasium.registry:
         return env_id
     return f"ALE/{env_id}" if _is_atari(env_id) else None
@@ -378,15 +368,11 @@ def _gymnasium_id(backend: str, env_id: str) -> str | None:
 
 def _is_atari(env_id: str) -> bool:
     """EnvPool names its Atari games `Game-v5` (Gymnasium: `ALE/Game-v5`)."""
-    import gymnasium
-
     return env_id.endswith("-v5") and env_id not in gymnasium.registry
 
 
 def _make_gymnasium(gym_id: str, name: str, atari: bool = False) -> Any:
     """`gymnasium.make(gym_id, render_mode="rgb_array")`, refused in one line where it cannot render."""
-    import gymnasium
-
     _quiet_pygame()
     try:
         if atari:
@@ -420,8 +406,6 @@ def _quiet_pygame() -> None:
 
 
 def _gymnasium_render(env: Any, name: str) -> np.ndarray:
-    import gymnasium
-
     try:
         frame = env.render()
     except gymnasium.error.DependencyNotInstalled as err:
@@ -432,8 +416,6 @@ def _gymnasium_render(env: Any, name: str) -> np.ndarray:
 
 
 def _require_pygame(name: str) -> None:
-    import importlib.util
-
     if importlib.util.find_spec("pygame") is None:
         raise FragcError(f"rendering {name} needs pygame (Gymnasium draws classic control with it): {INSTALL}")
 
@@ -529,10 +511,6 @@ def restore_policy(checkpoint_dir: str | os.PathLike, member: int = 0) -> tuple[
     the state's type is `jax.eval_shape(algo.init, key)` (with a leading member axis for a population), and
     `Checkpointer.restore_latest` reads it (falling back past a damaged checkpoint with a warning, as
     `--resume` does)."""
-    import jax
-
-    from fragc.runtime.checkpoint import Checkpointer
-
     directory = os.fspath(checkpoint_dir)
     if not os.path.isdir(directory):
         raise FragcError(f"no checkpoint folder '{directory}'")
@@ -584,8 +562,6 @@ def _newest_readable(checkpoints: Any) -> tuple[dict, dict]:
 
 def _algo_of(meta: dict, directory: str) -> Any:
     """The algorithm a checkpoint's metadata names (`algo`: the CLI's spec, or `module.Class`), with its config."""
-    from fragc import algos
-
     spec = meta.get("algo")
     if not isinstance(spec, str) or not spec:
         raise FragcError(f"the checkpoints in '{directory}' do not name their algorithm")
@@ -603,8 +579,6 @@ def _tuples(value: Any) -> Any:
 
 def _members(like: Any, stored: dict, meta: dict, directory: str) -> int | None:
     """The population's size, if the stored state has a leading member axis; None for one run."""
-    import jax
-
     ours = [_stored_shape(x) for x in jax.tree.leaves(like)]
     theirs = [np.shape(x) for x in jax.tree.leaves(stored)]
     if len(ours) != len(theirs):
@@ -620,8 +594,6 @@ def _members(like: Any, stored: dict, meta: dict, directory: str) -> int | None:
 
 
 def _stored_shape(x: Any) -> tuple:
-    import jax
-
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
         return tuple(jax.eval_shape(jax.random.key_data, x).shape)
     return tuple(x.shape)
@@ -630,8 +602,6 @@ def _stored_shape(x: Any) -> tuple:
 def _concrete_keys(like: Any, members: int | None) -> Any:
     """`like` (ShapeDtypeStructs) with a member axis for a population, and its PRNG keys as concrete keys of
     that shape: `restore_latest` rebuilds keys after the impl of the ones it is given."""
-    import jax
-
     lead = (members,) if members else ()
 
     def leaf(x: Any) -> Any:
@@ -688,8 +658,6 @@ class CaptureVideo(Action):
     def on_state(self, iteration: int, state: Any, delays: dict) -> None:
         if not self.lead:
             return
-        import jax
-
         if self.population:
             state = jax.tree.map(lambda x: x[self.member], state)
         frames = self.renderer.render(self.algo.policy_params(state), self.episodes, self.seed, self.max_steps)
@@ -700,16 +668,3 @@ class CaptureVideo(Action):
     def on_end(self, run: Run) -> None:
         if getattr(self, "renderer", None) is not None:
             self.renderer.close()
-
-
-# ---------------------------------------------------------------- the command line
-
-
-def cmd_video(args: argparse.Namespace) -> int:
-    """`fragc video`: one line saying what it wrote."""
-    path, frames, (width, height) = video_from_checkpoint(args.checkpoint_dir, args.out, args.episodes,
-                                                          args.member, args.seed, args.fps, args.max_steps)
-    kib = os.path.getsize(path) / 1024
-    print(f"wrote {path}: {args.episodes} episode{'s' if args.episodes != 1 else ''}, {frames} frames of "
-          f"{width}x{height}, {kib:.1f} KiB")
-    return 0

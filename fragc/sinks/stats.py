@@ -7,8 +7,8 @@ Precipice", NeurIPS 2021), not from a bootstrap of our own. The IQM (the mean of
 stratified bootstrap CIs are what that paper recommends for reporting RL results over few seeds, rliable is the
 maintained reference implementation of them (google-research/rliable), and it is what the RL community cites:
 numbers computed with it mean the same as everyone else's, and a reader need not audit our resampling. rliable is an
-optional dependency (`pip install 'fragc[sweep]'`), imported only when a function here runs; `fragc` itself never
-imports this module.
+optional dependency (`pip install 'fragc[sweep]'`), imported only when a function here runs (and matplotlib only
+when a curve is drawn); `fragc sweep`'s report imports this module.
 
 Scores are one configuration's per-seed final scores, a 1-D array (one value per seed). rliable wants
 [runs, tasks]; here there is one task, so the stratified bootstrap resamples the seeds with replacement.
@@ -42,9 +42,9 @@ def _rliable():
             warnings.simplefilter("ignore")  # arch and seaborn warn about their own dependencies on import
             from rliable import library, metrics
     except ImportError:
-        raise FragcError("fragc.stats needs rliable: pip install 'fragc[sweep]'") from None
+        raise FragcError("fragc.sinks.stats needs rliable: pip install 'fragc[sweep]'") from None
     except Exception as err:  # installed, but broken by a dependency (e.g. arch < 8 under pandas 3)
-        raise FragcError(f"fragc.stats needs rliable, which is installed but failed to import "
+        raise FragcError(f"fragc.sinks.stats needs rliable, which is installed but failed to import "
                          f"({type(err).__name__}: {err}): pip install 'fragc[sweep]'") from None
     return library, metrics
 
@@ -173,7 +173,7 @@ def curves_png(curves: Mapping[str, np.ndarray], steps: np.ndarray, path: str, y
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise FragcError("fragc.stats.curves_png needs matplotlib: pip install 'fragc[sweep]'") from None
+        raise FragcError("fragc.sinks.stats.curves_png needs matplotlib: pip install 'fragc[sweep]'") from None
     fig = Figure(figsize=(7, 4.5), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()

@@ -11,9 +11,10 @@ once per dispatch. With the run it records its hyperparameters (the
 algorithm's config, the policy, devices and `run_info`) and the header of the
 printed IR (mesh, transfers, schedule).
 
-Only process 0 writes. Each client is imported when its sink is asked for
-(never when this module is imported); one that is not installed is refused
-in one line with the extra to install. docs/tracking.md says where each sink
+Only process 0 writes. Each client is an optional extra, imported when its sink
+is asked for (`trackers`, then inside the sink's methods: never when this
+module is imported); one that is not installed is refused in one line with the
+extra to install. docs/tracking.md says where each sink
 writes and how to open what it wrote.
 """
 
@@ -27,12 +28,14 @@ import os
 import re
 import sys
 import time
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
 from fragc.ir.errors import FragcError
 from fragc.runtime.actions import Action, Run
+from fragc.runtime.reporting import config_dict
 
 THROUGHPUT = "steps_per_second"
 """The throughput metric each sink adds once per dispatch (when the algorithm says its steps per iteration)."""
@@ -56,8 +59,6 @@ def hyperparameters(prog: Any, run_info: dict | None, run: Run | None = None) ->
     ones as `outer.inner`), then `algo` (its class), `policy`, `devices`, `population` (if any), and with
     `run` its `steps_per_iteration`, `iterations` and `resumed_from`, then `run_info`'s entries. One of
     these that a config field already names is logged as `run.NAME`."""
-    from fragc.training import config_dict
-
     params = _flatten(config_dict(prog.algo) or {})
     facts: dict[str, Any] = {"algo": f"{type(prog.algo).__module__}.{type(prog.algo).__qualname__}",
                              "policy": prog.policy.name, "devices": len(prog.devices)}
@@ -325,8 +326,6 @@ def _param_value(value: Any, limit: int) -> str:
 
 
 def _file_uri(path: str) -> str:
-    from pathlib import Path
-
     return Path(os.path.abspath(path)).as_uri()
 
 

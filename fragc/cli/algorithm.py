@@ -1,0 +1,69 @@
+"""The algorithm a command line names, the devices it runs on, and its compiled program (`fragc run`, `bench`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from fragc import algos
+from fragc.api import compile_with
+from fragc.devices import devices as simulated_devices, per_process_devices
+from fragc.ir.errors import FragcError
+from fragc.options import CompileOptions, SearchOptions
+from fragc.runtime.actions import steps_per_iteration
+from fragc.runtime.program import Program
+
+from .options import config_fields, is_multiprocess
+
+
+def make_algo(args: argparse.Namespace) -> Any:
+    """The algorithm with the config options given. Under `fragc run`, `--iterations N` sets the config's
+    `iterations` field where it has one, else its `total_steps` to N iterations' env steps (so that the config
+    describes the run: PPO anneals its learning rate over `iterations`); `run.run_length` reads it back."""
+    config = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_") and v is not None}
+    iterations = getattr(args, "iterations", None) if args.command == "run" else None
+    if iterations is None:
+        return algos.make(args.algo, **config)
+    if config.get("total_steps") is not None or getattr(args, "total_steps", None) is not None:
+        raise FragcError("pass --iterations or --total-steps, not both")
+    fields = config_fields(args.algo)
+    if "iterations" in fields:
+        return algos.make(args.algo, **config, iterations=iterations)
+    algo = algos.make(args.algo, **config)
+    steps = steps_per_iteration(algo)
+    if "total_steps" in fields and steps:
+        algo = algos.make(args.algo, **config, total_steps=iterations * steps)
+    return algo
+
+
+def env_name(algo: Any) -> str:
+    """The environment the algorithm's config names, "?" where it names none."""
+    config = getattr(algo, "config", None)
+    return str(getattr(config, "env", None) or getattr(config, "env_name", None) or "?")
+
+
+def program_devices(args: argparse.Namespace) -> Any:
+    """What `--devices N` gives `fragc.compile`: N, its CPU devices simulated before the algorithm's module can
+    start JAX's backend; in a multi-process run, the first N of every process (None: every device there is)."""
+    if is_multiprocess(args):
+        return None if args.devices is None else per_process_devices(args.devices)
+    simulated_devices(args.devices)
+    return args.devices
+
+
+def search_options(args: argparse.Namespace, run_iterations: int | None = None) -> SearchOptions:
+    """The search's options from the command line (`--policy auto`; read only then), saying what it does on
+    stderr."""
+    limit = max(1, int(args.memory_limit * 2**20)) if args.memory_limit is not None else "device"
+    return SearchOptions(budget=args.auto_budget, top=args.auto_top, cache=not args.no_auto_cache,
+                         memory_limit=limit, run_iterations=run_iterations,
+                         log=lambda line: print(line, file=sys.stderr))
+
+
+def compile_algo(args: argparse.Namespace, algo: Any, devices: Any, iterations_per_dispatch: int = 16,
+                 run_iterations: int | None = None) -> Program:
+    """`fragc.compile` of `algo` with the command line's placement (and search) options."""
+    return compile_with(algo, CompileOptions(args.policy, devices, iterations_per_dispatch=iterations_per_dispatch,
+                                             env_groups=args.env_groups, env_workers=args.env_workers,
+                                             search=search_options(args, run_iterations)))

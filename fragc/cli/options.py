@@ -1,0 +1,269 @@
+"""The options several commands share: the parsers, option types (a usage error is one line), the algorithm and
+its config's fields, the placement, the search's options and the process options. No JAX here: `fragc --help`
+and `fragc launch` read this module."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import functools
+import inspect
+import os
+import types
+from typing import Any, Mapping
+
+from fragc import algos
+from fragc.ir.errors import FragcError
+from fragc.launch import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+from fragc.runtime.seeds import MAX_SEED, check_seed
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (`fragc run: error: ...`) and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class Unparsed(Exception):
+    """A command line that `EarlyParser` could not read (the full parse says why)."""
+
+
+class EarlyParser(Parser):
+    """For a first look at the command line: a usage error raises `Unparsed` and prints nothing.
+    No abbreviations: without the algorithm's options, `--env` would read as `--env-groups`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{**kwargs, "allow_abbrev": False})
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise Unparsed(message)
+
+
+# ------------------------------------------------------------------ option types
+
+
+def whole_number(text: str, least: int) -> int:
+    try:
+        value = int(float(text))  # accepts 5e5
+    except (OverflowError, ValueError):  # inf, nan, abc
+        expected = "a positive whole number" if least == 1 else f"a whole number from {least}"
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be {'positive' if least == 1 else f'{least} or more'}, got {text}")
+    return value
+
+
+def count(text: str) -> int:
+    """A positive whole number."""
+    return whole_number(text, 1)
+
+
+def groups(text: str) -> int:
+    """A whole number from 0."""
+    return whole_number(text, 0)
+
+
+def seed(text: str) -> int:
+    try:
+        return check_seed(int(text))
+    except (ValueError, FragcError):
+        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to {MAX_SEED}, got {text}") from None
+
+
+def integer(text: str) -> int:
+    """An int field's value: 5e5 is 500000, 2.5 is refused."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)  # accepts 5e5
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text}") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text}")
+    return int(value)
+
+
+def boolean(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes"):
+        return True
+    if text.lower() in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text}")
+
+
+def literal(text: str) -> Any:
+    """A field of another type: a Python literal (a tuple, a dict, None)."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise argparse.ArgumentTypeError(f"expected a Python literal, got {text}") from None
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def mebibytes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of MiB, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of MiB, got {text!r}")
+    return value
+
+
+# ------------------------------------------------------------------ the algorithm and its config
+
+
+def algo_argument(parser: argparse.ArgumentParser) -> None:
+    """The ALGO argument; the options of that algorithm's config come last (`config_options`)."""
+    parser.add_argument("algo", metavar="ALGO", help="a built-in algorithm (fragc algos), or your own class as "
+                        "path/to/file.py:Class or package.module:Class; its config's fields are options, "
+                        f"listed by {parser.prog} ALGO --help")
+
+
+def config_file_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="read options from a TOML or YAML file: the algorithm's config fields and fragc run's "
+                             "options, by name (lr, ent_coef, seed, policy, ...; fragc ir and bench take the config "
+                             "and the placement); options on the command line override it")
+
+
+def config_options(parser: argparse.ArgumentParser, algo: str, values: Any = None,
+                   description: str = "the algorithm's default where not given") -> None:
+    """The fields of `algo`'s config as `--field-name` options, their docstrings as help; `values(kind)`, if
+    given, makes the parser of an option's text from the field's own (`fragc sweep`: a comma-separated list).
+
+    Added after the command's own options: a field named like one of them (`iterations` beside
+    `fragc bench --iterations`) becomes `--config-field-name`, and its help says why."""
+    config_cls = algos.load(algo)[1]
+    if config_cls is None:
+        return
+    docs: dict[str, str] = {}
+    for cls in reversed(config_cls.__mro__):  # a field's most derived docstring wins
+        docs.update(field_docs(cls))
+    group = parser.add_argument_group(f"options of {algo}",
+                                      f"fields of {config_cls.__module__}.{config_cls.__qualname__}; {description}")
+    own = set(parser._option_string_actions)  # argparse's table of the option strings taken so far
+    for field in dataclasses.fields(config_cls):
+        if not field.init:
+            continue
+        if field.name == "iterations" and parser.prog == "fragc run":
+            continue  # fragc run's own --iterations (the run length) sets this field (algorithm.make_algo)
+        kind, what = option_type(field)
+        flag = "--" + field.name.replace("_", "-")
+        if flag in own:
+            what += f" (config field {field.name}: {flag} is {parser.prog}'s own option)"
+            flag = "--config-" + flag[2:]
+        group.add_argument(flag, dest=f"cfg_{field.name}", type=values(kind) if values else kind, default=None,
+                           metavar=field.name.upper(), help=(docs.get(field.name, "") + what).strip())
+
+
+def option_type(field: dataclasses.Field) -> tuple[Any, str]:
+    """How an option's text becomes the field's value, and what to add to its help."""
+    name = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
+    simple = {"bool": boolean, "int": integer, "float": float, "str": str}
+    if name in simple:
+        return simple[name], ""
+    if name.replace(" ", "") in ("str|None", "Optional[str]", "None|str"):
+        return str, ""
+    return literal, f" (a Python literal, type {name})"
+
+
+@functools.lru_cache(maxsize=64)
+def field_docs(cls: type) -> Mapping[str, str]:
+    """The string literal under each field of a dataclass, as CleanRL writes its Args (kept per class, read-only:
+    finding a class's source parses its whole module, on every parser built in one process otherwise)."""
+    try:
+        body = ast.parse(inspect.getsource(cls)).body[0].body
+    except (OSError, TypeError, IndexError, SyntaxError):
+        return types.MappingProxyType({})
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return types.MappingProxyType(docs)
+
+
+def config_fields(spec: str) -> list[str]:
+    """The names of the init fields of `spec`'s config (none without one)."""
+    config_cls = algos.load(spec)[1]
+    return [f.name for f in dataclasses.fields(config_cls) if f.init] if config_cls else []
+
+
+# ------------------------------------------------------------------ placement, search, processes
+
+
+def placement_options(parser: argparse.ArgumentParser) -> None:
+    """ALGO, --config and where it runs: `fragc run` and `fragc ir`."""
+    algo_argument(parser)
+    config_file_option(parser)
+    parser.add_argument("--policy", default="single", help="distribution policy (default single)")
+    parser.add_argument("--devices", type=count, default=None, help="devices to use; simulated on CPU if needed")
+    parser.add_argument("--env-groups", type=groups, default=None, metavar="G",
+                        help="host environments: split each replica's environments into G groups whose inference "
+                        "overlaps the host stepping of the others (default 1; 0: step them in the compiled program)")
+    parser.add_argument("--env-workers", type=groups, default=None, metavar="W",
+                        help="host environments: workers of each environment pool (EnvPool's threads; default 0: "
+                        "the backend's own choice)")
+
+
+def search_options(parser: argparse.ArgumentParser, explain: bool = True) -> None:
+    """The options of the placement search (`--policy auto`, docs/auto.md)."""
+    if explain:
+        parser.add_argument("--explain", action="store_true",
+                            help="with --policy auto: print the search's whole table (candidate, predicted and "
+                                 "measured time per iteration, why pruned)")
+    parser.add_argument("--auto-budget", type=seconds, default=60.0, metavar="SECONDS",
+                        help="with --policy auto: seconds the search may take (default 60)")
+    parser.add_argument("--auto-top", type=count, default=3, metavar="N",
+                        help="with --policy auto: time the N best predicted candidates (default 3)")
+    parser.add_argument("--memory-limit", type=mebibytes, default=None, metavar="MIB",
+                        help="with --policy auto: MiB per device a candidate may use (default: the device's own "
+                             "limit where it reports one, none on CPU)")
+    parser.add_argument("--no-auto-cache", action="store_true",
+                        help="with --policy auto: search again, ignoring the decision cached on disk")
+
+
+def process_options(parser: argparse.ArgumentParser) -> None:
+    """Joining a multi-process run; `fragc launch` sets the defaults through the environment."""
+    parser.add_argument("--coordinator", default=os.environ.get(ENV_COORDINATOR), metavar="HOST:PORT",
+                        help="address of process 0 in a multi-process run (jax.distributed); with --num-processes "
+                             "and --process-id, --devices counts this process's devices")
+    parser.add_argument("--num-processes", type=count, default=env_int(ENV_NUM_PROCESSES), metavar="N",
+                        help="processes in the run (default: what jax.distributed detects when --coordinator is "
+                             "'auto', else 1)")
+    parser.add_argument("--process-id", type=int, default=env_int(ENV_PROCESS_ID), metavar="I",
+                        help="this process's index, 0 to N-1")
+
+
+def env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if not value:
+        return None
+    if not value.strip().isdigit():
+        raise FragcError(f"{name}={value!r} in the environment: expected a whole number from 0")
+    return int(value)
+
+
+def is_multiprocess(args: argparse.Namespace) -> bool:
+    """Whether any of the process options was given (then all are needed: cli/startup.py)."""
+    return bool(getattr(args, "coordinator", None)) or (getattr(args, "num_processes", None) or 1) > 1 or (
+        getattr(args, "process_id", None) is not None)
+
+
+def flag(dest: str) -> str:
+    """The option of an argparse destination (`cfg_lr` is `--lr`)."""
+    return "--" + (dest[4:] if dest.startswith("cfg_") else dest).replace("_", "-")
