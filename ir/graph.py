@@ -215,7 +215,15 @@ class RegionNode(_Node):
 
 
 class _StepBody:
-    """A node whose `body` graph takes three values: the loop's constants, its carry, one step's inputs."""
+    """A node whose one region, `body`, takes three values: the loop's constants, its carry, one step's inputs."""
+
+    @property
+    def regions(self) -> tuple[Graph, ...]:
+        return (self.body,)
+
+    def with_regions(self, regions: tuple[Graph, ...]) -> Any:
+        (body,) = regions
+        return self.replace(body=body)
 
     @property
     def num_consts(self) -> int:
@@ -250,14 +258,6 @@ class For(_StepBody, RegionNode):
 
     kind = "for"
     region_labels = ("trip",)
-
-    @property
-    def regions(self) -> tuple[Graph, ...]:
-        return (self.body,)
-
-    def with_regions(self, regions: tuple[Graph, ...]) -> "For":
-        (body,) = regions
-        return self.replace(body=body)
 
     def entry_positions(self) -> tuple[tuple[int, ...] | None, ...]:
         return (tuple(range(len(self.inputs))),)  # the scanned leaves enter one trip's slice at a time
@@ -384,14 +384,6 @@ class HostLoop(_StepBody, RegionNode):
 
     kind = "loop"
     region_labels = ("step",)
-
-    @property
-    def regions(self) -> tuple[Graph, ...]:
-        return (self.body,)
-
-    def with_regions(self, regions: tuple[Graph, ...]) -> "HostLoop":
-        (body,) = regions
-        return self.replace(body=body)
 
     def entry_positions(self) -> tuple[tuple[int, ...] | None, ...]:
         return (None,)  # the prefix makes the step's inputs from the fragment's

@@ -1,18 +1,9 @@
 """The module of the fragmented dataflow IR: fragment definitions, device groups, the schedule, the module.
 
 A `Module` is rebuilt by passes, never edited in place. Its graph (values, the
-node kinds and the walkers over them) is graph.py's, whose names this module
-also offers. The node kinds:
-
-- `Run`: one call of a fragment;
-- `Glue`: small JAX equations between fragments (a `ClosedJaxpr`);
-- `Transfer`: a value moves between device groups;
-- `Delay`: the value of an input from the previous iteration (pipelining);
-- `For`, `While`, `If`: structured control flow around fragment calls
-  (`lax.scan`, `lax.while_loop`, `lax.cond`), each holding graphs (regions);
-- `HostLoop`: a fragment whose time loop runs from the host (set by
-  `lower_host_loops`): its region holds one time step, with the host step as
-  a run on `@host` between transfers.
+closed set of node kinds and the walkers over them) is graph.py's, whose names
+this module also offers; what a module adds are the fragments its runs call,
+where they are placed, and how the iteration executes (`Schedule`).
 """
 
 from __future__ import annotations

@@ -103,24 +103,23 @@ def literal(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"expected a Python literal, got {text}") from None
 
 
-def seconds(text: str) -> float:
+def _positive(text: str, unit: str) -> float:
+    """A positive, finite number of `unit` from the command line, or argparse's one-line error."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a number of {unit}, got {text!r}") from None
     if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive number of {unit}, got {text!r}")
     return value
+
+
+def seconds(text: str) -> float:
+    return _positive(text, "seconds")
 
 
 def mebibytes(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of MiB, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of MiB, got {text!r}")
-    return value
+    return _positive(text, "MiB")
 
 
 # ------------------------------------------------------------------ the algorithm and its config
