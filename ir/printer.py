@@ -9,8 +9,9 @@ graph's node kinds, not the module.
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -170,6 +171,28 @@ def _host_loop_line(fdef: FragmentDef) -> str:
             f"@{p.group}, the host step on cpu, absorb on @{p.group}; {overlap}")
 
 
+@dataclasses.dataclass(frozen=True)
+class TransferNote:
+    """How a transfer inside regions prints its bytes: `trips` times a call of the iteration (None: a `while`'s
+    trips are data), or, in a host loop's step, a step on one replica and `per_call` steps and replicas a call."""
+
+    trips: int | None = 1
+    per_call: int = 0
+
+    def inside(self, trips: int | None) -> "TransferNote":
+        """The note inside a loop of `trips` trips (None: a `while`)."""
+        return TransferNote(None if trips is None or self.trips is None else self.trips * trips)
+
+    def text(self, t: Transfer) -> str:
+        if self.per_call:
+            return f"{human_bytes(t.nbytes)} a step per replica, {human_bytes(t.nbytes * self.per_call)} a call"
+        if self.trips is None:
+            return f"{human_bytes(t.nbytes)} a trip"
+        if self.trips == 1:
+            return human_bytes(t.nbytes)
+        return f"{human_bytes(t.nbytes)} a trip, {human_bytes(t.nbytes * self.trips)} a call"
+
+
 def _graph_lines(module: Module, aliases: _Aliases) -> list[str]:
     graph = module.graph
     params = ", ".join(f"%{v.name}: {aliases.ref(v.type, v.name)}" for v in graph.inputs)
@@ -204,9 +227,9 @@ def wrap(line: str, indent: str, width: int = WIDTH) -> list[str]:
 
 
 def _nodes_lines(graph: Graph, path: GraphPath, module: Module, aliases: _Aliases, indent: str,
-                 transfer_note: "Callable[[Transfer], str] | None" = None) -> list[str]:
-    """A graph's nodes, in their stages (the schedule's at `path`); `transfer_note`: how a region around them
-    annotates a transfer (what it moves a trip and a call)."""
+                 note: TransferNote = TransferNote()) -> list[str]:
+    """A graph's nodes, in their stages (the schedule's at `path`); `note`: how the regions around them make a
+    transfer print its bytes (a trip and a call)."""
     lines = []
     stages = module.schedule.stages_of(path) if module.schedule is not None else ()
     stage_of = {i: s for s in stages for i in s.nodes}
@@ -216,11 +239,11 @@ def _nodes_lines(graph: Graph, path: GraphPath, module: Module, aliases: _Aliase
             lines.append(f"{indent}stage @{stage.name} on @{stage.group}({operands(stage.inputs)}) {{")
         inner = indent + "  " if stage is not None else indent
         if node.regions:
-            lines += _region_node_lines(node, path + (i,), module, aliases, inner, transfer_note)
+            lines += _region_node_lines(node, path + (i,), module, aliases, inner, note)
         else:
             line = _node_line(node, module, aliases)
-            if isinstance(node, Transfer) and transfer_note is not None:
-                line = f"{line.split('   // ')[0]}   // {transfer_note(node)}"
+            if isinstance(node, Transfer):
+                line = f"{line.split('   // ')[0]}   // {note.text(node)}"
             lines.append(inner + line)
         if stage is not None and i == stage.nodes[-1]:
             lines.append(f"{indent}}} -> ({operands(stage.outputs)})")
@@ -228,10 +251,10 @@ def _nodes_lines(graph: Graph, path: GraphPath, module: Module, aliases: _Aliase
 
 
 def _region_node_lines(node: RegionNode, at: GraphPath, module: Module, aliases: _Aliases, indent: str,
-                       transfer_note: "Callable[[Transfer], str] | None") -> list[str]:
+                       note: TransferNote) -> list[str]:
     """`head {`, then each region (`^label(params):`, its nodes, `yield ...`), the kind's separators between them
     (`} else {`), and `}`: one form for every region kind, the head line the kind's (`REGION_HEADS`)."""
-    head, order, separator, note = REGION_HEADS[node.kind](node, module, aliases, transfer_note)
+    head, order, separator, note = REGION_HEADS[node.kind](node, module, aliases, note)
     lines = [f"{indent}{head} {{"]
     for pos, k in enumerate(order):
         if pos and separator:
@@ -253,25 +276,25 @@ def _region_params(label: str, graph: Graph, aliases: _Aliases) -> str:
     return f"^{label}({params}):"
 
 
-def _for_head(node: For, module: Module, aliases: _Aliases, note: Any) -> tuple:
+def _for_head(node: For, module: Module, aliases: _Aliases, note: TransferNote) -> tuple:
     """`%carry, %ys = for trips=N consts(...) carry(...) xs(...)`."""
     nc, nk = node.num_consts, node.num_carry
     groups = (node.inputs[:nc], node.inputs[nc:nc + nk], node.inputs[nc + nk:])
     ops = " ".join(f"{name}({_yield_operands(g)})" for name, g in zip(("consts", "carry", "xs"), groups)
                    if g or name == "carry")  # an empty group of operands is not printed
     order = " reverse" if node.reverse else ""
-    return f"{_outs(node)} = for trips={node.trips}{order} {ops}", [0], None, _trips_note(note, node.trips)
+    return f"{_outs(node)} = for trips={node.trips}{order} {ops}", [0], None, note.inside(node.trips)
 
 
-def _while_head(node: While, module: Module, aliases: _Aliases, note: Any) -> tuple:
+def _while_head(node: While, module: Module, aliases: _Aliases, note: TransferNote) -> tuple:
     """`%carry = while consts(...) body_consts(...) carry(...)`, then `^cond` and, after `} do {`, `^body`."""
     ops = " ".join(f"{name}({_yield_operands(g)})"
                    for name, g in zip(("consts", "body_consts", "carry"), node.split(node.inputs))
                    if g or name == "carry")  # an empty group of operands is not printed
-    return f"{_outs(node)} = while {ops}", [0, 1], "do", _trips_note(note, None)
+    return f"{_outs(node)} = while {ops}", [0, 1], "do", note.inside(None)
 
 
-def _if_head(node: If, module: Module, aliases: _Aliases, note: Any) -> tuple:
+def _if_head(node: If, module: Module, aliases: _Aliases, note: TransferNote) -> tuple:
     """`%b: T = if %p (...)` for two branches (`lax.cond`: `then` is branch 1, printed first), `switch %i (...)` for
     more (`lax.switch`)."""
     n = len(node.branches)
@@ -281,7 +304,7 @@ def _if_head(node: If, module: Module, aliases: _Aliases, note: Any) -> tuple:
     return head, ([1, 0] if n == 2 else list(range(n))), ("else" if n == 2 else None), note
 
 
-def _loop_head(node: HostLoop, module: Module, aliases: _Aliases, note: Any) -> tuple:
+def _loop_head(node: HostLoop, module: Module, aliases: _Aliases, note: TransferNote) -> tuple:
     """`%out... = loop @f(args) steps=T groups=G`. Its transfers print their bytes a step on one replica, and a
     call of the loop (every step, every replica)."""
     fdef = module.fragments[node.fragment]
@@ -289,33 +312,12 @@ def _loop_head(node: HostLoop, module: Module, aliases: _Aliases, note: Any) -> 
     head = (f"{_outs(node)} = loop @{node.fragment}({', '.join(_arg_operands(node.inputs, fdef))}) "
             f"steps={node.steps}{order} groups={node.groups}")
     replicas = fdef.placement.replicas if fdef.placement else 1
-
-    def per_step(t: Transfer) -> str:
-        return f"{human_bytes(t.nbytes)} a step per replica, {human_bytes(t.nbytes * replicas * node.steps)} a call"
-
-    return head, [0], None, per_step
-
-
-def _trips_note(note: Any, trips: int | None) -> "Callable[[Transfer], str]":
-    """A loop's transfers move every trip: their bytes a trip and (`trips` known, as the enclosing loops'
-    product) a call; a `while`'s trips are data."""
-    outer = getattr(note, "trips", 1 if note is None else None)
-    total = None if trips is None or outer is None else outer * trips
-
-    def annotate(t: Transfer) -> str:
-        if total is None:
-            return f"{human_bytes(t.nbytes)} a trip"
-        if total == 1:
-            return human_bytes(t.nbytes)
-        return f"{human_bytes(t.nbytes)} a trip, {human_bytes(t.nbytes * total)} a call"
-
-    annotate.trips = total  # type: ignore[attr-defined]
-    return annotate
+    return head, [0], None, TransferNote(per_call=replicas * node.steps)
 
 
 REGION_HEADS = {"for": _for_head, "while": _while_head, "if": _if_head, "loop": _loop_head}
 """Per region kind, its head line, the order its regions print in, the separator between them, and the note its
-graphs' transfers get: `(head, order, separator, transfer_note)`."""
+graphs' transfers get: `(head, order, separator, TransferNote)`."""
 
 
 def _yield_operands(uses: Sequence[Use]) -> str:
