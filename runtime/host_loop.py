@@ -101,6 +101,7 @@ class DeviceProgram:
     reads: tuple[Use, ...]
     xs: tuple[Use, ...]
     makes: tuple[Use, ...]
+    x_positions: tuple[int, ...]  # of `xs` among the step's time-major inputs
 
     @classmethod
     def of(cls, name: str, segments: Sequence[Segment], writes: bool, carry: Sequence[Use],
@@ -111,7 +112,30 @@ class DeviceProgram:
             reads += [u for u in seg.reads if u not in x and u not in handed and u not in reads]
         xs = tuple(u for u in x if any(u in seg.reads for seg in segments))
         makes = segments[-1].makes if len(segments) > 1 or not writes else ()
-        return cls(name, tuple(segments), writes, tuple(reads), xs, tuple(makes))
+        return cls(name, tuple(segments), writes, tuple(reads), xs, tuple(makes), tuple(x.index(u) for u in xs))
+
+
+@dataclasses.dataclass(frozen=True)
+class HostWork:
+    """One node of a host segment, prepared so that a step looks nothing up: what it reads and makes (flat leaves)
+    and what it does: `to_host` (a transfer to the host), `to_device` (a transfer back: each leaf's dtype and one
+    group's shape) or `call` (a host step: the callback of its body's one host call)."""
+
+    what: str
+    reads: tuple[Use, ...]
+    makes: tuple[Use, ...]
+    callback: Any = None
+    leaves: tuple[tuple[Any, tuple[int, ...]], ...] = ()
+
+    @classmethod
+    def of(cls, module: Module, node: Any, groups: int) -> "HostWork":
+        makes = tuple(u for v in node.outputs for u in v.uses())
+        if isinstance(node, Transfer) and node.dst == HOST:
+            return cls("to_host", tuple(node.operands), makes)
+        if isinstance(node, Transfer):
+            return cls("to_device", tuple(node.operands), makes,
+                       leaves=tuple((u.type.dtype, _leaf_group_shape(u.type, groups)) for u in makes))
+        return cls("call", tuple(node.operands), makes, host_callback(module.fragments[node.fragment]))
 
 
 def _group(module: Module, node: Run) -> str | None:
@@ -149,6 +173,7 @@ class HostLoopExecutor:
                                         self.groups, mesh.size) for u in step.outputs[nk:]]
         self._bodies = {i: self._device_body(n) for i, n in enumerate(step.nodes)
                         if not any(i in s.nodes for s in self.host)}
+        self._host_work = [[HostWork.of(module, step.nodes[i], self.groups) for i in seg.nodes] for seg in self.host]
         self.executables = self._compile(stage, replicated)
         self._index = [place(np.int32(i), replicated) for i in range(max(node.steps, self.groups))]
         self._slice = jax.jit(_slice, static_argnums=(1, 2, 3), out_shardings=self.per_replica)
@@ -329,14 +354,14 @@ class HostLoopExecutor:
         docstring); `envs` and `started` are updated in place, the trajectory is returned."""
         G, m = self.groups, len(self.host)
         turns = [(n, j) for n in range(len(steps)) for j in range(m)]
-        started[0] = self._begin(envs[0], self.host[0])
+        started[0] = self._begin(envs[0], 0)
         for k, (n, j) in enumerate(turns):
             for g in range(G):
                 finish, started[g] = started[g], None
                 envs[g].update(finish())
                 nxt, k_nxt = (g + 1, k) if g + 1 < G else (0, k + 1)
                 if G > 1 and k_nxt < len(turns):  # the next group's host work, started before this group's dispatch
-                    started[nxt] = self._begin(envs[nxt], self.host[turns[k_nxt][1]])
+                    started[nxt] = self._begin(envs[nxt], turns[k_nxt][1])
                 t = steps[n]
                 if j + 1 < m:
                     self._dispatch(envs[g], xs[g], f"between{j + 1}", None, t, t, g)
@@ -345,14 +370,14 @@ class HostLoopExecutor:
                 else:
                     ys = self._dispatch(envs[g], xs[g], "last", ys, t, t, g)
                 if G == 1 and k + 1 < len(turns):
-                    started[0] = self._begin(envs[0], self.host[turns[k + 1][1]])
+                    started[0] = self._begin(envs[0], turns[k + 1][1])
         return ys
 
     def _dispatch(self, env: dict, xs: list, name: str, ys: Any, t: int, t_next: int, g: int) -> Any:
         """Queue device program `name` on a group's values; its results into the group's `env`; the trajectory it
         wrote, where it writes one."""
         d, index = self.device_programs[name], self._index
-        x = [v for u, v in zip(self.x, xs) if u in d.xs]
+        x = [xs[k] for k in d.x_positions]
         outs = self._programs[name]([env[u] for u in d.reads], x, ys if d.writes else [], index[t], index[t_next],
                                     index[g])
         if d.writes:
@@ -361,39 +386,39 @@ class HostLoopExecutor:
         env.update(zip(d.makes, outs[-1]))
         return ys
 
-    def _begin(self, env: dict[Use, Any], segment: Segment) -> Callable[[], dict[Use, Any]]:
-        """Start a group's host segment (its transfers to the host wait for the device values they move) -> a
+    def _begin(self, env: dict[Use, Any], j: int) -> Callable[[], dict[Use, Any]]:
+        """Start a group's host segment j (its transfers to the host wait for the device values they move) -> a
         function that waits for it and returns what it makes: the values moved back, as numpy for the program,
         and host values later host segments read."""
-        nodes = [self.node.body.nodes[i] for i in segment.nodes]
+        work, segment = self._host_work[j], self.host[j]
         host: dict[Use, Any] = {}
         k = 0
-        while k < len(nodes) and not (isinstance(nodes[k], Run)):  # the transfers before the first host step
-            self._host_node(nodes[k], env, host)
+        while k < len(work) and work[k].what != "call":  # the transfers before the first host step
+            self._host_node(work[k], env, host)
             k += 1
-        if k == len(nodes):
-            return lambda: _made(host, segment)
-        call = nodes[k]
-        finish = start_host_call(host_callback(self.module.fragments[call.fragment]),
-                                 *[host[u] if u in host else env[u] for u in call.inputs])
+        if k == len(work):
+            return lambda: {u: host[u] for u in segment.makes if u in host}
+        call = work[k]
+        finish = start_host_call(call.callback, *[host[u] if u in host else env[u] for u in call.reads])
 
         def done() -> dict[Use, Any]:
-            host.update(zip((u for v in call.outputs for u in v.uses()), finish()))
-            for n in nodes[k + 1:]:
-                self._host_node(n, env, host)
-            return _made(host, segment)
+            host.update(zip(call.makes, finish()))
+            for w in work[k + 1:]:
+                self._host_node(w, env, host)
+            return {u: host[u] for u in segment.makes if u in host}
 
         return done
 
-    def _host_node(self, node: Any, env: dict[Use, Any], host: dict[Use, Any]) -> None:
+    def _host_node(self, work: HostWork, env: dict[Use, Any], host: dict[Use, Any]) -> None:
         """A host segment's node after its first host step, or a transfer before it."""
-        ins = [host[u] if u in host else env[u] for u in node.operands]
-        if isinstance(node, Transfer):
-            outs = [self._to_host(x) for x in ins] if node.dst == HOST else [
-                self._to_device(x, u.type) for x, u in zip(ins, node.outputs[0].uses())]
+        ins = [host[u] if u in host else env[u] for u in work.reads]
+        if work.what == "to_host":
+            outs = [self._to_host(x) for x in ins]
+        elif work.what == "to_device":
+            outs = [self._to_device(x, dtype, shape) for x, (dtype, shape) in zip(ins, work.leaves)]
         else:
-            outs = start_host_call(host_callback(self.module.fragments[node.fragment]), *ins)()
-        host.update(zip((u for v in node.outputs for u in v.uses()), outs))
+            outs = start_host_call(work.callback, *ins)()
+        host.update(zip(work.makes, outs))
 
     def _to_host(self, x: Any) -> np.ndarray:
         """This process's replicas of a per-replica value: all of them in one process; across processes
@@ -403,12 +428,11 @@ class HostLoopExecutor:
         shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
         return np.concatenate([np.asarray(s.data) for s in shards])
 
-    def _to_device(self, result: Any, leaf: Any) -> Any:
+    def _to_device(self, result: Any, dtype: Any, per_group: tuple[int, ...]) -> Any:
         """A host step's result (this process's replicas) as the per-replica value the program takes: numpy
         straight into the compiled program in one process (its C++ path moves it ~10x faster than
         `device_put`), an array assembled from every process's part across processes."""
-        per_group = _leaf_group_shape(leaf, self.groups)
-        local = np.asarray(result, leaf.dtype).reshape((-1,) + per_group)
+        local = np.asarray(result, dtype).reshape((-1,) + per_group)
         if self._local:
             return local
         return jax.make_array_from_process_local_data(self.per_replica, local, (self.mesh.size,) + per_group)
@@ -427,10 +451,6 @@ class HostLoopExecutor:
             return list(per_group[0])
         return [per_group[0][i] if axis is None else self._concat(tuple(p[i] for p in per_group), axis + 1)
                 for i, axis in enumerate(axes)]
-
-
-def _made(host: dict[Use, Any], segment: Segment) -> dict[Use, Any]:
-    return {u: host[u] for u in segment.makes if u in host}
 
 
 def _group_shape(use: Use, groups: int) -> tuple[int, ...]:
