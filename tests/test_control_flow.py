@@ -201,6 +201,11 @@ def test_golden_for_region_spanning_actor_and_learner():
     check_golden("user_scan_actor_learner.fir", str(module))
 
 
+def test_golden_while_region_spanning_actor_and_learner():
+    module = run_pipeline(fragc.trace(SHAPES["while_spanning"]()), default_passes(resolve("actor_learner", 8), 16)).final
+    check_golden("user_while_actor_learner.fir", str(module))
+
+
 def test_golden_if_region_under_actor_learner():
     module = run_pipeline(fragc.trace(SHAPES["cond"]()), default_passes(resolve("actor_learner", 8), 16)).final
     check_golden("user_cond_actor_learner.fir", str(module))
