@@ -14,6 +14,7 @@ import re
 from typing import Any, Callable, Mapping, Sequence
 
 from fragc.ir.errors import FragcError
+from fragc.ir.population import PBT, grid_members
 
 LOWERINGS = ("shard_map", "jit")
 
@@ -188,8 +189,6 @@ class Population:
     pbt: Any = None
 
     def resolve(self, num_devices: int) -> Policy:
-        from fragc.ir.sweep import grid_members
-
         offsets = tuple(range(self.seeds)) if isinstance(self.seeds, int) else tuple(self.seeds)
         if not offsets or (isinstance(self.seeds, int) and self.seeds < 1):
             raise FragcError(f"population needs at least one seed, got {self.seeds!r}")
@@ -228,8 +227,6 @@ def population(policy: "str | Policy", seeds: int | Sequence[int], *, exact: boo
     (slower: no vectorisation).
 
     pbt: population-based training over the grid's fields (`fragc.PBT(every=K)`, runtime/pbt.py)."""
-    from fragc.ir.sweep import PBT
-
     if not isinstance(exact, bool):
         raise FragcError(f"population: exact must be True or False, got {exact!r}")
     if pbt is not None and not isinstance(pbt, PBT):
