@@ -62,9 +62,19 @@ def run_passes(algo: Any, options: CompileOptions) -> tuple[PipelineResult, list
     policy = resolved_policy(options, len(devs))
     devs = _local_copy_if_it_fits(devs, policy)
     traced = trace_for(algo, policy)
+    check_pbt_metric(traced, policy)
     if is_hosted(traced) and spans_processes(devs[: policy.num_devices]) and options.mesh is None:
         devs = halves_by_process(devs)  # Sebulba: every process's actors feed its own learner devices
     return passes_of(traced, policy, options, devs), devs, policy
+
+
+def check_pbt_metric(traced: Any, policy: Policy) -> None:
+    """PBT ranks members by a metric the iteration reports: refused in one line, before anything compiles, where
+    it reports no such metric."""
+    pbt = policy.pbt
+    if pbt is not None and pbt.metric not in (names := traced.metric_names()):
+        raise FragcError(f"pbt: the algorithm reports no metric '{pbt.metric}' to rank members by; it reports "
+                         f"{', '.join(names) or 'none'}")
 
 
 def resolved_policy(options: CompileOptions, num_devices: int) -> Policy:

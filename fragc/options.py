@@ -70,9 +70,14 @@ def search_seeds(policy: Any) -> int | None:
     if isinstance(policy, str) and policy.replace(" ", "") == "auto":
         return 0
     if isinstance(policy, Population) and policy.base == "auto":
-        if not isinstance(policy.seeds, int) or policy.seeds < 1:
-            raise FragcError("population('auto', S) needs a seed count S >= 1")
+        if not isinstance(policy.seeds, int):
+            raise FragcError(f"population('auto', S) searches the placement of S seeds, a count; it got the seeds "
+                             f"{list(policy.seeds)}: pass their count, or a base policy such as single")
+        if policy.seeds < 1:
+            raise FragcError(f"population('auto', S) needs a seed count S >= 1, got {policy.seeds}")
         return policy.seeds
-    if isinstance(policy, str) and (m := re.fullmatch(r"population\(auto,(\d+)\)", policy.replace(" ", ""))):
+    if isinstance(policy, str) and (m := re.fullmatch(r"population\(auto,(-?\d+)\)", policy.replace(" ", ""))):
+        if int(m.group(1)) < 1:
+            raise FragcError(f"{policy}: population('auto', S) needs a seed count S >= 1, got {m.group(1)}")
         return int(m.group(1))
     return None

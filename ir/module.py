@@ -260,6 +260,12 @@ class Module:
         """The iteration graph's stages (the schedule's at path ())."""
         return self.schedule.stages_of(()) if self.schedule is not None else ()
 
+    def metric_names(self) -> list[str]:
+        """The iteration's metric leaves by their dotted paths (`loss`, `episode.return`), in order."""
+        tree = self.graph.out_tree.children()[1]
+        paths = jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(tree, range(tree.num_leaves)))[0]
+        return [jax.tree_util.keystr(p, simple=True, separator=".") for p, _ in paths]
+
     def callable_fragments(self) -> dict[str, FragmentDef]:
         """The fragments a top-level run may call: all but the parts of host loops (`FragmentDef.part_of`),
         which run only inside their loop node's region."""

@@ -162,9 +162,7 @@ class FusedProgram:
 
 def metric_index(module: Module, name: str) -> int:
     """The position of metric `name` among the iteration's metric leaves; an error listing them if absent."""
-    tree = module.graph.out_tree.children()[1]
-    paths = jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(tree, range(tree.num_leaves)))[0]
-    names = [jax.tree_util.keystr(p, simple=True, separator=".") for p, _ in paths]
+    names = module.metric_names()
     if name not in names:
         raise FragcError(f"pbt: the algorithm reports no metric '{name}' to rank members by; it reports "
                          f"{', '.join(names) or 'none'}")

@@ -5,6 +5,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import re
 import warnings
 
 import chex
@@ -264,6 +265,54 @@ def sweep(capsys, tmp_path, *extra):
     assert main([*SWEEP, "--out", str(tmp_path), *extra]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     return json.loads(out[-1]) if "--stop-after" not in extra else None
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--num-envs", "4,8"], r"num_envs"),
+    (["--policy", "auto"], r"--policy auto searches one program's placement, not a sweep's"),
+    (["--policy", "actor_learner"], r"actor_learner"),
+    (["--pbt-metric", "nosuch"], r"pbt: the algorithm reports no metric 'nosuch' to rank members by"),
+])
+def test_a_refused_sweep_writes_nothing(capsys, tmp_path, extra, message):
+    """Each refusal is one line, and comes before the output folder is made (they left an empty
+    `checkpoints` folder; the unknown PBT metric was refused only after the XLA compile)."""
+    from fragc.cli import main
+
+    out = tmp_path / "sw"
+    assert main([*SWEEP, "--out", str(out), *extra]) != 0
+    err = capsys.readouterr().err.strip()
+    assert re.search(message, err) and len(err.splitlines()) == 1, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--out", "/proc/nope/sw"], r"cannot write the sweep's output folder '/proc/nope/sw'"),
+    (["--seeds", "0-4294967296"], r"seeds must be in 0 \.\. 2\*\*32 - 1"),
+])
+def test_bad_sweep_input_is_one_line(capsys, argv, message):
+    """An output folder that cannot be made (it was an `os.makedirs` traceback), a seed range past 2**32 (it built
+    the whole list first: a MemoryError)."""
+    from fragc.cli import main
+
+    code = None
+    try:
+        code = main([*SWEEP, *argv])
+    except SystemExit as stop:  # argparse's own refusal (the seeds option)
+        code = stop.code
+    err = capsys.readouterr().err.strip()
+    assert code and re.search(message, err), err
+    assert "Traceback" not in err
+
+
+def test_the_search_refuses_a_population_of_no_seeds_in_one_line():
+    """`population(auto,0)` ran as `auto`; explicit seeds were "needs a seed count S >= 1"."""
+    from fragc.options import search_seeds
+
+    with pytest.raises(fragc.FragcError, match=r"population\('auto', S\) needs a seed count S >= 1, got 0"):
+        search_seeds("population(auto,0)")
+    with pytest.raises(fragc.FragcError, match=r"searches the placement of S seeds, a count; it got the seeds \[0, 1\]"):
+        search_seeds(fragc.population("auto", [0, 1]))
+    assert search_seeds("population(auto, 4)") == 4 and search_seeds("auto") == 0 and search_seeds("single") is None
 
 
 def test_sweep_reports_every_configuration_and_resumes_to_the_same_numbers(capsys, tmp_path):

@@ -85,13 +85,17 @@ def seed_list(text: str) -> list[int]:
     try:
         if "-" in text:
             lo, hi = (int(x) for x in text.split("-"))
-            seeds = list(range(lo, hi + 1))
+            bounds = [lo, hi]
         else:
-            seeds = [int(x) for x in text.split(",")]
+            bounds = seeds = [int(x) for x in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"seeds are 0-9 or 0,3,5, got {text!r}") from None
-    if not seeds or min(seeds) < 0 or max(seeds) > 2**32 - 1 or len(set(seeds)) != len(seeds):
-        raise argparse.ArgumentTypeError(f"seeds must be distinct, in 0 .. 2**32 - 1, at least one: got {text!r}")
+    if min(bounds) < 0 or max(bounds) > 2**32 - 1:  # before a range is made: 0-4294967296 would not fit in memory
+        raise argparse.ArgumentTypeError(f"seeds must be in 0 .. 2**32 - 1: got {text!r}")
+    if "-" in text:
+        seeds = list(range(lo, hi + 1))
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"seeds must be distinct, at least one: got {text!r}")
     return seeds
 
 
@@ -102,6 +106,9 @@ def main(args: argparse.Namespace) -> int:
     if not grid and len(args.seeds) < 2:
         raise FragcError("a sweep needs several seeds or a config option with several values (--lr 1e-4,3e-4)")
     out = args.out or os.path.join("sweeps", os.path.basename(args.algo).replace(":", "_"))
+    if args.policy.replace(" ", "") == "auto":
+        raise FragcError("fragc sweep: --policy auto searches one program's placement, not a sweep's; pass a base "
+                         "policy such as single (the default), whose population spreads the members over the devices")
     devices(args.devices)
     enable_compilation_cache()
     algo = algos.make(args.algo, **fixed)
@@ -109,13 +116,14 @@ def main(args: argparse.Namespace) -> int:
     steps = steps_per_iteration(algo)
     pbt = PBT(args.pbt_every, args.pbt_metric, seed=args.pbt_seed) if args.pbt_every else None
     run_info = {"algo": args.algo, "seeds": args.seeds, "grid": grid, "pbt_every": args.pbt_every}
-    os.makedirs(out, exist_ok=True)
+    policy = population(args.policy, args.seeds, exact=args.exact, pbt=pbt, **grid)
+    options = CompileOptions(policy, args.devices, iterations_per_dispatch=args.iterations_per_dispatch)
+    prog = None if args.resume else compile_with(algo, options)  # every refusal before anything is written
+    make_folder(out)
     with open_checkpoints(os.path.join(out, "checkpoints")) as checkpoints:
-        if args.resume:
+        if args.resume:  # another algorithm, config or seeds refused before compiling
             checkpoints.check_run(algo_meta(algo, run_info))
-        policy = population(args.policy, args.seeds, exact=args.exact, pbt=pbt, **grid)
-        prog = compile_with(algo, CompileOptions(policy, args.devices,
-                                                 iterations_per_dispatch=args.iterations_per_dispatch))
+            prog = compile_with(algo, options)
         members = Members(args.seeds, grid, steps)
         log = sys.stderr if args.json else sys.stdout
         state = prog.init(0)
@@ -139,6 +147,16 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary))
     return 0
+
+
+def make_folder(path: str) -> None:
+    """The sweep's output folder, or one line saying why it cannot be made (a read-only place, a file there)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as err:
+        raise FragcError(f"cannot write the sweep's output folder '{path}': {err.strerror or err}") from None
+    if not os.access(path, os.W_OK):
+        raise FragcError(f"cannot write the sweep's output folder '{path}': it is not writable")
 
 
 def _iterations(algo: Any, args: argparse.Namespace) -> int:
