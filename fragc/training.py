@@ -8,7 +8,7 @@ prints the result):
 - `CheckFinite`: the first NaN or infinity in a metric or the state stops the run;
 - `StopOnSignal`: SIGINT, SIGTERM or SIGHUP stop it after the dispatch in flight;
 - `WriteMetrics`: one JSON line per dispatch;
-- `ShowProgress`: a progress bar on a terminal;
+- `ShowProgress` or `LogProgress`: a progress bar on a terminal, lines with an ETA in a log;
 - `SaveCheckpoints`: the whole state every `checkpoint_every` iterations and at the end;
 - the tracking sinks (`track=`) and the user's own (`actions=`).
 
@@ -37,6 +37,7 @@ from fragc.runtime.divergence import CheckFinite, Diverged, check_state
 from fragc.runtime.reporting import MetricsWriter, config_dict
 from fragc.runtime.stopping import Stopped, StopOnSignal
 from fragc.sinks import tracking
+from fragc.sinks.progress import LogProgress, ShowProgress, progress_action
 
 
 @dataclasses.dataclass
@@ -74,7 +75,8 @@ def train(prog: Any, state: Any, iterations: int, *, checkpoint_dir: Any = None,
       steps, wall time and each metric's mean (when resuming, the lines after
       the checkpoint are dropped first: the file reads as one run's).
     progress: a text stream (or True for stderr) for progress: a line when
-      resuming, and a progress bar if the stream is a terminal.
+      resuming, a progress bar if the stream is a terminal, and a line each tenth of the run
+      (and at least every minute) otherwise.
     stop_after: run at most this many iterations now (to be continued with
       `resume=True`).
     run_info: JSON-serialisable facts saved with each checkpoint (the CLI saves
@@ -150,8 +152,8 @@ class _Training:
         actions: list[Action] = [CheckFinite(), stop]
         if metrics is not None and self.lead:
             actions.append(WriteMetrics(os.fspath(metrics), resume_from=self.start_at if resume else None))
-        if self.out is not None and _isatty(self.out):
-            actions.append(ShowProgress(self.iterations, self.out))
+        if self.out is not None and not any(isinstance(a, (ShowProgress, LogProgress)) for a in extra):
+            actions.append(progress_action(self.iterations, self.out))
         actions += ([saving] if saving else []) + extra
         start = time.perf_counter()
         history: dict[str, np.ndarray] = {}
@@ -234,32 +236,3 @@ def algo_meta(algo: Any, run_info: dict | None) -> dict:
     return json.loads(json.dumps(meta, default=str))
 
 
-def _isatty(stream: TextIO) -> bool:
-    return bool(getattr(stream, "isatty", lambda: False)())
-
-
-class ShowProgress(Action):
-    """One terminal line, redrawn at most twice a second, shown once a run has lasted 2 seconds."""
-
-    def __init__(self, iterations: int, out: TextIO):
-        self.iterations, self.out = iterations, out
-        self.last, self.shown = 0.0, False
-
-    def on_start(self, run: Run) -> None:
-        self.run = run
-
-    def on_metrics(self, iteration: int, metrics: dict, queued: Any) -> None:
-        run, now = self.run, self.run.wall_s
-        if now < 2.0 or (now - self.last < 0.5 and iteration < self.iterations):
-            return
-        self.last, self.shown = now, True
-        width = 24
-        filled = int(width * iteration / self.iterations)
-        rate = run.env_steps(iteration - run.start) / max(now, 1e-9)
-        self.out.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {iteration}/{self.iterations} it  "
-                       f"{run.env_steps(iteration)} env steps  {rate:,.0f} steps/s  return {run.last_return:.1f}  ")
-        self.out.flush()
-
-    def on_end(self, run: Run) -> None:
-        if self.shown:
-            self.out.write("\n")

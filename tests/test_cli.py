@@ -10,6 +10,9 @@ def test_run_prints_progress_and_final_return(capsys):
     out = capsys.readouterr().out
     assert "fragc run ppo: env CartPole-v1, policy single, 8 iterations" in out
     assert "final mean episode return" in out
+    # off a terminal: a line before compiling, and progress lines with an ETA (issue 46)
+    assert out.index("fragc run ppo: compiling for env CartPole-v1, policy single") < out.index("compiled in")
+    assert "  8/8 it  4096 env steps" in out and "elapsed, eta 0:00" in out
 
 
 def test_ir_prints_the_traced_module(capsys):

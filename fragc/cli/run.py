@@ -99,13 +99,15 @@ def main(args: argparse.Namespace) -> int:
                 print(f"fragc: warning: {note}", file=sys.stderr)
         if args.resume:  # and so is another configuration's checkpoint
             checkpoints.check_run(algo_meta(algo, run_info))
+        out = sys.stderr if args.json else sys.stdout
+        if lead and not args.quiet:
+            print(_compiling_line(args, algo), file=out, flush=True)
         prog = compile_algo(args, algo, devices, args.iterations_per_dispatch, iterations)
         report = getattr(prog, "auto", None)
         if report is not None and lead:
             print(report.table() if args.explain else report.summary(), file=sys.stderr if args.json else sys.stdout)
         if lead:
             config_file.write_run_records(args, algo, own_parser(args.algo))
-        out = sys.stderr if args.json else sys.stdout
         progress = None if args.quiet or not lead else out
         if progress is not None:
             print(_first_line(args, algo, prog, iterations), file=out)
@@ -178,6 +180,14 @@ def video_capture(args: argparse.Namespace, algo: Any) -> list:
     directory = args.track_dir or (os.path.dirname(os.path.abspath(args.metrics)) if args.metrics
                                    else args.checkpoint_dir or "runs")
     return [CaptureVideo(eval_every * args.video_every, directory)]
+
+
+def _compiling_line(args: argparse.Namespace, algo: Any) -> str:
+    """Said before compiling, which is silent and can take a minute: what is compiled, and that it takes a while."""
+    env = env_name(algo)
+    what = (f"env {env}, " if env != "?" else "") + f"policy {args.policy}"
+    cache = "" if args.no_cache else " (the compile cache makes a rerun faster)"
+    return f"fragc run {args.algo}: compiling for {what}: tracing, passes and XLA can take a minute{cache}"
 
 
 def _first_line(args: argparse.Namespace, algo: Any, prog: Any, iterations: int) -> str:
