@@ -49,6 +49,11 @@ JAX_HEARTBEAT_S = 45
 """jax.distributed's own heartbeat timeout, after which it aborts the survivors."""
 EXIT_LOST = 3
 """Exit code of a process that stops because another one was lost."""
+EXIT_NOT_JOINED = 4
+"""Exit code of a process whose run did not start: not every process joined within the timeout."""
+JOIN_MARGIN_S = 30
+"""JAX's own join deadline is this much later than fragc's, which stops the process with one line first."""
+
 
 _watchdog: "_Watchdog | None" = None
 
@@ -62,7 +67,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
       takes them ("host:port" of process 0); leave them out on a cluster JAX
       detects (SLURM, Open MPI, Cloud TPU), where it reads them itself.
     local_devices: simulate this many CPU devices in this process.
-    timeout_s: how long to wait for every process to join.
+    timeout_s: how long to wait for every process to join; then this process
+      stops with one line naming who did not join (exit code 4).
     watchdog: stop this process, naming the lost one, when another stops.
     """
     _watch_launcher()
@@ -75,16 +81,51 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         if process_id:
             _wait_for_coordinator(coordinator_address, timeout_s)
     jax.config.update("jax_enable_preemption_service", False)  # it would swallow SIGTERM
+    joined = _watch_join(coordinator_address, num_processes, process_id, timeout_s)
     try:
         jax.distributed.initialize(coordinator_address, num_processes, process_id,
-                                   initialization_timeout=timeout_s, heartbeat_timeout_seconds=JAX_HEARTBEAT_S)
+                                   initialization_timeout=timeout_s + JOIN_MARGIN_S,
+                                   heartbeat_timeout_seconds=JAX_HEARTBEAT_S)
     except Exception as err:  # noqa: BLE001 - JAX raises RuntimeError or XlaRuntimeError here
         where = coordinator_address or "the address JAX detects"
         first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
         raise FragcError(f"could not join the run at {where} within {timeout_s} s "
                          f"(are all {num_processes or ''} processes started?): {first}") from err
+    finally:
+        joined.set()
     if watchdog and jax.process_count() > 1:
         start_watchdog(lost_after_s())
+
+
+def _watch_join(address: str | None, num_processes: int | None, process_id: int | None,
+                timeout_s: float) -> threading.Event:
+    """Stop this process with one line, naming who did not join, when the run has not started after
+    `timeout_s`: JAX itself aborts with a C++ stack trace (`Check failure`, exit code 134) after its own
+    deadline, which `initialize` sets `JOIN_MARGIN_S` later so that this line comes first. (JAX releases
+    the GIL while it waits, so the watching thread runs.)"""
+    joined = threading.Event()
+
+    def watch() -> None:
+        if not joined.wait(timeout_s):
+            _say_and_exit(f"fragc: error: {not_joined(address, num_processes, process_id, timeout_s)}", EXIT_NOT_JOINED)
+
+    threading.Thread(target=watch, name="fragc-join-watch", daemon=True).start()
+    return joined
+
+
+def not_joined(address: str | None, num_processes: int | None, process_id: int | None, timeout_s: float) -> str:
+    """Who is missing, as far as this process can tell: JAX's coordination service does not say which
+    processes registered, so process 0 names the others it waited for."""
+    where = address or "the address JAX detects"
+    me = "this process" if process_id is None else f"process {process_id}"
+    if num_processes == 2 and process_id is not None:
+        missing = f"process {1 - process_id} did not join"
+    elif num_processes:
+        missing = f"not all of processes 0..{num_processes - 1} joined"
+    else:
+        missing = "not every process joined"
+    return (f"{me} waited {timeout_s:.0f} s at {where} and {missing} (start every process with the same "
+            f"--coordinator and --num-processes {num_processes or 'N'}, or wait longer with --join-timeout S)")
 
 
 def lost_after_s() -> float:
@@ -115,14 +156,14 @@ def _watch_launcher() -> None:
     threading.Thread(target=watch, name="fragc-launcher-watch", daemon=True).start()
 
 
-def _say_and_exit(line: str) -> None:
-    """Exit at once (from any thread), after `line` on stderr."""
+def _say_and_exit(line: str, code: int = EXIT_LOST) -> None:
+    """Exit at once with `code` (from any thread), after `line` on stderr."""
     try:
         sys.stdout.flush()
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
     finally:
-        os._exit(EXIT_LOST)
+        os._exit(code)
 
 
 def keep_native_output_off_stdout() -> None:

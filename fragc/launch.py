@@ -35,6 +35,8 @@ ENV_COORDINATOR = "FRAGC_COORDINATOR"
 ENV_NUM_PROCESSES = "FRAGC_NUM_PROCESSES"
 ENV_PROCESS_ID = "FRAGC_PROCESS_ID"
 """What each launched process reads as the defaults of `--coordinator`, `--num-processes`, `--process-id`."""
+ENV_JOIN_TIMEOUT_S = "FRAGC_JOIN_TIMEOUT_S"
+"""The default of `--join-timeout`: seconds to wait for every process to join (fragc/distributed.py)."""
 ENV_LAUNCHER_FD = "FRAGC_LAUNCHER_FD"
 """A pipe from `fragc launch`; it reads end-of-file when the launcher is gone (`fragc.distributed`)."""
 

@@ -207,6 +207,21 @@ def test_unreachable_coordinator_is_a_clear_error():
         fragc.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=1, timeout_s=2)
 
 
+def test_a_peer_that_never_joins_is_named_in_one_line_within_the_join_timeout():
+    """JAX alone aborts process 0 after its deadline with a C++ `Check failure` stack trace (exit code 134)."""
+    port = free_port()
+    script = f"from fragc.cli import main; main(['run', 'ppo', '--coordinator', '127.0.0.1:{port}', " \
+             "'--num-processes', '2', '--process-id', '0', '--join-timeout', '1', '--total-steps', '4096'])"
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == fragc.distributed.EXIT_NOT_JOINED, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"fragc: error: process 0 waited 1 s at 127.0.0.1:{port} and process 1 did not join (start every process "
+        "with the same --coordinator and --num-processes 2, or wait longer with --join-timeout S)"]
+    assert time.monotonic() - started < 1 + fragc.distributed.JOIN_MARGIN_S  # before JAX's own deadline
+
+
 def test_an_error_every_process_hits_is_reported_as_itself():
     proc = launch(*RUN, "--policy", "anakinn", "--total-steps", "3072")
     out, err = proc.communicate(timeout=120)

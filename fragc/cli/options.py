@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from fragc import algos
 from fragc.ir.errors import FragcError
-from fragc.launch import ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+from fragc.launch import ENV_COORDINATOR, ENV_JOIN_TIMEOUT_S, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 from fragc.runtime.seeds import MAX_SEED, check_seed
 
 
@@ -246,6 +246,9 @@ def process_options(parser: argparse.ArgumentParser) -> None:
                              "'auto', else 1)")
     parser.add_argument("--process-id", type=int, default=env_int(ENV_PROCESS_ID), metavar="I",
                         help="this process's index, 0 to N-1")
+    parser.add_argument("--join-timeout", type=count, default=env_int(ENV_JOIN_TIMEOUT_S) or 60, metavar="S",
+                        help="seconds to wait for every process to join before stopping with one line naming who "
+                             f"did not (default 60, or ${ENV_JOIN_TIMEOUT_S})")
 
 
 def env_int(name: str) -> int | None:

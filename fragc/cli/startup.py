@@ -33,7 +33,8 @@ def join(args: argparse.Namespace) -> None:
         raise FragcError("a multi-process run needs --coordinator HOST:PORT, --num-processes N and --process-id I "
                          "(or --coordinator auto where jax.distributed detects them, e.g. under SLURM)")
     distributed.initialize(None if auto else args.coordinator, None if auto else args.num_processes,
-                           None if auto else args.process_id, local_devices=args.devices)
+                           None if auto else args.process_id, local_devices=args.devices,
+                           timeout_s=args.join_timeout)
     distributed.keep_native_output_off_stdout()
 
 
