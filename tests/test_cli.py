@@ -50,6 +50,17 @@ def test_ir_dot(capsys):
     (["run", "ppo", "--policy", "nope"], "unknown policy 'nope'"),
     (["run", "ppo", "--num-envs", "6", "--num-minibatches", "4", "--num-steps", "3"], "must divide by num_minibatches"),
     (["ir", "ppo", "--after", "lower-everything"], "no pass named 'lower-everything'"),
+    # an unknown option or command, with the closest known one (issue 46)
+    (["run", "ppo", "--lrr", "1e-3"], "ppo has no option --lrr (did you mean --lr?) (see fragc run ppo --help)"),
+    (["sweep", "ppo", "--ent-cof", "0.1"], "ppo has no option --ent-cof (did you mean --ent-coef?)"),
+    (["sweep", "ppo", "--seedz", "0-3"], "ppo has no option --seedz (did you mean --seeds?)"),
+    (["bench", "ppo", "--repeat-count", "2"], "ppo has no option --repeat-count (did you mean --repeats?)"),
+    (["ir", "ppo", "--afterr", "trace"], "ppo has no option --afterr (did you mean --after?)"),
+    (["video", "ck", "--episods", "3"], "fragc video has no option --episods (did you mean --episodes?) (see fragc "
+                                        "video --help)"),
+    (["plot", "m.jsonl", "--outt", "m.png"], "fragc plot has no option --outt (did you mean --out?)"),
+    (["run", "ppo", "--lrr=1e-3", "--zzzzzz"], "ppo has no option --lrr=1e-3 (did you mean --lr?), --zzzzzz (see"),
+    (["rnu", "ppo"], "unknown command 'rnu' (did you mean run?); the commands are run, ir, bench, sweep,"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(capsys, argv, message):
     assert main(argv) == 2
