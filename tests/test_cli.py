@@ -60,6 +60,7 @@ def test_ir_dot(capsys):
                                         "video --help)"),
     (["plot", "m.jsonl", "--outt", "m.png"], "fragc plot has no option --outt (did you mean --out?)"),
     (["run", "ppo", "--lrr=1e-3", "--zzzzzz"], "ppo has no option --lrr=1e-3 (did you mean --lr?), --zzzzzz (see"),
+    (["run", "ppo", "--no-anneal-lr", "true"], "--no-anneal-lr takes no value, got true (--anneal-lr true sets one)"),
     (["rnu", "ppo"], "unknown command 'rnu' (did you mean run?); the commands are run, ir, bench, sweep,"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(capsys, argv, message):

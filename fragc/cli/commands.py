@@ -164,15 +164,22 @@ def parse(argv: list[str], algo: str | None) -> argparse.Namespace:
     parser = build_parser(command_of(argv), algo)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        raise unknown_arguments(args, unknown, getattr(parser, "chosen", parser))
+        raise unknown_arguments(args, unknown, getattr(parser, "chosen", parser), argv)
     if getattr(args, "config", None):
         config_file.apply(args, given(argv, args.algo), run_parser(args.algo))
     return args
 
 
-def unknown_arguments(args: argparse.Namespace, unknown: list[str], parser: argparse.ArgumentParser) -> FragcError:
-    """One line naming the arguments no option takes, each unknown option with the closest known one."""
+def unknown_arguments(args: argparse.Namespace, unknown: list[str], parser: argparse.ArgumentParser,
+                      argv: list[str]) -> FragcError:
+    """One line naming the arguments no option takes, each unknown option with the closest known one, a value
+    given to a bool's `--no-` form with the form that takes one."""
     options = [u for u in unknown if u.startswith("-")]
+    for value in unknown:
+        before = argv[argv.index(value) - 1] if argv.index(value) > 0 else ""
+        negates = getattr(parser._option_string_actions.get(before), "negates", None)  # options.boolean_option's
+        if negates:
+            return FragcError(f"{before} takes no value, got {value} ({negates} {value} sets one)")
     named = ", ".join(option + did_you_mean(option, parser) for option in options)
     if options and getattr(args, "algo", None):
         return FragcError(f"{args.algo} has no option {named} (see fragc {args.command} {args.algo} --help)")

@@ -223,9 +223,9 @@ def boolean_option(group: Any, parser: argparse.ArgumentParser, flag: str, parse
     action = group.add_argument(flag, nargs="?", const=parse("true"), **options)
     negated = "--no-" + flag[2:]
     if negated not in parser._option_string_actions:
-        group.add_argument(negated, dest=options["dest"], action="store_const", const=parse("false"),
-                           default=None, help=argparse.SUPPRESS)
-        action.negation = negated  # type: ignore[attr-defined]
+        negation = group.add_argument(negated, dest=options["dest"], action="store_const", const=parse("false"),
+                                      default=None, help=argparse.SUPPRESS)
+        action.negation, negation.negates = negated, flag  # type: ignore[attr-defined]
 
 
 def default_of(field: dataclasses.Field) -> str:
