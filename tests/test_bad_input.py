@@ -219,6 +219,10 @@ ISSUE_46_CASES = [
      "fragc: error: --memory-limit is an option of --policy auto's search; this run has --policy single"),
     ("--no-auto-cache without --policy auto", ["run", "ppo", "--policy", "anakin", "--no-auto-cache"],
      "fragc: error: --no-auto-cache is an option of --policy auto's search; this run has --policy anakin"),
+    ("sweep --pbt-metric without --pbt-every", ["sweep", "ppo", "--seeds", "0-1", "--pbt-metric", "loss"],
+     "fragc: error: --pbt-metric is an option of population-based training: give --pbt-every K too"),
+    ("--auto-budget without --policy auto", ["run", "ppo", "--auto-budget", "5"],
+     "fragc: error: --auto-budget is an option of --policy auto's search; this run has --policy single"),
     # a config check of PPO's code, inherited, named ppo
     ("impala --activation relu6", ["run", "impala", "--activation", "relu6"],
      "fragc: error: impala: activation must be one of tanh, relu, got 'relu6'"),

@@ -152,3 +152,12 @@ def test_bench_splits_its_policies_at_top_level_commas_only(capsys):
     assert main(["bench", "ppo", "--policies", "single,population(single,4),nope"]) == 2
     err = capsys.readouterr().err
     assert "unknown policy 'nope'" in err and err.count("\n") == 1, err
+
+
+def test_the_search_options_reach_the_search_and_default_to_its_own():
+    """`--auto-top` given, `--auto-budget` not: the search's own default (60 s, as the help says)."""
+    from fragc.cli.algorithm import search_options
+    from fragc.cli.commands import parse
+
+    options = search_options(parse(["run", "ppo", "--policy", "auto", "--auto-top", "2", "--memory-limit", "1"], "ppo"))
+    assert (options.top, options.budget, options.memory_limit, options.cache) == (2, 60.0, 2**20, True)

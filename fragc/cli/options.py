@@ -307,9 +307,9 @@ def search_options(parser: argparse.ArgumentParser, explain: bool = True) -> Non
         parser.add_argument("--explain", action="store_true",
                             help="with --policy auto: print the search's whole table (candidate, predicted and "
                                  "measured time per iteration, why pruned)")
-    parser.add_argument("--auto-budget", type=seconds, default=60.0, metavar="SECONDS",
+    parser.add_argument("--auto-budget", type=seconds, default=None, metavar="SECONDS",  # None: SearchOptions'
                         help="with --policy auto: seconds the search may take (default 60)")
-    parser.add_argument("--auto-top", type=count, default=3, metavar="N",
+    parser.add_argument("--auto-top", type=count, default=None, metavar="N",
                         help="with --policy auto: time the N best predicted candidates (default 3)")
     parser.add_argument("--memory-limit", type=mebibytes, default=None, metavar="MIB",
                         help="with --policy auto: MiB per device a candidate may use (default: the device's own "

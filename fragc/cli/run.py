@@ -85,7 +85,9 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if args.explain and search_seeds(args.policy) is None:
         raise FragcError(f"--explain explains --policy auto's choice; this run has --policy {args.policy}")
-    search_only = [f for f, on in (("--memory-limit", args.memory_limit is not None),
+    search_only = [f for f, on in (("--auto-budget", args.auto_budget is not None),
+                                   ("--auto-top", args.auto_top is not None),
+                                   ("--memory-limit", args.memory_limit is not None),
                                    ("--no-auto-cache", args.no_auto_cache)) if on]
     if search_only and search_seeds(args.policy) is None:
         raise FragcError(f"{search_only[0]} is an option of --policy auto's search; this run has --policy "
