@@ -18,6 +18,7 @@ import fragc
 from fragc.algos import ppo
 from fragc.algos.evaluation import EvalConfig
 from fragc.algos.run_length import RunLength
+from fragc.algos.validation import algo_name
 from fragc.ir.errors import FragcError
 
 
@@ -56,7 +57,8 @@ class Config(RunLength, EvalConfig):
     def __post_init__(self) -> None:
         self.check_fields()
         if self.activation not in ppo.ACTIVATIONS:
-            raise FragcError(f"a2c: activation must be one of {', '.join(ppo.ACTIVATIONS)}, got {self.activation!r}")
+            raise FragcError(f"{algo_name(self)}: activation must be one of {', '.join(ppo.ACTIVATIONS)}, got "
+                             f"{self.activation!r}")
 
 
 class A2C(ppo.PPO):

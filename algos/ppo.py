@@ -23,6 +23,7 @@ import fragc
 from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
 from fragc.algos.run_length import RunLength
+from fragc.algos.validation import algo_name
 from fragc.ir.errors import FragcError
 
 
@@ -69,10 +70,11 @@ class Config(RunLength, EvalConfig):
     def __post_init__(self) -> None:
         self.check_fields()
         if self.activation not in ACTIVATIONS:
-            raise FragcError(f"ppo: activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+            raise FragcError(f"{algo_name(self)}: activation must be one of {', '.join(ACTIVATIONS)}, got "
+                             f"{self.activation!r}")
         if (self.num_envs * self.num_steps) % self.num_minibatches:
-            raise FragcError(f"ppo: num_envs * num_steps ({self.num_envs * self.num_steps}) must divide by "
-                             f"num_minibatches ({self.num_minibatches})")
+            raise FragcError(f"{algo_name(self)}: num_envs * num_steps ({self.num_envs * self.num_steps}) must "
+                             f"divide by num_minibatches ({self.num_minibatches})")
 
 
 # ---------------------------------------------------------------- network
@@ -197,7 +199,7 @@ class PPO:
 
     @functools.cached_property
     def env(self) -> VecEnv:
-        return discrete_env(self.config.env, "ppo")
+        return discrete_env(self.config.env, algo_name(self.config))
 
     @functools.cached_property
     def network(self) -> ActorCritic:

@@ -63,10 +63,16 @@ RANGES: dict[str, Range] = {
 """Fields with a range; every other int field must be positive, every float finite."""
 
 
+def algo_name(config: Any) -> str:
+    """The algorithm's name in a message about its config: its config's module (`a2c`, also for a2c's runs of
+    PPO's code)."""
+    return type(config).__module__.rsplit(".", 1)[-1]
+
+
 def check_config(config: Any) -> None:
     """Refuse a config whose fields have the wrong type or lie outside their range, naming the
-    algorithm (the config's module) and the field."""
-    algo = type(config).__module__.rsplit(".", 1)[-1]
+    algorithm (`algo_name`) and the field."""
+    algo = algo_name(config)
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
         kind = str(field.type)

@@ -115,9 +115,18 @@ def unknown_key(path: str, key: str, known: list[str], what: str) -> FragcError:
     return FragcError(f"{path}: unknown key '{key}'{hint}; the keys are {what}")
 
 
+YAML_1_1_STRING_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+"""A number in exponent notation without a dot (`1e-3`, `5e5`): YAML 1.2 and TOML read it as a number,
+PyYAML (YAML 1.1) as a string."""
+
+
 def value_of(path: str, key: str, spec: Key, value: Any) -> Any:
-    """`value` checked against the key's type (and the option's range), as the command line would have it."""
+    """`value` checked against the key's type (and the option's range), as the command line would have it. A
+    number key's YAML value that PyYAML read as a string only for want of a dot (`lr: 1e-3`) is the number."""
     kind = spec.kind
+    if (kind in ("int", "float") and isinstance(value, str) and YAML_1_1_STRING_NUMBER.fullmatch(value)
+            and format_of(path) == "yaml"):
+        value = float(value)
     if kind == "bool":
         if not isinstance(value, bool):
             raise _wrong(path, key, "true or false", value)

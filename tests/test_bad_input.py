@@ -199,6 +199,54 @@ def test_plot_refuses_with_one_line_and_exit_code_2(capsys, tmp_path, content, e
     assert not (tmp_path / "m.png").exists()
 
 
+# ---------------------------------------------------------------- issue 46: the command line (bad input 9 and 11)
+
+
+ISSUE_46_CASES = [
+    # (case, argv, the line's text); each exits with code 2 and leaves nothing in the working folder
+    ("--env-workers abc after --env",  # the early parse failed, so --env read as an abbreviation: 'ambiguous option'
+     ["run", "ppo", "--env", "gymnasium:CartPole-v1", "--env-workers", "abc"],
+     "fragc run: error: argument --env-workers: expected a whole number from 0, got abc"),
+    ("a2c on a continuous environment", ["run", "a2c", "--env", "MountainCarContinuous-v0"],
+     "fragc: error: a2c supports discrete action spaces; MountainCarContinuous-v0 has Box"),  # it said 'ppo'
+    ("sweep --lr -1,1e-4", ["sweep", "ppo", "--lr", "-1,1e-4"],  # argparse took -1,1e-4 for an option
+     "fragc: error: sweep: lr=-1.0: ppo: lr must be positive, got -1"),
+    ("--lr -1e-3", ["run", "ppo", "--lr", "-1e-3"], "fragc: error: ppo: lr must be positive, got -0.001"),
+    ("--track-dir without --track", ["run", "ppo", "--track-dir", "tracked", "--total-steps", "4096"],
+     "fragc: error: --track-dir says where --track's sinks (and --capture-video's videos) write: give --track "
+     "SINKS too"),
+    ("--memory-limit without --policy auto", ["run", "ppo", "--memory-limit", "100"],  # the search's: unused
+     "fragc: error: --memory-limit is an option of --policy auto's search; this run has --policy single"),
+    ("--no-auto-cache without --policy auto", ["run", "ppo", "--policy", "anakin", "--no-auto-cache"],
+     "fragc: error: --no-auto-cache is an option of --policy auto's search; this run has --policy anakin"),
+    ("sweep --pbt-metric without --pbt-every", ["sweep", "ppo", "--seeds", "0-1", "--pbt-metric", "loss"],
+     "fragc: error: --pbt-metric is an option of population-based training: give --pbt-every K too"),
+    ("--auto-budget without --policy auto", ["run", "ppo", "--auto-budget", "5"],
+     "fragc: error: --auto-budget is an option of --policy auto's search; this run has --policy single"),
+    # a config check of PPO's code, inherited, named ppo
+    ("impala --activation relu6", ["run", "impala", "--activation", "relu6"],
+     "fragc: error: impala: activation must be one of tanh, relu, got 'relu6'"),
+    ("ppo_continuous --num-envs 3 --num-steps 3", ["run", "ppo_continuous", "--num-envs", "3", "--num-steps", "3"],
+     "fragc: error: ppo_continuous: num_envs * num_steps (9) must divide by num_minibatches (32)"),
+]
+
+
+@pytest.mark.parametrize("argv,message", [c[1:] for c in ISSUE_46_CASES], ids=[c[0] for c in ISSUE_46_CASES])
+def test_issue_46_command_lines_are_refused_in_one_line_writing_nothing(capsys, monkeypatch, tmp_path, argv,
+                                                                         message):
+    monkeypatch.chdir(tmp_path)
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1, err
+    assert os.listdir(tmp_path) == []
+
+
+def test_track_dir_is_taken_with_capture_video_alone(capsys):
+    """--capture-video's videos go to --track-dir too: that pair is not refused (printed, not run)."""
+    assert run_cli(["run", "ppo", "--track-dir", "tracked", "--capture-video", "--print-config"]) == 0
+    assert "lr = 0.00025" in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------- the command line, as a user starts it
 
 

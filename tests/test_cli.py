@@ -53,6 +53,18 @@ def test_ir_dot(capsys):
     (["run", "ppo", "--policy", "nope"], "unknown policy 'nope'"),
     (["run", "ppo", "--num-envs", "6", "--num-minibatches", "4", "--num-steps", "3"], "must divide by num_minibatches"),
     (["ir", "ppo", "--after", "lower-everything"], "no pass named 'lower-everything'"),
+    # an unknown option or command, with the closest known one (issue 46)
+    (["run", "ppo", "--lrr", "1e-3"], "ppo has no option --lrr (did you mean --lr?) (see fragc run ppo --help)"),
+    (["sweep", "ppo", "--ent-cof", "0.1"], "ppo has no option --ent-cof (did you mean --ent-coef?)"),
+    (["sweep", "ppo", "--seedz", "0-3"], "ppo has no option --seedz (did you mean --seeds?)"),
+    (["bench", "ppo", "--repeat-count", "2"], "ppo has no option --repeat-count (did you mean --repeats?)"),
+    (["ir", "ppo", "--afterr", "trace"], "ppo has no option --afterr (did you mean --after?)"),
+    (["video", "ck", "--episods", "3"], "fragc video has no option --episods (did you mean --episodes?) (see fragc "
+                                        "video --help)"),
+    (["plot", "m.jsonl", "--outt", "m.png"], "fragc plot has no option --outt (did you mean --out?)"),
+    (["run", "ppo", "--lrr=1e-3", "--zzzzzz"], "ppo has no option --lrr=1e-3 (did you mean --lr?), --zzzzzz (see"),
+    (["run", "ppo", "--no-anneal-lr", "true"], "--no-anneal-lr takes no value, got true (--anneal-lr true sets one)"),
+    (["rnu", "ppo"], "unknown command 'rnu' (did you mean run?); the commands are run, ir, bench, sweep,"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(capsys, argv, message):
     assert main(argv) == 2
@@ -143,3 +155,12 @@ def test_bench_splits_its_policies_at_top_level_commas_only(capsys):
     assert main(["bench", "ppo", "--policies", "single,population(single,4),nope"]) == 2
     err = capsys.readouterr().err
     assert "unknown policy 'nope'" in err and err.count("\n") == 1, err
+
+
+def test_the_search_options_reach_the_search_and_default_to_its_own():
+    """`--auto-top` given, `--auto-budget` not: the search's own default (60 s, as the help says)."""
+    from fragc.cli.algorithm import search_options
+    from fragc.cli.commands import parse
+
+    options = search_options(parse(["run", "ppo", "--policy", "auto", "--auto-top", "2", "--memory-limit", "1"], "ppo"))
+    assert (options.top, options.budget, options.memory_limit, options.cache) == (2, 60.0, 2**20, True)

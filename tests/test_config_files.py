@@ -248,6 +248,27 @@ def test_a_bad_config_file_is_one_line_and_exit_code_2(capsys, tmp_path, monkeyp
     assert err.count("\n") == 1 and err.startswith("fragc: error: ") and message in err, err
 
 
+@pytest.mark.parametrize("content,expected", [
+    ("lr: 1e-3\ntotal_steps: 5e5\n", "lr: 0.001\n"),  # PyYAML reads both as strings (YAML 1.1: no dot)
+    ("lr: -1.5E+2\n", "ppo: lr must be positive, got -150"),  # a number: the config's own check refuses it
+    ("lr: fast\n", "c.yaml: lr must be a number, got \"fast\" (a string)"),
+    ("lr: 1e-3e\n", "c.yaml: lr must be a number, got \"1e-3e\" (a string)"),
+    ("env: 1e3\n", "\nenv: 1e3\n"),  # a string field keeps its string (a number would print 1000.0)
+])
+def test_a_yaml_number_in_exponent_notation_is_a_number(capsys, tmp_path, monkeypatch, content, expected):
+    """`lr: 1e-3` in YAML is the number 0.001 (total_steps 5e5 the int 500000), as in TOML; a string that is no
+    number is still refused in one line naming the key and the type it needs."""
+    monkeypatch.chdir(tmp_path)
+    pathlib.Path("c.yaml").write_text(content)
+    code = main(["run", "ppo", "--config", "c.yaml", "--print-config"])
+    out, err = capsys.readouterr()
+    if code == 0:
+        assert expected in out and ("total_steps" not in content or "total_steps: 500000\n" in out), out
+    else:
+        assert code == 2 and err.count("\n") == 1 and expected in err, err
+    assert (code == 0) == expected.endswith("\n")
+
+
 def test_config_file_errors_without_a_file_or_pyyaml(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for argv, message in ((["--config", "nowhere.toml"], "cannot read the config file 'nowhere.toml': No such file"),

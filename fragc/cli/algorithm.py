@@ -56,8 +56,9 @@ def search_options(args: argparse.Namespace, run_iterations: int | None = None) 
     """The search's options from the command line (`--policy auto`; read only then), saying what it does on
     stderr."""
     limit = max(1, int(args.memory_limit * 2**20)) if args.memory_limit is not None else "device"
-    return SearchOptions(budget=args.auto_budget, top=args.auto_top, cache=not args.no_auto_cache,
-                         memory_limit=limit, run_iterations=run_iterations,
+    given = {name: value for name, value in (("budget", args.auto_budget), ("top", args.auto_top))
+             if value is not None}  # the others: SearchOptions' defaults
+    return SearchOptions(**given, cache=not args.no_auto_cache, memory_limit=limit, run_iterations=run_iterations,
                          log=lambda line: print(line, file=sys.stderr))
 
 

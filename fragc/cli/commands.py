@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import gc
 import importlib
 import sys
@@ -90,6 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     command = command_of(argv)
+    if command is None and argv and not argv[0].startswith("-"):
+        raise unknown_command(argv[0])
     early = first_look(argv)
     if getattr(early, "config", None) and command in config_file.ALGO_COMMANDS:
         config_file.early_devices(early, given(argv, None, EarlyParser))
@@ -116,16 +119,30 @@ def _one_of_several(early: argparse.Namespace, argv: list[str]) -> int:
     return startup.run_and_leave(command_module(args.command).main, args)
 
 
+def unknown_command(name: str) -> FragcError:
+    close = difflib.get_close_matches(name, list(COMMANDS), n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return FragcError(f"unknown command '{name}'{hint}; the commands are {', '.join(COMMANDS)} (see fragc --help)")
+
+
 def first_look(argv: list[str]) -> argparse.Namespace:
     """The command line read without the algorithm's options (which depend on the algorithm): the algorithm to
-    load, and what must act before JAX starts: `--devices` and the process options. Empty if it does not parse;
-    the full parse then reports why."""
+    load, and what must act before JAX starts: `--devices` and the process options. Where a value does not
+    parse (`--env-workers abc`), the algorithm alone, so that the full parse knows its options and names that
+    value (without them `--env` reads as an abbreviation of `--env-groups`); empty if even that fails."""
+    argv = [a for a in argv if a not in ("-h", "--help")]
+    parser = build_parser(command_of(argv), None, EarlyParser)
     try:
-        known, _ = build_parser(command_of(argv), None, EarlyParser).parse_known_args(
-            [a for a in argv if a not in ("-h", "--help")])
+        return parser.parse_known_args(argv)[0]
+    except Unparsed:
+        pass
+    for action in getattr(parser, "chosen", parser)._actions:
+        action.type = None  # every value read as text: only the algorithm is kept
+    try:
+        known = parser.parse_known_args(argv)[0]
     except Unparsed:
         return argparse.Namespace()
-    return known
+    return argparse.Namespace(algo=known.algo) if getattr(known, "algo", None) else argparse.Namespace()
 
 
 def given(argv: list[str], algo: str | None, parser_class: type = Parser) -> set[str]:
@@ -147,14 +164,35 @@ def parse(argv: list[str], algo: str | None) -> argparse.Namespace:
     parser = build_parser(command_of(argv), algo)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        options = [u for u in unknown if u.startswith("-")]
-        if options and getattr(args, "algo", None):
-            raise FragcError(f"{args.algo} has no option {', '.join(options)} "
-                             f"(see fragc {args.command} {args.algo} --help)")
-        raise FragcError(f"unrecognized arguments: {' '.join(unknown)} (see fragc --help)")
+        raise unknown_arguments(args, unknown, getattr(parser, "chosen", parser), argv)
     if getattr(args, "config", None):
         config_file.apply(args, given(argv, args.algo), run_parser(args.algo))
     return args
+
+
+def unknown_arguments(args: argparse.Namespace, unknown: list[str], parser: argparse.ArgumentParser,
+                      argv: list[str]) -> FragcError:
+    """One line naming the arguments no option takes, each unknown option with the closest known one, a value
+    given to a bool's `--no-` form with the form that takes one."""
+    options = [u for u in unknown if u.startswith("-")]
+    for value in unknown:
+        before = argv[argv.index(value) - 1] if argv.index(value) > 0 else ""
+        negates = getattr(parser._option_string_actions.get(before), "negates", None)  # options.boolean_option's
+        if negates:
+            return FragcError(f"{before} takes no value, got {value} ({negates} {value} sets one)")
+    named = ", ".join(option + did_you_mean(option, parser) for option in options)
+    if options and getattr(args, "algo", None):
+        return FragcError(f"{args.algo} has no option {named} (see fragc {args.command} {args.algo} --help)")
+    if options:
+        return FragcError(f"fragc {args.command} has no option {named} (see fragc {args.command} --help)")
+    return FragcError(f"unrecognized arguments: {' '.join(unknown)} (see fragc --help)")
+
+
+def did_you_mean(option: str, parser: argparse.ArgumentParser) -> str:
+    """` (did you mean --lr?)` for `--lrr`, by `difflib` over the parser's long options; nothing if none is close."""
+    known = [o for o in parser._option_string_actions if o.startswith("--") and o != "--help"]
+    close = difflib.get_close_matches(option.split("=", 1)[0], known, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def console_main() -> int:

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import inspect
 import os
+import re
 import types
 from typing import Any, Mapping
 
@@ -19,8 +20,18 @@ from fragc.launch import ENV_COORDINATOR, ENV_JOIN_TIMEOUT_S, ENV_NUM_PROCESSES,
 from fragc.runtime.seeds import MAX_SEED, check_seed
 
 
+NUMBER_LIKE = re.compile(r"^-\.?\d")
+"""What argparse takes for a value, not an option, though it starts with `-`: `-1`, `-1e-3`, `-.5`, and a sweep's
+`-1,1e-4` (argparse's own pattern takes only `-1` and `-0.5`). No fragc option starts with a digit."""
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (`fragc run: error: ...`) and exit code 2."""
+    """argparse, but a usage error is one line (`fragc run: error: ...`) and exit code 2, a negative number in any
+    notation is a value (`NUMBER_LIKE`), and the help shows each option's type and default (`HelpFormatter`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"formatter_class": HelpFormatter, **kwargs})
+        self._negative_number_matcher = NUMBER_LIKE  # argparse's hook for what reads as a negative number
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -122,6 +133,35 @@ def mebibytes(text: str) -> float:
     return _positive(text, "MiB")
 
 
+# ------------------------------------------------------------------ the help
+
+
+TYPE_NAMES = {boolean: "BOOL", integer: "INT", count: "INT", groups: "INT", seed: "INT", int: "INT", float: "FLOAT",
+              seconds: "FLOAT", mebibytes: "FLOAT", str: "STR", literal: "LITERAL"}
+"""How `--help` names what an option takes, by its type (an option with a metavar of its own keeps it)."""
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help with each option's type (`--devices INT`) and default (`(default 16)`, where the help does
+    not say it already), and a bool option's `--no-` form beside it (`--anneal-lr [BOOL], --no-anneal-lr`)."""
+
+    def _get_default_metavar_for_optional(self, action: argparse.Action) -> str:
+        return TYPE_NAMES.get(action.type, action.dest.upper()) if action.type is not None else action.dest.upper()
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help = action.help or ""
+        default = action.default
+        if (action.nargs == 0 or not action.option_strings or default is None or default is argparse.SUPPRESS
+                or "default" in help.lower()):
+            return help
+        return f"{help} (default {escaped(shown(default))})".strip()
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        invocation = super()._format_action_invocation(action)
+        negation = getattr(action, "negation", None)
+        return f"{invocation}, {negation}" if negation else invocation
+
+
 # ------------------------------------------------------------------ the algorithm and its config
 
 
@@ -141,8 +181,9 @@ def config_file_option(parser: argparse.ArgumentParser) -> None:
 
 def config_options(parser: argparse.ArgumentParser, algo: str, values: Any = None,
                    description: str = "the algorithm's default where not given") -> None:
-    """The fields of `algo`'s config as `--field-name` options, their docstrings as help; `values(kind)`, if
-    given, makes the parser of an option's text from the field's own (`fragc sweep`: a comma-separated list).
+    """The fields of `algo`'s config as `--field-name` options, their docstrings, types and defaults as help;
+    `values(kind)`, if given, makes the parser of an option's text from the field's own (`fragc sweep`: a
+    comma-separated list). A bool field is also `--field-name` alone (true) and `--no-field-name` (false).
 
     Added after the command's own options: a field named like one of them (`iterations` beside
     `fragc bench --iterations`) becomes `--config-field-name`, and its help says why."""
@@ -165,8 +206,49 @@ def config_options(parser: argparse.ArgumentParser, algo: str, values: Any = Non
         if flag in own:
             what += f" (config field {field.name}: {flag} is {parser.prog}'s own option)"
             flag = "--config-" + flag[2:]
-        group.add_argument(flag, dest=f"cfg_{field.name}", type=values(kind) if values else kind, default=None,
-                           metavar=field.name.upper(), help=(docs.get(field.name, "") + what).strip())
+        help = escaped(" ".join(filter(None, [docs.get(field.name, "") + what, default_of(field)])))
+        parse = values(kind) if values else kind
+        options = dict(dest=f"cfg_{field.name}", type=parse, default=None, metavar=TYPE_NAMES.get(kind, "VALUE"),
+                       help=help.strip())
+        if kind is boolean:
+            boolean_option(group, parser, flag, parse, **options)
+        else:
+            group.add_argument(flag, **options)
+
+
+def boolean_option(group: Any, parser: argparse.ArgumentParser, flag: str, parse: Any, **options: Any) -> None:
+    """`--flag` alone (true), `--flag VALUE` (parsed by `parse`: true/false, or a sweep's list) and `--no-flag`
+    (false; left out where another option has that name). `--no-flag` has no line of its own in the help:
+    `HelpFormatter` shows it beside `--flag`."""
+    action = group.add_argument(flag, nargs="?", const=parse("true"), **options)
+    negated = "--no-" + flag[2:]
+    if negated not in parser._option_string_actions:
+        negation = group.add_argument(negated, dest=options["dest"], action="store_const", const=parse("false"),
+                                      default=None, help=argparse.SUPPRESS)
+        action.negation, negation.negates = negated, flag  # type: ignore[attr-defined]
+
+
+def default_of(field: dataclasses.Field) -> str:
+    """`(default 0.00025)`, as the command line spells the value (`true`, not True); nothing for a field
+    without a default or whose default is None."""
+    if field.default is not dataclasses.MISSING:
+        value = field.default
+    elif field.default_factory is not dataclasses.MISSING:
+        value = field.default_factory()
+    else:
+        return ""
+    return "" if value is None else f"(default {shown(value)})"
+
+
+def shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def escaped(text: str) -> str:
+    """A help text with its `%` doubled: argparse formats help strings with %."""
+    return text.replace("%", "%%")
 
 
 def option_type(field: dataclasses.Field) -> tuple[Any, str]:
@@ -225,9 +307,9 @@ def search_options(parser: argparse.ArgumentParser, explain: bool = True) -> Non
         parser.add_argument("--explain", action="store_true",
                             help="with --policy auto: print the search's whole table (candidate, predicted and "
                                  "measured time per iteration, why pruned)")
-    parser.add_argument("--auto-budget", type=seconds, default=60.0, metavar="SECONDS",
+    parser.add_argument("--auto-budget", type=seconds, default=None, metavar="SECONDS",  # None: SearchOptions'
                         help="with --policy auto: seconds the search may take (default 60)")
-    parser.add_argument("--auto-top", type=count, default=3, metavar="N",
+    parser.add_argument("--auto-top", type=count, default=None, metavar="N",
                         help="with --policy auto: time the N best predicted candidates (default 3)")
     parser.add_argument("--memory-limit", type=mebibytes, default=None, metavar="MIB",
                         help="with --policy auto: MiB per device a candidate may use (default: the device's own "

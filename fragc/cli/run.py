@@ -75,6 +75,9 @@ def add_options(parser: argparse.ArgumentParser, algo: str | None) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Parse, train, print: the training itself is `fragc.train`."""
+    if args.track_dir and not (args.track or args.capture_video):
+        raise FragcError("--track-dir says where --track's sinks (and --capture-video's videos) write: give "
+                         "--track SINKS too")
     if args.print_config:
         algo = make_algo(args)
         run_length(algo, args)  # a run it could not start is refused here too
@@ -82,6 +85,13 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if args.explain and search_seeds(args.policy) is None:
         raise FragcError(f"--explain explains --policy auto's choice; this run has --policy {args.policy}")
+    search_only = [f for f, on in (("--auto-budget", args.auto_budget is not None),
+                                   ("--auto-top", args.auto_top is not None),
+                                   ("--memory-limit", args.memory_limit is not None),
+                                   ("--no-auto-cache", args.no_auto_cache)) if on]
+    if search_only and search_seeds(args.policy) is None:
+        raise FragcError(f"{search_only[0]} is an option of --policy auto's search; this run has --policy "
+                         f"{args.policy}")
     if args.resume and not args.checkpoint_dir:
         raise FragcError("--resume needs --checkpoint-dir")
     if args.stop_after and not args.checkpoint_dir:

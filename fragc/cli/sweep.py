@@ -47,13 +47,13 @@ def add_options(parser: argparse.ArgumentParser, algo: str | None) -> None:
                              "(default: vectorised, faster, equal to the last bits)")
     parser.add_argument("--iterations", type=count, default=None, metavar="N",
                         help="train N iterations (default: the config's total_steps)")
-    parser.add_argument("--iterations-per-dispatch", type=count, default=16)
+    parser.add_argument("--iterations-per-dispatch", type=count, default=16, help="iterations scanned per dispatch")
     parser.add_argument("--pbt-every", type=count, default=None, metavar="K",
                         help="population-based training: every K iterations the worst quarter copies the best "
                              "quarter and perturbs its hyperparameters (runtime/pbt.py)")
-    parser.add_argument("--pbt-metric", default="episode_return", metavar="METRIC",
+    parser.add_argument("--pbt-metric", default=None, metavar="METRIC",  # None: PBT's (refused without --pbt-every)
                         help="the metric PBT ranks members by (default episode_return)")
-    parser.add_argument("--pbt-seed", type=seed, default=0, help="seed of PBT's draws (default 0)")
+    parser.add_argument("--pbt-seed", type=seed, default=None, help="seed of PBT's draws (default 0)")
     parser.add_argument("--threshold", type=float, default=None,
                         help="report how many seeds reach this final return")
     parser.add_argument("--out", default=None, metavar="DIR", help="where the sweep writes (default sweeps/ALGO)")
@@ -114,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
     algo = algos.make(args.algo, **fixed)
     iterations = _iterations(algo, args)
     steps = steps_per_iteration(algo)
-    pbt = PBT(args.pbt_every, args.pbt_metric, seed=args.pbt_seed) if args.pbt_every else None
+    pbt = pbt_settings(args)
     run_info = {"algo": args.algo, "seeds": args.seeds, "grid": grid, "pbt_every": args.pbt_every}
     policy = population(args.policy, args.seeds, exact=args.exact, pbt=pbt, **grid)
     options = CompileOptions(policy, args.devices, iterations_per_dispatch=args.iterations_per_dispatch)
@@ -147,6 +147,19 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary))
     return 0
+
+
+def pbt_settings(args: argparse.Namespace) -> PBT | None:
+    """PBT's settings from `--pbt-every`, `--pbt-metric` and `--pbt-seed` (PBT's own defaults for those not
+    given); the last two are refused without `--pbt-every`: they would change nothing."""
+    given = {name: value for name, value in (("metric", args.pbt_metric), ("seed", args.pbt_seed))
+             if value is not None}
+    if not args.pbt_every:
+        if given:
+            raise FragcError(f"--pbt-{next(iter(given))} is an option of population-based training: give "
+                             "--pbt-every K too")
+        return None
+    return PBT(args.pbt_every, **given)
 
 
 def make_folder(path: str) -> None:
