@@ -9,7 +9,9 @@ import importlib.util
 import io
 import json
 import os
+import re
 import shutil
+import signal
 import struct
 import sys
 import types
@@ -21,6 +23,11 @@ import fragc
 import fragc.algos
 from fragc.sinks import tracking
 from fragc.runtime.actions import Run
+from fragc.runtime.checkpoint import Checkpointer
+
+if importlib.util.find_spec("imageio") is None or importlib.util.find_spec("pygame") is None:
+    pytest.skip("videos to the trackers need the video extra: pip install 'fragc[video]'", allow_module_level=True)
+from fragc.sinks.video import CaptureVideo  # noqa: E402
 
 CLIENTS = ("tensorboardX", "tensorboard", "wandb", "mlflow")
 pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in CLIENTS),
@@ -29,14 +36,26 @@ pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in
 ITERATIONS = 4  # 2 dispatches of 2
 STEPS = 4 * 8  # env steps per iteration: num_envs * num_steps
 RUN_INFO = {"algo": "ppo", "seed": 0}
-NAME = "ppo-single-seed0"
+NAME = r"CartPole-v1__ppo__single__0__\d{10}(-\d+)?"
+"""A run's name: ENV__ALGO__POLICY__SEED__START (the Unix time it started)."""
+EVALUATED = [STEPS, 3 * STEPS]
+"""eval_every=2: iterations 1 and 3 evaluate (the iterations run before them: 0 and 2)."""
+VIDEO_FRAMES = 6
+"""The video CaptureVideo(4, max_steps=5) records at the run's end: an episode of 5 steps is 6 frames."""
 
 
 @functools.cache
-def program() -> fragc.Program:
+def program(lr: float = 0.00025) -> fragc.Program:
     algo = fragc.algos.make("ppo", num_envs=4, num_steps=8, num_minibatches=1, update_epochs=1, hidden=8,
-                            total_steps=ITERATIONS * STEPS)
+                            total_steps=ITERATIONS * STEPS, eval_every=2, eval_episodes=1, lr=lr)
     return fragc.compile(algo, "single", iterations_per_dispatch=2)
+
+
+def run_folder(folder) -> str:
+    """The one run's TensorBoard folder under `folder/tensorboard`, its name checked."""
+    [name] = os.listdir(folder / "tensorboard")
+    assert re.fullmatch(NAME, name), name
+    return name
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +71,9 @@ def tracked(tmp_path_factory):
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out):
+            capture = CaptureVideo(4, folder, max_steps=5)  # its video goes to the sinks too
             result = fragc.train(prog, prog.init(0), ITERATIONS, track="tensorboard, wandb,mlflow", track_dir=folder,
-                                 run_info=RUN_INFO)
+                                 run_info=RUN_INFO, actions=[capture])
         assert "MLFLOW_ALLOW_FILE_STORE" not in os.environ  # set only while the store opened
     finally:
         env.undo()
@@ -61,8 +81,9 @@ def tracked(tmp_path_factory):
 
 
 def expected(result, name):
-    """{env steps: value} of metric `name` in the run's history."""
-    return {(i + 1) * STEPS: float(v) for i, v in enumerate(result.history[name])}
+    """{env steps: value} of metric `name` in the run's history; `eval_return` where it evaluated only."""
+    every = {(i + 1) * STEPS: float(v) for i, v in enumerate(result.history[name])}
+    return {x: v for x, v in every.items() if x in EVALUATED} if name == "eval_return" else every
 
 
 def assert_same(read: dict, want: dict):
@@ -91,10 +112,11 @@ def test_tensorboard_scalars_hyperparameters_and_ir_header(tracked):
     from tensorboard.plugins.hparams import plugin_data_pb2
 
     folder, result, _ = tracked
-    acc = tensorboard_run(folder / "tensorboard" / NAME)
+    acc = tensorboard_run(folder / "tensorboard" / run_folder(folder))
     assert set(result.history) <= set(acc.Tags()["scalars"])
     for name in result.history:
         assert_same({e.step: e.value for e in acc.Scalars(name)}, expected(result, name))
+    assert [e.step for e in acc.Scalars("eval_return")] == EVALUATED  # evaluated at iterations 1 and 3 only
     assert [e.step for e in acc.Scalars("steps_per_second")] == [2 * STEPS, 4 * STEPS]  # once per dispatch
     assert "| lr | 0.00025 |" in tensorboard_text(acc, "hyperparameters")
     header = tensorboard_text(acc, "ir_header")
@@ -107,15 +129,30 @@ def test_tensorboard_scalars_hyperparameters_and_ir_header(tracked):
     assert end.status == 1  # STATUS_SUCCESS
 
 
+def test_tensorboard_video_is_an_animated_gif(tracked):
+    """CaptureVideo's video at the run's end, in TensorBoard as an animated GIF image (tensorboardX's add_video's
+    form) at its env step, with the frames of the .mp4 it wrote."""
+    from PIL import Image
+
+    folder, _, _ = tracked
+    acc = tensorboard_run(folder / "tensorboard" / run_folder(folder))
+    [image] = acc.Images("video")
+    assert (image.step, image.width, image.height) == (ITERATIONS * STEPS, 600, 400)
+    with Image.open(io.BytesIO(image.encoded_image_string)) as gif:
+        assert gif.format == "GIF" and gif.size == (600, 400) and 1 < gif.n_frames <= VIDEO_FRAMES
+
+
 def test_tensorboard_resumed_run_replaces_the_steps_after_its_checkpoint(tracked, tmp_path):
     """A run resumed at iteration 2 in the same folder: TensorBoard shows iterations 1-2 from the first run
     and 3-4 from the resumed one (purge_step), not both runs' points at iterations 3-4."""
     folder, first, _ = tracked
     shutil.copytree(folder / "tensorboard", tmp_path / "tensorboard")
     prog = program()
-    sinks = tracking.trackers("tensorboard", tmp_path, prog, RUN_INFO)
+    identity = tracking.RunIdentity.fresh(prog, RUN_INFO)
+    assert identity.continue_from({"name": run_folder(folder), "id": "x"})  # as a checkpoint stores it
+    sinks = tracking.trackers("tensorboard", tmp_path, prog, RUN_INFO, identity)
     _, resumed = prog.run(first.state, 2, sinks, start=2)
-    acc = tensorboard_run(tmp_path / "tensorboard" / NAME)
+    acc = tensorboard_run(tmp_path / "tensorboard" / run_folder(folder))
     want = expected(first, "loss")
     want.update({(3 + i) * STEPS: float(v) for i, v in enumerate(resumed["loss"])})
     assert_same({e.step: e.value for e in acc.Scalars("loss")}, want)
@@ -159,15 +196,19 @@ def test_wandb_offline_history_config_and_ir_header(tracked):
         kind = record.WhichOneof("record_type")
         if kind == "history":
             row = {_key(i): json.loads(i.value_json) for i in record.history.item}
-            history[row["_step"]] = row
+            history.setdefault(row["_step"], {}).update(row)
         elif kind == "run":
             name = record.run.display_name
             config.update({_key(i): json.loads(i.value_json) for i in record.run.config.update})
         elif kind == "config":
             config.update({_key(i): json.loads(i.value_json) for i in record.config.update})
-    assert name == NAME
+    assert re.fullmatch(NAME, name)
     for metric in result.history:
-        assert_same({step: row[metric] for step, row in history.items()}, expected(result, metric))
+        assert_same({step: row[metric] for step, row in history.items() if metric in row}, expected(result, metric))
+    last = history[ITERATIONS * STEPS]  # a wandb.Video of the .mp4, in the run's media
+    assert last["video._type"] == "video-file" and last["video.path"].endswith(".mp4")
+    [media] = glob.glob(str(folder / "wandb" / "offline-run-*" / "files" / last["video.path"]))
+    assert os.path.getsize(media) == os.path.getsize(folder / "videos" / "iteration_0000004.mp4")
     assert config["lr"] == pytest.approx(0.00025) and config["policy"] == "single" and config["seed"] == 0
     assert config["ir_header"].startswith("// fragc.ir · ppo · after")
 
@@ -183,13 +224,16 @@ def test_mlflow_metrics_params_and_ir_header(tracked, monkeypatch):
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 opens a file store only with it
     client = MlflowClient((folder / "mlruns").as_uri())
     [run] = client.search_runs([client.get_experiment_by_name("fragc").experiment_id])
-    assert run.info.run_name == NAME and run.info.status == "FINISHED"
+    assert re.fullmatch(NAME, run.info.run_name) and run.info.status == "FINISHED"
     for metric in result.history:
         assert_same({m.step: m.value for m in client.get_metric_history(run.info.run_id, metric)},
                     expected(result, metric))
     assert run.data.params["lr"] == "0.00025" and run.data.params["policy"] == "single"
     header = mlflow.artifacts.load_text(f"{run.info.artifact_uri}/ir_header.txt")
     assert header.startswith("// fragc.ir · ppo · after")
+    [video] = client.list_artifacts(run.info.run_id, "videos")
+    assert video.path == "videos/iteration_0000004.mp4"
+    assert video.file_size == os.path.getsize(folder / "videos" / "iteration_0000004.mp4")
 
 
 # ------------------------------------------------------------------ what the sinks share
@@ -259,7 +303,9 @@ def test_a_failed_run_is_closed_as_failed(tmp_path):
     prog = program()
     with pytest.raises(RuntimeError, match="failing"):
         fragc.train(prog, prog.init(0), 2, track="tensorboard", track_dir=tmp_path, actions=[Fails()])
-    acc = tensorboard_run(tmp_path / "tensorboard" / "PPO-single")
+    [name] = os.listdir(tmp_path / "tensorboard")
+    assert re.fullmatch(r"CartPole-v1__PPO__single__\d{10}", name)  # no run_info: the class, no seed
+    acc = tensorboard_run(tmp_path / "tensorboard" / name)
     assert [e.step for e in acc.Scalars("loss")] == [STEPS, 2 * STEPS]
     end = acc.PluginTagToContent("hparams")["_hparams_/session_end_info"]
     assert plugin_data_pb2.HParamsPluginData.FromString(end).session_end_info.status == 2  # STATUS_FAILURE
