@@ -396,7 +396,7 @@ class TensorBoard(Sink):
 
     def close(self, status: str) -> None:
         x = x_of(self.run, self.run.reached)
-        if self.hparams_written:  # the HParams dashboard's session status
+        if self.hparams_written and status != INTERRUPTED:  # the HParams dashboard's session status
             self.writer.file_writer.add_summary(_session_end(status), x)
         if status != FINISHED:
             self.writer.add_text("status", f"{status} at iteration {self.run.reached}", x)
@@ -405,8 +405,10 @@ class TensorBoard(Sink):
         self.writer.close()
 
 
-SESSION_STATUS = {FINISHED: "STATUS_SUCCESS", FAILED: "STATUS_FAILURE", INTERRUPTED: "STATUS_UNKNOWN"}
-"""TensorBoard's HParams session status per ending: it has none for a run stopped by a signal (it may be resumed)."""
+SESSION_STATUS = {FINISHED: "STATUS_SUCCESS", FAILED: "STATUS_FAILURE"}
+"""TensorBoard's HParams session status per ending. A run stopped by a signal writes none (the dashboard shows
+its status as unknown) and a `status` text: TensorBoard keeps the first session end a folder holds, which would
+hide the ending of the run resumed into it."""
 
 
 def _session_end(status: str) -> Any:
