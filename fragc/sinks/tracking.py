@@ -3,13 +3,17 @@
 `fragc.train(..., track="tensorboard,wandb")` (and `fragc run ... --track`)
 adds one periodic action (runtime/actions.py) per sink named. Each writes,
 for every iteration row of every dispatch, each metric's mean over
-environments (and population members; a population's members also as
-`metric/member_i`) at x = the env steps reached after that iteration (the
-iteration itself when the algorithm does not say its steps per iteration),
-plus `steps_per_second` (env steps since the run started over its wall time)
-once per dispatch. With the run it records its hyperparameters (the
-algorithm's config, the policy, devices and `run_info`) and the header of the
-printed IR (mesh, transfers, schedule).
+environments at x = the env steps reached after that iteration (the
+iteration itself when the algorithm does not say its steps per iteration;
+`eval_return` only where it evaluated), plus `steps_per_second` (env steps
+since the run started over its wall time) once per dispatch. With the run it
+records its hyperparameters (the algorithm's config, the policy, devices and
+`run_info`), the header of the printed IR (mesh, transfers, schedule), the
+videos a `CaptureVideo` hands it, and how the run ended (finished, failed,
+interrupted). A run's name and ids (`RunIdentity`) are its own, and a resumed
+run continues them (`fragc.train` keeps them with the checkpoints). A
+population's members are runs of their own (`Member`), grouped per
+configuration, with PBT's current values and lineage.
 
 Only process 0 writes. Each client is an optional extra, imported when its sink
 is asked for (`trackers`, then inside the sink's methods: never when this
