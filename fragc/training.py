@@ -61,7 +61,8 @@ class TrainResult:
 def train(prog: Any, state: Any, iterations: int, *, checkpoint_dir: Any = None, checkpoint_every: int = 64,
           resume: bool = False, metrics: str | os.PathLike | None = None, progress: bool | TextIO = False,
           stop_after: int | None = None, run_info: dict | None = None, track: Any = None,
-          track_dir: str | os.PathLike | None = None, actions: Sequence[Action] = ()) -> TrainResult:
+          track_dir: str | os.PathLike | None = None, actions: Sequence[Action] = (),
+          track_members: bool = True) -> TrainResult:
     """Train `prog` from `state` until `iterations` iterations have run in all.
 
     checkpoint_dir: a folder (or an open `fragc.runtime.checkpoint.Checkpointer`)
@@ -85,7 +86,13 @@ def train(prog: Any, state: Any, iterations: int, *, checkpoint_dir: Any = None,
       string or a list): every metric against the env step, with the run's
       hyperparameters and IR header (fragc/sinks/tracking.py); `track_dir` is where
       they write (default: the metrics file's folder, else the checkpoints',
-      else `runs`).
+      else `runs`). Each run is named `ENV__ALGO__POLICY__SEED__START` (its own TensorBoard folder, W&B run and
+      MLflow run); the name and the ids are saved with the checkpoints, so a resumed run continues the same runs.
+      A run stopped by a signal is recorded as interrupted, one that raised as failed. A `CaptureVideo` among
+      `actions` sends its videos to the sinks too.
+    track_members: a population's members as tracked runs of their own, one per member
+      (`NAME/config_K/seed_S`, grouped per configuration; under PBT with their current hyperparameters and
+      lineage); False: one run with each metric also per member (`metric/member_i`).
     actions: your own periodic actions (fragc.actions), run after the built-in ones.
     With a checkpoint_dir, SIGINT, SIGTERM or SIGHUP stop the run after the
     dispatch in flight with a checkpoint, raising `fragc.runtime.stopping.Stopped`
@@ -102,9 +109,12 @@ def train(prog: Any, state: Any, iterations: int, *, checkpoint_dir: Any = None,
     own = check_actions(actions)
     checkpoints = _open_checkpoints(checkpoint_dir)
     try:
-        training = _Training(prog, int(iterations), checkpoints, checkpoint_every, run_info, progress)
-        trackers = _trackers(track, track_dir, prog, run_info, metrics, checkpoints)
-        return training.run(state, resume, stop_after, metrics, trackers + own)
+        track_dir = _track_dir(track_dir, metrics, checkpoints)
+        identity = tracking.RunIdentity.fresh(prog, run_info, track_dir)
+        training = _Training(prog, int(iterations), checkpoints, checkpoint_every, run_info, progress, identity)
+        sinks = tracking.trackers(track, track_dir, prog, run_info, identity, track_members) if track else []
+        _send_videos(own, sinks)
+        return training.run(state, resume, stop_after, metrics, sinks + own)
     finally:
         if checkpoints is not None and checkpoints is not checkpoint_dir:  # opened here: closed here
             checkpoints.close()
@@ -116,23 +126,30 @@ def _open_checkpoints(checkpoint_dir: Any) -> Any:
     return Checkpointer(os.fspath(checkpoint_dir))
 
 
-def _trackers(track: Any, track_dir: Any, prog: Any, run_info: dict | None, metrics: Any,
-              checkpoints: Any) -> list[Action]:
-    """The tracking sinks `track` names, as actions (fragc/sinks/tracking.py imports each client only when asked)."""
-    if not track:
-        return []
+def _track_dir(track_dir: Any, metrics: Any, checkpoints: Any) -> str:
+    """Where the tracking sinks write: `track_dir`, else the metrics file's folder, else the checkpoints', else `runs`."""
     if track_dir is None:
         track_dir = (os.path.dirname(os.path.abspath(metrics)) if metrics is not None
                      else checkpoints.directory if checkpoints is not None else "runs")
-    return tracking.trackers(track, os.fspath(track_dir), prog, run_info)
+    return os.fspath(track_dir)
+
+
+def _send_videos(actions: list[Action], sinks: list[Action]) -> None:
+    """Each video capture among `actions` (an action with a list `sinks`, as `CaptureVideo`) hands its videos
+    to the tracking sinks: a population's member's video to that member's run."""
+    for action in actions:
+        if isinstance(getattr(action, "sinks", None), list):
+            member = getattr(action, "member", 0)
+            action.sinks += [s for s in sinks if isinstance(s, tracking.Sink)
+                             and (s.member is None or s.member.index == member)]
 
 
 class _Training:
     """One call of `train`: its settings, the resumed starting point, and the actions of its run."""
 
     def __init__(self, prog: Any, iterations: int, checkpointer: Any, checkpoint_every: int,
-                 run_info: dict | None, progress: bool | TextIO):
-        self.prog, self.iterations, self.checkpointer = prog, iterations, checkpointer
+                 run_info: dict | None, progress: bool | TextIO, identity: tracking.RunIdentity):
+        self.prog, self.iterations, self.checkpointer, self.identity = prog, iterations, checkpointer, identity
         self.checkpoint_every = checkpoint_every
         self.lead = jax.process_index() == 0  # metrics, progress and checkpoints come from process 0
         self.meta = _run_meta(prog, run_info)
@@ -146,7 +163,8 @@ class _Training:
             state, delays = self.resume(state)
         stop_at = min(self.iterations, self.start_at + stop_after) if stop_after else self.iterations
         stop = StopOnSignal(graceful=self.checkpointer is not None)
-        saving = SaveCheckpoints(self.checkpointer, self.checkpoint_every, self.meta) if self.checkpointer else None
+        saving = (SaveCheckpoints(self.checkpointer, self.checkpoint_every, self.meta, self.identity)
+                  if self.checkpointer else None)
         if saving is not None and self.start_at:
             saving.saved_at = self.start_at  # the checkpoint resumed from
         actions: list[Action] = [CheckFinite(), stop]
@@ -180,6 +198,7 @@ class _Training:
         state, delays, saved = self.checkpointer.restore_latest(fresh_state, prog.initial_delays(fresh_state),
                                                                 run=self.meta)
         self.start_at = int(saved["iteration"])
+        self.identity.continue_from(saved.get("tracking"))  # the same runs in the trackers
         self.resumed_return = float(saved.get("last_return", float("nan")))
         if self.out is not None:
             print(f"resumed from the checkpoint at iteration {self.start_at}", file=self.out)
@@ -189,10 +208,11 @@ class _Training:
 class SaveCheckpoints(Action):
     """The whole state (and delays) every `every` iterations and at the run's last iteration. Every
     process holds the whole state on its host; process 0 writes it. A state that is not finite is
-    never saved."""
+    never saved. The metadata holds the run's identity in the trackers (`tracking`), taken when saved:
+    the sinks add their MLflow run ids to it as they open."""
 
-    def __init__(self, checkpointer: Any, every: int, meta: dict):
-        self.checkpointer, self.every, self.meta = checkpointer, every, meta
+    def __init__(self, checkpointer: Any, every: int, meta: dict, identity: Any = None):
+        self.checkpointer, self.every, self.meta, self.identity = checkpointer, every, meta, identity
         self.saved_at: int | None = None  # the iteration of the latest checkpoint of this run, if any
 
     def on_start(self, run: Run) -> None:
@@ -201,7 +221,9 @@ class SaveCheckpoints(Action):
     def on_state(self, iteration: int, state: Any, delays: dict) -> None:
         check_state(state, iteration)
         if self.run.lead:
-            self.checkpointer.save(iteration, state, delays, {**self.meta, "last_return": self.run.last_return})
+            tracked = {"tracking": self.identity.saved()} if self.identity is not None else {}
+            self.checkpointer.save(iteration, state, delays, {**self.meta, **tracked,
+                                                              "last_return": self.run.last_return})
         self.saved_at = iteration
 
 

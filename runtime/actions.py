@@ -60,6 +60,9 @@ class Run:
     """Per metric, the mean of its latest row (over environments and population members)."""
     began: float = dataclasses.field(default_factory=time.perf_counter)
     """`time.perf_counter()` when the run began."""
+    stopped_by: int = 0
+    """The signal that asked the run to stop after a dispatch (runtime/stopping.py's graceful stop), 0 if none:
+    what `on_end` reads to tell an interrupted run from one that ended."""
 
     @property
     def wall_s(self) -> float:

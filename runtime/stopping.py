@@ -114,12 +114,13 @@ class StopOnSignal(Action):
         self.stop, self.signum = GracefulStop(graceful), 0
 
     def on_start(self, run: Run) -> None:
+        self.run = run
         self.stop.__enter__()
 
     def wants_stop(self) -> bool:
         if not self.stop.graceful:  # nothing to save: the first signal stopped the run at once
             return False
-        self.signum = self.stop.requested()
+        self.signum = self.run.stopped_by = self.stop.requested()
         return bool(self.signum)
 
     def on_end(self, run: Run) -> None:

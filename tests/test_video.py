@@ -36,6 +36,16 @@ CART, POLE = (0, 0, 0), (202, 152, 101)
 """Colours Gymnasium draws CartPole's cart and pole in."""
 
 
+class Received:
+    """A tracking sink's `on_video`, recorded: (iteration, path, frames, fps) of each video handed to it."""
+
+    def __init__(self):
+        self.videos = []
+
+    def on_video(self, iteration, path, frames, fps):
+        self.videos.append((iteration, path, len(frames), fps))
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """A tiny PPO CartPole run of 4 iterations, checkpointed, recording a video (one episode of at most 30
@@ -45,6 +55,7 @@ def run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("run")
     seen = {}
     capture = video.CaptureVideo(2, folder, max_steps=30)
+    capture.sinks.append(Received())  # as fragc.train adds its tracking sinks
     record = Every(2, lambda iteration, state: seen.setdefault(iteration, algo.policy_params(state)))
     fragc.train(prog, prog.init(0), 4, checkpoint_dir=folder / "checkpoints", checkpoint_every=2,
                 run_info={"algo": "ppo", "seed": 0}, actions=[record, capture])
@@ -138,10 +149,70 @@ def test_capture_video_during_training(run):
     names = sorted(os.listdir(folder / "videos"))
     assert names == ["iteration_0000002.mp4", "iteration_0000004.mp4"]
     assert capture.written == [str(folder / "videos" / n) for n in names]
+    frames = {}
     for iteration in (2, 4):
         written = iio.imread(folder / "videos" / f"iteration_{iteration:07d}.mp4")
-        assert written.shape == (n_frames(episode_lengths(algo, seen[iteration], 1, seed=0, max_steps=30)), 400, 600, 3)
+        frames[iteration] = n_frames(episode_lengths(algo, seen[iteration], 1, seed=0, max_steps=30))
+        assert written.shape == (frames[iteration], 400, 600, 3)
     assert not np.array_equal(*[jax.tree.leaves(seen[i])[0] for i in (2, 4)])  # two policies
+    [sink] = capture.sinks  # each video handed to the tracking sinks too, with its frames and rate
+    assert sink.videos == [(i, str(folder / "videos" / f"iteration_{i:07d}.mp4"), frames[i], 50) for i in (2, 4)]
+
+
+def test_an_unwritable_video_is_one_line_and_leaves_nothing(run, tmp_path, monkeypatch):
+    """Issue 46, bad input 3: `fragc video CK --out <unwritable>/a.gif` printed its line, then imageio's
+    `PluginV3.__del__` traceback (an unraisable exception as its writer was collected). Now refused before the
+    checkpoint is read, nothing made; write_video alike."""
+    import gc
+
+    _, folder, _, _ = run
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    (tmp_path / "file").write_text("")
+    for out in ("/proc/nope/a.gif", "/proc/a.gif", str(tmp_path / "file" / "sub" / "a.mp4")):
+        with pytest.raises(FragcError, match=r"^cannot write the video in '.*': '.*' is (not writable|a file, not a folder)$"):
+            video_command.main(parse(str(folder / "checkpoints"), "--out", out, "--max-steps", "2"))
+        with pytest.raises(FragcError, match="cannot write the video"):
+            video.write_video([np.zeros((4, 6, 3), np.uint8)], out, 10)
+        gc.collect()
+    assert unraisable == [] and os.listdir(tmp_path) == ["file"]
+
+
+def test_headless_mujoco_picks_egl_or_osmesa(monkeypatch):
+    """No display and no MUJOCO_GL: the first of EGL and OSMesa that makes a context (probed in a process of its
+    own; faked here) is set as MUJOCO_GL, or one line refuses before training; a display, a MUJOCO_GL of the
+    user's, or an environment that is not MuJoCo's are left alone."""
+    for name in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL", "PYOPENGL_PLATFORM"):
+        monkeypatch.delenv(name, raising=False)
+    tried = []
+    monkeypatch.setattr(video, "_gl_works", lambda backend: tried.append(backend) or backend == "osmesa")
+    video.headless_gl("gymnasium:HalfCheetah-v5", "HalfCheetah-v5")
+    assert tried == ["egl", "osmesa"] and os.environ["MUJOCO_GL"] == os.environ["PYOPENGL_PLATFORM"] == "osmesa"
+    video.headless_gl("gymnasium:Hopper-v5", "Hopper-v5")  # MUJOCO_GL is set now: no probe
+    assert tried == ["egl", "osmesa"]
+    monkeypatch.delenv("MUJOCO_GL")
+    monkeypatch.delenv("PYOPENGL_PLATFORM")
+    video.headless_gl("gymnasium:CartPole-v1", "CartPole-v1")  # not MuJoCo
+    monkeypatch.setenv("DISPLAY", ":0")
+    video.headless_gl("gymnasium:HalfCheetah-v5", "HalfCheetah-v5")  # a display
+    assert tried == ["egl", "osmesa"] and "MUJOCO_GL" not in os.environ
+    monkeypatch.delenv("DISPLAY")
+    monkeypatch.setattr(video, "_gl_works", lambda backend: False)
+    with pytest.raises(FragcError, match=r"^cannot render gymnasium:HalfCheetah-v5: there is no display, and MuJoCo "
+                                         r"makes an OpenGL context with neither EGL nor OSMesa here; .* MUJOCO_GL"):
+        video.check_renderable(fragc.algos.envs.VecEnv("gymnasium:HalfCheetah-v5"))
+
+
+@pytest.mark.slow
+def test_headless_mujoco_renders(tmp_path, monkeypatch):
+    """A MuJoCo environment renders without a display: MUJOCO_GL chosen by a real probe (a subprocess)."""
+    for name in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL", "PYOPENGL_PLATFORM"):
+        monkeypatch.delenv(name, raising=False)
+    algo = fragc.algos.make("ppo_continuous", env="gymnasium:HalfCheetah-v5", num_envs=1, num_steps=8,
+                            num_minibatches=1)
+    params = algo.policy_params(jax.jit(algo.init)(jax.random.key(0)))
+    frames = video.render_episodes(algo, params, 1, 0, max_steps=2)
+    assert os.environ["MUJOCO_GL"] in video.GL_BACKENDS and len(frames) == 3 and frames[0].std() > 0
 
 
 def test_gymnasium_host_environment(run):

@@ -19,7 +19,8 @@ from fragc.runtime.actions import steps_per_iteration
 from fragc.runtime.checkpoint import Checkpointer
 from fragc.runtime.reporting import enable_compilation_cache, params_fingerprint
 from fragc.runtime.stopping import Stopped
-from fragc.sinks.video import CaptureVideo
+from fragc.sinks import tracking
+from fragc.sinks.video import CaptureVideo, check_capture
 from fragc.training import algo_meta, train
 
 from . import config_file
@@ -99,11 +100,15 @@ def main(args: argparse.Namespace) -> int:
     if not args.no_cache:
         enable_compilation_cache()
     lead = jax.process_index() == 0  # progress and output come from process 0
+    if args.track:  # a sink that could not start, or write, refused before any folder is made
+        tracking.sink_names(args.track)
+        tracking.check_writable(track_folder(args), "--track's runs")
+    run_info = {"algo": args.algo, "seed": args.seed}
+    devices = program_devices(args)
+    algo = make_algo(args)
+    iterations, notes = run_length(algo, args)  # a run that cannot start is refused before compiling
+    videos = video_capture(args, algo)  # and videos it could not draw or write
     with open_checkpoints(args.checkpoint_dir) as checkpoints:  # an unwritable folder fails before compiling
-        run_info = {"algo": args.algo, "seed": args.seed}
-        devices = program_devices(args)
-        algo = make_algo(args)
-        iterations, notes = run_length(algo, args)  # a run that cannot start is refused before compiling
         if lead:
             for note in notes:
                 print(f"fragc: warning: {note}", file=sys.stderr)
@@ -125,7 +130,7 @@ def main(args: argparse.Namespace) -> int:
             result = train(prog, prog.init(args.seed), iterations, checkpoint_dir=checkpoints,
                            checkpoint_every=args.checkpoint_every, resume=args.resume, metrics=args.metrics,
                            progress=progress, stop_after=args.stop_after, run_info=run_info, track=args.track,
-                           track_dir=args.track_dir, actions=video_capture(args, algo))
+                           track_dir=args.track_dir, actions=videos)
         except Stopped as stop:
             if lead:
                 print(f"fragc: {stop}; its checkpoint continues with --resume", file=sys.stderr)
@@ -187,9 +192,15 @@ def video_capture(args: argparse.Namespace, algo: Any) -> list:
     if not eval_every:
         raise FragcError("--capture-video records every K evaluations: give --eval-every N (iterations between "
                          "evaluations) too")
-    directory = args.track_dir or (os.path.dirname(os.path.abspath(args.metrics)) if args.metrics
-                                   else args.checkpoint_dir or "runs")
-    return [CaptureVideo(eval_every * args.video_every, directory)]
+    check_capture(algo, track_folder(args))  # before compiling
+    return [CaptureVideo(eval_every * args.video_every, track_folder(args))]
+
+
+def track_folder(args: argparse.Namespace) -> str:
+    """Where the tracking sinks and videos go: --track-dir, else the --metrics file's folder, else --checkpoint-dir,
+    else runs (as `fragc.train` chooses)."""
+    return args.track_dir or (os.path.dirname(os.path.abspath(args.metrics)) if args.metrics
+                              else args.checkpoint_dir or "runs")
 
 
 def _compiling_line(args: argparse.Namespace, algo: Any) -> str:

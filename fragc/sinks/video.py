@@ -39,6 +39,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import subprocess
+import sys
 import warnings
 from typing import Any, Callable
 
@@ -55,6 +57,7 @@ from fragc.ir.errors import FragcError
 from fragc.ir.sweep import swept
 from fragc.runtime.actions import Action, Run
 from fragc.runtime.checkpoint import Checkpointer
+from fragc.sinks.tracking import check_writable
 
 SUFFIXES = (".mp4", ".gif")
 """The formats `write_video` writes."""
@@ -130,6 +133,18 @@ class EpisodeRenderer:
         self.close()
 
 
+def check_capture(algo: Any, directory: str | os.PathLike) -> None:
+    """Refuse, in one line, what `CaptureVideo(every, directory)` could not do for `algo` (a policy it cannot
+    play, an environment it cannot draw, a folder it cannot write), before a run compiles: `fragc run
+    --capture-video` calls it first."""
+    env = _greedy(algo).env
+    if not isinstance(env, VecEnv):
+        raise FragcError(f"{type(algo).__name__}.env is not a fragc.algos.envs.VecEnv: videos play episodes of "
+                         "the algorithm's environment (VecEnv(name))")
+    check_renderable(env)
+    check_writable(os.path.join(os.fspath(directory), "videos"), "videos")
+
+
 def check_renderable(env: Any) -> None:
     """Refuse, in one line, an environment `render_episodes` cannot draw (before a run that records videos)."""
     backend, env_id = split_env_name(env.name)
@@ -145,6 +160,50 @@ def check_renderable(env: Any) -> None:
     elif backend == "envpool" and _gymnasium_id(backend, env_id) is None:
         raise FragcError(f"cannot render {env.name}: EnvPool renders nothing, and Gymnasium has no '{env_id}' "
                          "to render the same task with")
+    else:
+        headless_gl(env.name, _gymnasium_id(backend, env_id))
+
+
+GL_BACKENDS = ("egl", "osmesa")
+"""What MuJoCo renders with off screen, in the order tried where there is no display (MUJOCO_GL's values)."""
+
+
+def headless_gl(name: str, gym_id: str | None) -> None:
+    """A MuJoCo environment on a machine without a display (no DISPLAY or WAYLAND_DISPLAY) and without MUJOCO_GL:
+    set MUJOCO_GL (and PYOPENGL_PLATFORM) to the first of EGL and OSMesa that makes an OpenGL context here, or
+    refuse in one line. Gymnasium's MuJoCo renderer otherwise tries GLFW, which needs a display, and fails at
+    the first frame (`mujoco.FatalError: an OpenGL platform library has not been loaded`)."""
+    if "MUJOCO_GL" in os.environ or os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
+        return
+    if not _is_mujoco(gym_id):
+        return
+    for backend in GL_BACKENDS:
+        if _gl_works(backend):
+            os.environ["MUJOCO_GL"] = backend
+            os.environ.setdefault("PYOPENGL_PLATFORM", backend)
+            return
+    raise FragcError(f"cannot render {name}: there is no display, and MuJoCo makes an OpenGL context with neither "
+                     "EGL nor OSMesa here; install one (libegl1, or libosmesa6) or give a display, and set "
+                     "MUJOCO_GL (docs/videos.md)")
+
+
+def _is_mujoco(gym_id: str | None) -> bool:
+    try:
+        entry = gymnasium.spec(gym_id).entry_point if gym_id else ""
+    except gymnasium.error.Error:
+        return False
+    return "mujoco" in str(entry)
+
+
+def _gl_works(backend: str) -> bool:
+    """Whether MuJoCo makes an OpenGL context with `backend`, tried in a process of its own (a failed try can
+    leave a process's OpenGL bindings half set up)."""
+    probe = f"import mujoco.{backend} as gl; context = gl.GLContext(8, 8); context.make_current(); context.free()"
+    env = {**os.environ, "MUJOCO_GL": backend, "PYOPENGL_PLATFORM": backend}
+    try:
+        return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -453,14 +512,20 @@ def write_video(frames: list[np.ndarray], path: str | os.PathLike, fps: int) -> 
         raise FragcError(f"writing videos needs imageio: {INSTALL}") from err
     stack = np.stack([np.asarray(f, np.uint8) for f in frames])
     folder = os.path.dirname(os.path.abspath(path))
+    check_writable(folder, "the video")  # nothing made where it cannot be written
+    existed = os.path.exists(path)
     try:
         os.makedirs(folder, exist_ok=True)
-        if suffix == ".gif":
-            iio.imwrite(path, stack, extension=".gif", plugin="pillow", duration=1000 / fps, loop=0)
+        if suffix == ".gif":  # encoded in memory: imageio's file plugin, failing to open, would fail again in __del__
+            data = iio.imwrite("<bytes>", stack, extension=".gif", plugin="pillow", duration=1000 / fps, loop=0)
+            with open(path, "wb") as f:
+                f.write(data)
         else:
             stack = _even_sides(stack)
             _write_mp4(path, stack, fps)
     except OSError as err:
+        if not existed and os.path.exists(path):  # a part written: nothing left behind
+            os.remove(path)
         raise FragcError(f"cannot write '{path}': {err.strerror or _first_line(err)}") from err
     return int(stack.shape[2]), int(stack.shape[1])
 
@@ -620,6 +685,7 @@ def video_from_checkpoint(checkpoint_dir: str | os.PathLike, out: str | os.PathL
     -> (path, frames, (width, height)). fps: default the environment's own rate (`EpisodeRenderer.fps`)."""
     path = os.fspath(out)
     _suffix(path)  # before restoring anything
+    check_writable(os.path.dirname(os.path.abspath(path)), "the video")
     algo, params, _ = restore_policy(checkpoint_dir, member)
     with EpisodeRenderer(algo) as renderer:
         frames = renderer.render(params, episodes, seed, max_steps)
@@ -646,6 +712,8 @@ class CaptureVideo(Action):
         self.folder = os.path.join(os.fspath(directory), "videos")
         self.fps, self.max_steps, self.suffix = fps, max_steps, suffix
         self.written: list[str] = []
+        self.sinks: list[Any] = []
+        """Tracking sinks each video goes to as well (`fragc.train` adds its own: TensorBoard, W&B, MLflow)."""
 
     def on_start(self, run: Run) -> None:
         self.algo = run.program.algo
@@ -662,8 +730,11 @@ class CaptureVideo(Action):
             state = jax.tree.map(lambda x: x[self.member], state)
         frames = self.renderer.render(self.algo.policy_params(state), self.episodes, self.seed, self.max_steps)
         path = os.path.join(self.folder, f"iteration_{iteration:07d}{self.suffix}")
-        write_video(frames, path, self.fps or self.renderer.fps)
+        fps = self.fps or self.renderer.fps
+        write_video(frames, path, fps)
         self.written.append(path)
+        for sink in self.sinks:
+            sink.on_video(iteration, path, frames, fps)
 
     def on_end(self, run: Run) -> None:
         if getattr(self, "renderer", None) is not None:
