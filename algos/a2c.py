@@ -16,6 +16,7 @@ import optax
 
 import fragc
 from fragc.algos import ppo
+from fragc.algos.diagnostics import explained_variance
 from fragc.algos.evaluation import EvalConfig
 from fragc.algos.run_length import RunLength
 from fragc.algos.validation import algo_name
@@ -82,9 +83,11 @@ class A2C(ppo.PPO):
         flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), (traj, advantages, targets))
         grads, metrics = jax.grad(self._loss, has_aux=True)(learner.params, *flat)
         grads = fragc.pmean(grads)
+        diagnostics = {"learning_rate": self.learning_rate(learner.opt_state),
+                       "explained_variance": explained_variance(targets, traj.value)}
         updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
         learner = learner.replace(params=optax.apply_updates(learner.params, updates), opt_state=opt_state)
-        return learner, jax.tree.map(fragc.pmean, metrics)
+        return learner, {**fragc.pmean(metrics), **diagnostics}
 
     def _loss(self, params: Any, traj: ppo.Transition, advantages: jax.Array, targets: jax.Array
               ) -> tuple[jax.Array, dict]:

@@ -21,6 +21,7 @@ import optax
 from flax import struct
 
 import fragc
+from fragc.algos.diagnostics import episode_metrics
 from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
 from fragc.algos.replay import Buffer, ReplayBuffer, Transition
@@ -170,9 +171,7 @@ class DQN(ReplayBuffer):
             return runner, Transition(obs, action, out.reward, out.final_obs, out.terminated)
 
         runner, traj = jax.lax.scan(step, runner, None, self.config.num_steps)
-        completed = fragc.psum(jnp.sum(runner.has_return))
-        metrics = {"episode_return": fragc.psum(jnp.sum(runner.last_return * runner.has_return))
-                   / jnp.maximum(completed, 1), "epsilon": eps}
+        metrics = {**episode_metrics(runner), "epsilon": eps}
         return traj, runner, metrics
 
     # REPLAY BUFFER: `insert` and `sample` (algos/replay.py), one batch per vector step
@@ -187,15 +186,17 @@ class DQN(ReplayBuffer):
         env_steps = learner.env_steps + c.steps_per_iteration
         started = env_steps >= c.learning_starts
 
-        def update(learner: Learner, batch: Transition) -> tuple[Learner, jax.Array]:
-            loss, grads = jax.value_and_grad(self._loss)(learner.params, learner.target_params, batch)
+        def update(learner: Learner, batch: Transition) -> tuple[Learner, dict]:
+            (loss, q_value), grads = jax.value_and_grad(self._td, has_aux=True)(learner.params, learner.target_params,
+                                                                                 batch)
             grads = fragc.pmean(grads)
             updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
             new = learner.replace(params=optax.apply_updates(learner.params, updates), opt_state=opt_state)
-            return jax.tree.map(lambda a, b: jnp.where(started, a, b), new, learner), fragc.pmean(loss)
+            return (jax.tree.map(lambda a, b: jnp.where(started, a, b), new, learner),
+                    fragc.pmean({"loss": loss, "q_value": q_value}))
 
-        learner, losses = jax.lax.scan(update, learner, batches)
-        return learner.replace(env_steps=env_steps), {"loss": jnp.mean(losses)}
+        learner, metrics = jax.lax.scan(update, learner, batches)
+        return learner.replace(env_steps=env_steps), jax.tree.map(jnp.mean, metrics)
 
     @fragc.fragment(role="learner", in_axes=(None, None), out_axes=None)
     def sync_target(self, params: Any, target_params: Any) -> Any:
@@ -203,6 +204,12 @@ class DQN(ReplayBuffer):
         return jax.tree.map(lambda p, t: p.astype(t.dtype), params, target_params)
 
     def _loss(self, params: Any, target_params: Any, batch: Transition) -> jax.Array:
+        """The TD loss: the mean squared error of Q(s, a) against r + gamma (1 - terminated) Q'(s', a'), a'
+        the target network's argmax (the online network's with double_dqn)."""
+        return self._td(params, target_params, batch)[0]
+
+    def _td(self, params: Any, target_params: Any, batch: Transition) -> tuple[jax.Array, jax.Array]:
+        """The TD loss, and the mean Q(s, a) of the batch's actions under the online network (CleanRL's q_values)."""
         q_next_target = self.network.apply(target_params, batch.next_obs)
         if self.config.double_dqn:
             best = jnp.argmax(self.network.apply(params, batch.next_obs), -1)
@@ -211,7 +218,7 @@ class DQN(ReplayBuffer):
             q_next = jnp.max(q_next_target, -1)
         target = batch.reward + self.config.gamma * (1.0 - batch.terminated) * jax.lax.stop_gradient(q_next)
         q = jnp.take_along_axis(self.network.apply(params, batch.obs), batch.action[:, None], -1)[:, 0]
-        return jnp.mean((q - target) ** 2)
+        return jnp.mean((q - target) ** 2), jnp.mean(q)
 
     # THE DETERMINISTIC POLICY: what evaluation episodes and videos act with
     def policy_params(self, state: State) -> Any:

@@ -18,6 +18,7 @@ import optax
 
 import fragc
 from fragc.algos import a2c, ppo
+from fragc.algos.diagnostics import explained_variance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,13 +75,17 @@ class IMPALA(a2c.A2C):
 
     @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None))
     def learn(self, learner: ppo.Learner, traj: ppo.Transition) -> tuple[ppo.Learner, dict]:
-        grads, metrics = jax.grad(self._vtrace_loss, has_aux=True)(learner.params, traj)
+        grads, (metrics, targets, values) = jax.grad(self._vtrace_loss, has_aux=True)(learner.params, traj)
         grads = fragc.pmean(grads)
+        diagnostics = {"learning_rate": self.learning_rate(learner.opt_state),
+                       "explained_variance": explained_variance(targets, values)}
         updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
         learner = learner.replace(params=optax.apply_updates(learner.params, updates), opt_state=opt_state)
-        return learner, jax.tree.map(fragc.pmean, metrics)
+        return learner, {**fragc.pmean(metrics), **diagnostics}
 
-    def _vtrace_loss(self, params: Any, traj: ppo.Transition) -> tuple[jax.Array, dict]:
+    def _vtrace_loss(self, params: Any, traj: ppo.Transition) -> tuple[jax.Array, tuple[dict, jax.Array, jax.Array]]:
+        """The loss, and beside it its metrics, the V-trace targets v_s and the values V(x_s) they are compared
+        with (for the explained variance, over every replica's batch)."""
         c = self.config
         log_prob, entropy, values = self.evaluate(params, traj.obs, traj.action)  # [T, n] each
         _, next_values = self.network.apply(params, traj.next_obs)
@@ -91,5 +96,7 @@ class IMPALA(a2c.A2C):
         actor_loss = -jnp.mean(log_prob * targets.pg_advantages)
         value_loss = 0.5 * jnp.mean((values - targets.vs) ** 2)
         loss = actor_loss + c.vf_coef * value_loss - c.ent_coef * entropy
-        return loss, {"loss": loss, "actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy,
-                      "mean_rho": jnp.mean(jnp.exp(log_prob - traj.log_prob))}
+        rhos = jnp.exp(log_prob - traj.log_prob)
+        metrics = {"loss": loss, "actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy,
+                   "mean_rho": jnp.mean(rhos), "rho_clip_fraction": jnp.mean((rhos > c.rho_bar).astype(jnp.float32))}
+        return loss, (metrics, targets.vs, jax.lax.stop_gradient(values))

@@ -20,6 +20,7 @@ import optax
 from flax import struct
 
 import fragc
+from fragc.algos.diagnostics import approx_kl, clip_fraction, episode_metrics, explained_variance, scheduled_lr
 from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
 from fragc.algos.run_length import RunLength
@@ -220,6 +221,10 @@ class PPO:
         updates = c.iterations * c.update_epochs * c.num_minibatches
         return optax.linear_schedule(c.lr, 0.0, updates)
 
+    def learning_rate(self, opt_state: Any) -> jax.Array:
+        """The learning rate of the optimizer's next update (the schedule's value at its step count)."""
+        return scheduled_lr(self._learning_rate(), opt_state)
+
     def init(self, key: jax.Array) -> State:
         k_params, k_env, k_learn = jax.random.split(key, 3)
         params = self.network.init(k_params, jnp.zeros((1, self.env.obs_size)))
@@ -276,11 +281,7 @@ class PPO:
         # V(s_{t+1}) for every step at once: a truncated episode bootstraps from the state it reached
         next_value = self.value(params, next_obs)
         traj = Transition(obs, action, log_prob, value, next_obs, next_value, reward, terminated, done)
-        completed = fragc.psum(jnp.sum(runner.has_return))
-        metrics = {
-            "episode_return": fragc.psum(jnp.sum(runner.last_return * runner.has_return)) / jnp.maximum(completed, 1),
-            "episodes": fragc.psum(jnp.sum(traj.done)),
-        }
+        metrics = {**episode_metrics(runner), "episodes": fragc.psum(jnp.sum(traj.done))}
         return traj, runner, metrics
 
     # UPDATE NETWORK: one epoch, a pass over the rollout in shuffled minibatches
@@ -293,6 +294,7 @@ class PPO:
         def minibatch_step(learner: Learner, mb: Any) -> tuple[Learner, dict]:
             grads, metrics = jax.grad(self._loss, has_aux=True)(learner.params, *mb)
             grads = fragc.pmean(grads)
+            metrics = {**metrics, "learning_rate": self.learning_rate(learner.opt_state)}
             updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
             params = optax.apply_updates(learner.params, updates)
             return learner.replace(params=params, opt_state=opt_state), metrics
@@ -301,7 +303,8 @@ class PPO:
         perm = jax.random.permutation(perm_key, advantages.size)
         shuffled = jax.tree.map(lambda x: x[perm].reshape((c.num_minibatches, -1) + x.shape[1:]), batch)
         learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled)
-        return learner, jax.tree.map(lambda x: fragc.pmean(jnp.mean(x)), metrics)
+        metrics = fragc.pmean(jax.tree.map(jnp.mean, metrics))
+        return learner, {**metrics, "explained_variance": explained_variance(targets, traj.value)}
 
     def _loss(self, params: Any, traj: Transition, advantages: jax.Array, targets: jax.Array) -> tuple[jax.Array, dict]:
         c = self.config
@@ -314,12 +317,14 @@ class PPO:
         else:
             value_loss = 0.5 * jnp.mean((value - targets) ** 2)
 
-        ratio = jnp.exp(log_prob - traj.log_prob)
+        log_ratio = log_prob - traj.log_prob
+        ratio = jnp.exp(log_ratio)
         adv = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
         actor_loss = -jnp.mean(jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - c.clip_eps, 1 + c.clip_eps) * adv))
 
         loss = actor_loss + c.vf_coef * value_loss - c.ent_coef * entropy
-        return loss, {"loss": loss, "actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy}
+        return loss, {"loss": loss, "actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy,
+                      "approx_kl": approx_kl(log_ratio), "clip_fraction": clip_fraction(ratio, c.clip_eps)}
 
     # THE DETERMINISTIC POLICY: what evaluation episodes and videos act with
     def policy_params(self, state: State) -> Any:

@@ -34,6 +34,7 @@ import optax
 from flax import struct
 
 import fragc
+from fragc.algos.diagnostics import approx_kl, clip_fraction, episode_metrics, explained_variance, scheduled_lr
 from fragc.algos.envs import Runner, Step, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
 from fragc.algos.ppo import action_log_prob, dense, gae
@@ -337,9 +338,13 @@ class PPORNN:
     def optimizer(self) -> optax.GradientTransformation:
         """Built where it is used, not cached: a hyperparameter sweep traces it with each member's values."""
         c = self.config
-        lr = optax.linear_schedule(c.lr, 0.0, c.iterations * c.update_epochs * c.num_minibatches) \
-            if c.anneal_lr else c.lr
-        return optax.chain(optax.clip_by_global_norm(c.max_grad_norm), optax.adam(lr, eps=1e-5))
+        return optax.chain(optax.clip_by_global_norm(c.max_grad_norm), optax.adam(self._learning_rate(), eps=1e-5))
+
+    def _learning_rate(self) -> Any:
+        c = self.config
+        if not c.anneal_lr:
+            return c.lr
+        return optax.linear_schedule(c.lr, 0.0, c.iterations * c.update_epochs * c.num_minibatches)
 
     def init(self, key: jax.Array) -> State:
         c = self.config
@@ -390,12 +395,7 @@ class PPORNN:
         _, _, next_value = self.network.apply(params, h_after.reshape(T * N, -1),
                                               next_obs.reshape(1, T * N, -1), jnp.zeros((1, T * N), bool))
         traj = Transition(h, reset, obs, action, log_prob, value, next_value.reshape(T, N), reward, terminated, done)
-        runner = actor.runner
-        completed = fragc.psum(jnp.sum(runner.has_return))
-        metrics = {
-            "episode_return": fragc.psum(jnp.sum(runner.last_return * runner.has_return)) / jnp.maximum(completed, 1),
-            "episodes": fragc.psum(jnp.sum(done)),
-        }
+        metrics = {**episode_metrics(actor.runner), "episodes": fragc.psum(jnp.sum(done))}
         return traj, actor, metrics
 
     # UPDATE NETWORK: one epoch, minibatches of whole environment sequences
@@ -412,6 +412,7 @@ class PPORNN:
         def minibatch_step(learner: Learner, mb: Any) -> tuple[Learner, dict]:
             grads, metrics = jax.grad(self._loss, has_aux=True)(learner.params, *mb, clip)
             grads = fragc.pmean(grads)
+            metrics = {**metrics, "learning_rate": scheduled_lr(self._learning_rate(), learner.opt_state)}
             updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
             params = optax.apply_updates(learner.params, updates)
             return learner.replace(params=params, opt_state=opt_state), metrics
@@ -424,7 +425,9 @@ class PPORNN:
         split = lambda x: jnp.swapaxes(x[:, perm].reshape((T, c.num_minibatches, -1) + x.shape[2:]), 0, 1)
         shuffled = jax.tree.map(split, (traj, advantages, targets))
         learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled)
-        return learner.replace(epochs=learner.epochs + 1), jax.tree.map(lambda x: fragc.pmean(jnp.mean(x)), metrics)
+        metrics = fragc.pmean(jax.tree.map(jnp.mean, metrics))
+        metrics["explained_variance"] = explained_variance(targets, traj.value)
+        return learner.replace(epochs=learner.epochs + 1), metrics
 
     def ratio_clip(self, epochs: jax.Array) -> jax.Array | float:
         """The ratio clip of the epoch after `epochs` passes: clip_eps, or with anneal_clip clip_eps times the
@@ -451,12 +454,14 @@ class PPORNN:
             value_losses = jnp.maximum(value_losses, (value_clipped - targets) ** 2)
         value_loss = 0.5 * jnp.mean(value_losses)
 
-        ratio = jnp.exp(log_prob - traj.log_prob)
+        log_ratio = log_prob - traj.log_prob
+        ratio = jnp.exp(log_ratio)
         adv = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
         actor_loss = -jnp.mean(jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - clip, 1 + clip) * adv))
 
         loss = actor_loss + c.vf_coef * value_loss - c.ent_coef * entropy
-        return loss, {"loss": loss, "actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy}
+        return loss, {"loss": loss, "actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy,
+                      "approx_kl": approx_kl(log_ratio), "clip_fraction": clip_fraction(ratio, clip)}
 
     # THE DETERMINISTIC POLICY: what evaluation episodes and videos act with (`Evaluator.recurrent`). There is no
     # `greedy_action(params, obs)`: a recurrent policy carries its hidden state from step to step.

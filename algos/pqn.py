@@ -32,6 +32,7 @@ import optax
 from flax import struct
 
 import fragc
+from fragc.algos.diagnostics import episode_metrics, scheduled_lr
 from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
 from fragc.algos.run_length import RunLength
@@ -176,11 +177,13 @@ class PQN:
     @property
     def optimizer(self) -> optax.GradientTransformation:
         """Built where it is used, not cached: a hyperparameter sweep traces it with each member's values."""
+        return optax.chain(optax.clip_by_global_norm(self.config.max_grad_norm), optax.radam(self._learning_rate()))
+
+    def _learning_rate(self) -> Any:
         c = self.config
-        lr = c.lr
-        if c.lr_linear_decay:  # purejaxql decays to 1e-20, not 0
-            lr = optax.linear_schedule(c.lr, 1e-20, c.iterations * c.num_epochs * c.num_minibatches)
-        return optax.chain(optax.clip_by_global_norm(c.max_grad_norm), optax.radam(lr))
+        if not c.lr_linear_decay:
+            return c.lr
+        return optax.linear_schedule(c.lr, 1e-20, c.iterations * c.num_epochs * c.num_minibatches)  # purejaxql's 1e-20
 
     def epsilon(self, updates: jax.Array) -> jax.Array:
         """eps_start to eps_finish linearly over the first `eps_decay` of the run's iterations, then eps_finish."""
@@ -229,9 +232,7 @@ class PQN:
         # max_a Q(s_{t+1}, a) for every step at once, with the acting parameters
         next_q = jnp.max(self.network.apply(params, next_obs), -1)
         target = lambda_returns(c.reward_scale * reward, terminated, done, next_q, c.gamma, c.td_lambda)
-        completed = fragc.psum(jnp.sum(runner.has_return))
-        metrics = {"episode_return": fragc.psum(jnp.sum(runner.last_return * runner.has_return))
-                   / jnp.maximum(completed, 1), "epsilon": eps}
+        metrics = {**episode_metrics(runner), "epsilon": eps}
         return Transition(obs, action, target), runner, metrics
 
     # UPDATE NETWORK: one epoch, a pass over the rollout in shuffled minibatches
@@ -240,21 +241,24 @@ class PQN:
         c = self.config
         batch = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), traj)
 
-        def minibatch_step(learner: Learner, mb: Transition) -> tuple[Learner, jax.Array]:
-            loss, grads = jax.value_and_grad(self._loss)(learner.params, mb)
+        def minibatch_step(learner: Learner, mb: Transition) -> tuple[Learner, dict]:
+            (loss, q_value), grads = jax.value_and_grad(self._loss, has_aux=True)(learner.params, mb)
             grads = fragc.pmean(grads)
+            metrics = {"loss": loss, "q_value": q_value,
+                       "learning_rate": scheduled_lr(self._learning_rate(), learner.opt_state)}
             updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
-            return learner.replace(params=optax.apply_updates(learner.params, updates), opt_state=opt_state), loss
+            return learner.replace(params=optax.apply_updates(learner.params, updates), opt_state=opt_state), metrics
 
         key, perm_key = jax.random.split(learner.key)
         perm = jax.random.permutation(perm_key, batch.target.size)
         shuffled = jax.tree.map(lambda x: x[perm].reshape((c.num_minibatches, -1) + x.shape[1:]), batch)
-        learner, losses = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled)
-        return learner, {"loss": fragc.pmean(jnp.mean(losses))}
+        learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled)
+        return learner, fragc.pmean(jax.tree.map(jnp.mean, metrics))
 
-    def _loss(self, params: Any, mb: Transition) -> jax.Array:
+    def _loss(self, params: Any, mb: Transition) -> tuple[jax.Array, jax.Array]:
+        """The squared error of Q(s, a) against the Q(lambda) targets, and the mean Q(s, a) of the taken actions."""
         q = jnp.take_along_axis(self.network.apply(params, mb.obs), mb.action[:, None], -1)[:, 0]
-        return 0.5 * jnp.mean((q - mb.target) ** 2)
+        return 0.5 * jnp.mean((q - mb.target) ** 2), jnp.mean(q)
 
     # THE DETERMINISTIC POLICY: what evaluation episodes and videos act with
     def policy_params(self, state: State) -> Any:

@@ -39,6 +39,7 @@ import optax
 from flax import struct
 
 import fragc
+from fragc.algos.diagnostics import episode_metrics
 from fragc.algos.envs import Runner, VecEnv
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
 from fragc.algos.replay import Buffer, ReplayBuffer, Transition
@@ -303,9 +304,7 @@ class SAC(ReplayBuffer):
             return runner, Transition(obs, action, out.reward, out.final_obs, out.terminated)
 
         runner, traj = jax.lax.scan(step, runner, None, c.num_steps)
-        completed = fragc.psum(jnp.sum(runner.has_return))
-        metrics = {"episode_return": fragc.psum(jnp.sum(runner.last_return * runner.has_return))
-                   / jnp.maximum(completed, 1)}
+        metrics = episode_metrics(runner)
         return traj, runner, metrics
 
     # UPDATE NETWORKS: `gradient_steps` steps of critics, actor, temperature and target critics
@@ -313,7 +312,7 @@ class SAC(ReplayBuffer):
     def learn(self, learner: Learner, batches: Transition) -> tuple[Learner, dict]:
         c = self.config
         env_steps = learner.env_steps + c.steps_per_iteration
-        none = {"qf_loss": 0.0, "actor_loss": 0.0, "alpha_loss": 0.0, "entropy": 0.0}
+        none = {name: 0.0 for name in ("qf_loss", "actor_loss", "alpha_loss", "entropy", "qf1_value", "qf2_value")}
         learner, metrics = jax.lax.cond(
             env_steps > c.learning_starts,
             lambda learner: jax.lax.scan(self.update, learner, batches, unroll=self.unrolled_steps),
@@ -343,7 +342,7 @@ class SAC(ReplayBuffer):
         alpha = self.alpha(learner.log_alpha)
 
         # the twin critics, towards the soft Bellman target of the target critics
-        (qf_loss, _), grads = jax.value_and_grad(self.critic_loss, has_aux=True)(
+        (qf_loss, q), grads = jax.value_and_grad(self.critic_loss, has_aux=True)(
             learner.critic, learner.target_critic, learner.actor, alpha, batch, next_noise)
         updates, critic_opt = self.critic_optimizer().update(fragc.pmean(grads), learner.critic_opt, learner.critic)
         critic = optax.apply_updates(learner.critic, updates)
@@ -366,7 +365,7 @@ class SAC(ReplayBuffer):
                                   log_alpha=log_alpha, actor_opt=actor_opt, critic_opt=critic_opt,
                                   alpha_opt=alpha_opt, key=key)
         metrics = {"qf_loss": qf_loss, "actor_loss": actor_loss, "alpha_loss": alpha_loss,
-                   "entropy": -jnp.mean(log_prob)}
+                   "entropy": -jnp.mean(log_prob), "qf1_value": jnp.mean(q[0]), "qf2_value": jnp.mean(q[1])}
         return learner, metrics
 
     def q_values(self, critic: Any, obs: jax.Array, action: jax.Array) -> jax.Array:
@@ -383,10 +382,10 @@ class SAC(ReplayBuffer):
 
     def critic_loss(self, critic: Any, target_critic: Any, actor: Any, alpha: jax.Array, batch: Transition,
                     noise: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Both critics' mean squared errors, summed (CleanRL's qf1_loss + qf2_loss), and the target."""
+        """Both critics' mean squared errors, summed (CleanRL's qf1_loss + qf2_loss), and their Q(s, a) [2, n]."""
         target = self.soft_target(target_critic, actor, alpha, batch, noise)
         q = self.q_values(critic, batch.obs, batch.action)
-        return jnp.sum(jnp.mean((q - target) ** 2, -1)), target
+        return jnp.sum(jnp.mean((q - target) ** 2, -1)), q
 
     def actor_loss(self, actor: Any, critic: Any, alpha: jax.Array, obs: jax.Array,
                    noise: jax.Array) -> tuple[jax.Array, jax.Array]:

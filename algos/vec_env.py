@@ -63,6 +63,8 @@ class Runner:
     episode_return: jax.Array  # running return of the current episode
     last_return: jax.Array  # return of the last completed episode
     has_return: jax.Array  # whether an episode has completed yet
+    episode_length: jax.Array  # int32: steps of the current episode so far
+    last_length: jax.Array  # int32: steps of the last completed episode
 
 
 @struct.dataclass
@@ -140,6 +142,7 @@ class VecEnv:
         reward = reward.astype(jnp.float32)
         done = jnp.logical_or(terminated, truncated)
         episode_return = runner.episode_return + reward
+        episode_length = runner.episode_length + 1
         runner = Runner(
             env_state=env_state,
             obs=obs,
@@ -147,13 +150,16 @@ class VecEnv:
             episode_return=jnp.where(done, 0.0, episode_return),
             last_return=jnp.where(done, episode_return, runner.last_return),
             has_return=runner.has_return | done,
+            episode_length=jnp.where(done, 0, episode_length),
+            last_length=jnp.where(done, episode_length, runner.last_length),
         )
         return runner, Step(reward, terminated, truncated, final_obs, done)
 
     @staticmethod
     def _new_runner(env_state: Any, obs: jax.Array, carry_keys: jax.Array) -> Runner:
         zeros = jnp.zeros((obs.shape[0],), jnp.float32)
-        return Runner(env_state, obs, carry_keys, zeros, zeros, jnp.zeros((obs.shape[0],), bool))
+        counts = jnp.zeros((obs.shape[0],), jnp.int32)
+        return Runner(env_state, obs, carry_keys, zeros, zeros, jnp.zeros((obs.shape[0],), bool), counts, counts)
 
     @staticmethod
     def _flat(obs: jax.Array) -> jax.Array:
