@@ -10,7 +10,9 @@ one damaged afterwards. `restore_latest` then moves the damaged one aside (to
 `STEP.damaged`, kept for inspection, and out of the way of the run that
 writes that step again) and falls back to the previous one with a warning.
 A checkpoint written with another configuration is not damaged: resuming from
-it is refused, naming the options that differ. No pickle: arrays and JSON only.
+it is refused, naming the options that differ; and so is one whose arrays are
+laid out for another state (an earlier fragc's, or the algorithm's state
+changed), naming the first array that differs. No pickle: arrays and JSON only.
 
 In a multi-process run the arrays are gathered to every host first (an RL
 agent's state is small): process 0 writes, every process restores the same
@@ -52,6 +54,31 @@ def _encode(tree: Any) -> Any:
         return np.asarray(jax.random.key_data(x)) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else np.asarray(x)
 
     return jax.tree.map(enc, tree)
+
+
+def array_layout(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Each leaf's dotted path (as orbax names it, `state.runner.obs`) -> (shape, dtype)."""
+    def part(key: Any) -> str:
+        for attr in ("key", "name", "idx"):
+            if hasattr(key, attr):
+                return str(getattr(key, attr))
+        return str(key)
+
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {".".join(part(k) for k in path): (tuple(x.shape), str(x.dtype)) for path, x in leaves}
+
+
+def layout_difference(written: dict, expected: dict) -> str | None:
+    """The first difference between two `array_layout`s, in words; None when they agree."""
+    for name in sorted(set(written) | set(expected)):
+        if name not in written:
+            return f"it has no {name}"
+        if name not in expected:
+            return f"its {name} is not in this run's state"
+        if written[name] != expected[name]:
+            (s1, d1), (s2, d2) = written[name], expected[name]
+            return f"its {name} is {d1}{list(s1)}, this run's {d2}{list(s2)}"
+    return None
 
 
 def _like(tree: Any) -> Any:
@@ -193,6 +220,7 @@ class Checkpointer:
             try:
                 meta = self._read_meta(step)
                 self._check_run(step, meta, run)
+                self._check_layout(step, like)
                 arrays = self._read_arrays(step, like, meta)
             except Damaged as err:
                 self._quiet.failed = True
@@ -237,6 +265,20 @@ class Checkpointer:
             raise FragcError(f"--resume: the checkpoint at iteration {step} in '{self.directory}' was written by "
                              f"another configuration: {'; '.join(diffs)}. Resume with the same options, or start "
                              f"afresh with another --checkpoint-dir")
+
+    def _check_layout(self, step: int, like: dict) -> None:
+        """Refuse a checkpoint whose arrays are laid out for another state (one written by an earlier fragc, or
+        before the algorithm's state changed): it is whole, not damaged, and is left where it is."""
+        try:
+            saved = self._manager.item_metadata(step)["arrays"].tree
+        except Exception:  # noqa: BLE001 - unreadable metadata: `_read_arrays` finds it damaged
+            return
+        written = {leaf.name: (tuple(leaf.shape), str(leaf.dtype))
+                   for leaf in jax.tree.leaves(saved, is_leaf=lambda x: hasattr(x, "shape"))}
+        if (difference := layout_difference(written, array_layout(like))) is not None:
+            raise FragcError(f"--resume: the checkpoint at iteration {step} in '{self.directory}' holds a state "
+                             f"laid out otherwise than this run's ({difference}): it was written by another fragc "
+                             f"or another version of the algorithm. Start afresh with another --checkpoint-dir")
 
     def _read_arrays(self, step: int, like: dict, meta: dict) -> dict:
         ocp = self._ocp

@@ -281,3 +281,25 @@ def test_a_truncated_checkpoint_falls_back_with_the_warning_only(tmp_path):
     assert done.stderr.count("is damaged (its arrays do not read back") == 5, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "Event loop is closed" not in done.stderr, done.stderr[-3000:]
     assert "never retrieved" not in done.stderr, done.stderr[-3000:]
+
+
+def test_a_checkpoint_of_another_state_layout_is_refused_and_kept(tmp_path):
+    """A state that gained a field (an algorithm's new metric counters did) reads back as damaged to orbax;
+    it is whole, so it is refused in one line naming the difference, and left where it is."""
+    import numpy as np
+
+    import fragc
+    from fragc.runtime.checkpoint import Checkpointer
+
+    old = {"params": np.zeros((2, 3), np.float32), "runner": {"obs": np.ones(4, np.float32)}}
+    new = {"params": np.zeros((2, 3), np.float32), "runner": {"obs": np.ones(4, np.float32),
+                                                              "episode_length": np.zeros(4, np.int32)}}
+    with Checkpointer(str(tmp_path)) as checkpoints:
+        checkpoints.save(8, old, {}, {})
+        with pytest.raises(fragc.FragcError, match=r"^--resume: the checkpoint at iteration 8 in '.*' holds a state "
+                                                   r"laid out otherwise than this run's \(it has no "
+                                                   r"state\.runner\.episode_length\)"):
+            checkpoints.restore_latest(new, {})
+        assert sorted(os.listdir(tmp_path)) == ["8"]  # not moved aside as damaged
+        state, _, _ = checkpoints.restore_latest(old, {})  # and the run it belongs to still resumes from it
+        np.testing.assert_array_equal(state["runner"]["obs"], old["runner"]["obs"])
