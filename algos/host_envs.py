@@ -31,6 +31,7 @@ Semantics, the same as the device path's:
 from __future__ import annotations
 
 import abc
+import functools
 import inspect
 import threading
 import warnings
@@ -65,6 +66,14 @@ class HostPool(abc.ABC):
         """The environment's time limit (None: it has none, or the pool does not say)."""
         return None
 
+    @classmethod
+    def game_stats(cls, env_id: str) -> bool:
+        """Whether `step` also returns each environment's game score and game-over flag (after `final_obs`):
+        the episode statistics then count whole games at their unclipped score, while the algorithm learns
+        from the (clipped) reward and the (per-life) terminations. Atari under EnvPool's episodic life and
+        reward clipping does; the default, False, counts the episodes the algorithm sees."""
+        return False
+
     worker_kind: str | None = None
     """What a worker count sets for this backend (`"threads"`), or None: it takes none (`env_workers`); a
     pool that takes one accepts `workers` as the third argument of `__init__`."""
@@ -80,7 +89,8 @@ class HostPool(abc.ABC):
 
     @abc.abstractmethod
     def step(self, actions: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, ...]:
-        """-> (obs after any reset, reward, terminated, truncated, final_obs: the observation reached)."""
+        """-> (obs after any reset, reward, terminated, truncated, final_obs: the observation reached), then
+        (score, game_over) when `game_stats(env_id)`."""
 
     def send(self, actions: np.ndarray, keys: np.ndarray) -> None:
         """Start a step without waiting for it; `recv` waits and returns what `step` returns. A pool whose
@@ -183,19 +193,29 @@ class EnvPoolPool(HostPool):
         envpool = _import_envpool()
         if env_id not in envpool.list_all_envs():
             raise FragcError(f"envpool: unknown environment '{env_id}'")
-        spec = envpool.make_spec(env_id)
+        spec = envpool.make_spec(env_id, **cls.options(env_id))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return spec.observation_space, spec.action_space
 
     @classmethod
     def max_episode_steps(cls, env_id: str) -> int | None:
-        steps = _import_envpool().make_spec(env_id).config.max_episode_steps
+        steps = _import_envpool().make_spec(env_id, **cls.options(env_id)).config.max_episode_steps
         return int(steps) if steps else None
+
+    @classmethod
+    def options(cls, env_id: str) -> dict[str, Any]:
+        """EnvPool's options for `env_id`: `ATARI_OPTIONS` for its Atari games, none for the rest."""
+        return dict(ATARI_OPTIONS) if is_envpool_atari(env_id) else {}
+
+    @classmethod
+    def game_stats(cls, env_id: str) -> bool:
+        return is_envpool_atari(env_id)
 
     def __init__(self, env_id: str, num_envs: int, workers: int = 0):
         super().__init__(env_id, num_envs, workers)
         self.envs = None
+        self.atari = is_envpool_atari(env_id)
 
     def reset(self, keys: np.ndarray) -> np.ndarray:
         envpool = _import_envpool()
@@ -205,7 +225,7 @@ class EnvPoolPool(HostPool):
             warnings.simplefilter("ignore")
             threads = {"num_threads": self.num_workers} if self.num_workers else {}
             self.envs = envpool.make_gymnasium(self.env_id, num_envs=self.num_envs, seed=seeds_of(keys)[0] % 2**31,
-                                               **threads)
+                                               **threads, **self.options(self.env_id))
         obs, info = self.envs.reset()
         return _by_env_id(obs, info)
 
@@ -223,14 +243,44 @@ class EnvPoolPool(HostPool):
         final_obs = obs  # the observations reached; those of finished environments are replaced in a copy
         done = np.flatnonzero(terminated | truncated)
         if len(done):
-            reset_obs, reset_info = self.envs.reset(done.astype(np.int32))
             obs = np.array(obs, copy=True)
-            obs[reset_info["env_id"]] = reset_obs
-        return obs, reward, terminated, truncated, final_obs
+            obs[done] = self._next_start(done)
+        if not self.atari:
+            return obs, reward, terminated, truncated, final_obs
+        score = np.asarray(info["reward"], np.float32)[order]  # the game's own reward, before clipping
+        game_over = np.asarray(info["terminated"], bool)[order] | truncated  # not a lost life: the game's end
+        return obs, reward, terminated, truncated, final_obs, score, game_over
+
+    def _next_start(self, done: np.ndarray) -> np.ndarray:
+        """The first observations after the finished environments `done` (sorted ids). EnvPool's `reset`
+        restarts a game; under episodic life, a lost life must continue the game instead, which EnvPool's
+        own next step after a termination does (its action ignored): an Atari game takes that step."""
+        ids = done.astype(np.int32)
+        if self.atari:
+            start, *_, info = self.envs.step(np.zeros(len(ids), np.int32), ids)
+        else:
+            start, info = self.envs.reset(ids)
+        return start[np.argsort(info["env_id"])]
 
     def close(self) -> None:
         if self.envs is not None:
             self.envs.close()
+
+
+ATARI_OPTIONS = {
+    "episodic_life": True, "reward_clip": True,  # set here; EnvPool's defaults are off
+    "stack_num": 4, "img_height": 84, "img_width": 84, "gray_scale": True, "frame_skip": 4, "noop_max": 30,
+    "full_action_space": False, "repeat_action_probability": 0.0,  # EnvPool's defaults, stated
+}
+"""CleanRL's `ppo_atari_envpool.py` preprocessing, as EnvPool's options (Machado et al.'s sticky actions off, as
+CleanRL has them): a lost life ends the algorithm's episode, rewards clipped to their sign, 84x84 grey frames,
+4 stacked, 4 frames a step, up to 30 no-ops at a game's start, the game's minimal action set."""
+
+
+@functools.cache
+def is_envpool_atari(env_id: str) -> bool:
+    """An Atari game of EnvPool's (`Pong-v5`): its config has `episodic_life`."""
+    return "episodic_life" in _import_envpool().make_spec(env_id).config._fields
 
 
 def _by_env_id(obs: np.ndarray, info: dict) -> np.ndarray:
@@ -296,6 +346,7 @@ class HostVecEnv(VecEnv):
         # bytes, made float32 on the device; any other dtype as float32 (float64 needs JAX's x64 mode).
         self._wire_dtype = np.dtype(np.uint8) if np.dtype(obs_space.dtype) == np.uint8 else np.dtype(np.float32)
         self._action_space = to_gymnax_space(action_space, name)
+        self.game_stats = self.pool_type.game_stats(self.env_id)  # the step returns each game's score and end
         self.pools: dict[tuple[int, ...], _PoolSlot] = {}  # environment indices -> their pool
         self._lock = threading.Lock()  # the devices' host calls come from several threads
         self._reset_keys: dict[int, np.ndarray] = {}  # environment index -> the key data of its last reset
@@ -326,15 +377,15 @@ class HostVecEnv(VecEnv):
     def step(self, runner: Runner, action: jax.Array, step_keys: jax.Array | None = None) -> tuple[Runner, Step]:
         step_keys, carry_keys = self._keys(runner, step_keys)
         n = action.shape[0]
-        flags = jax.ShapeDtypeStruct((n,), jnp.bool_)
-        shapes = (self._obs_struct(n), jax.ShapeDtypeStruct((n,), jnp.float32), flags, flags, self._obs_struct(n),
-                  _counts(n))
+        flags, floats = jax.ShapeDtypeStruct((n,), jnp.bool_), jax.ShapeDtypeStruct((n,), jnp.float32)
+        shapes = (self._obs_struct(n), floats, flags, flags, self._obs_struct(n), _counts(n))
+        shapes += (floats, flags) if self.game_stats else ()
         state = runner.env_state
-        obs, reward, terminated, truncated, final_obs, pool_step = host_call(
+        obs, reward, terminated, truncated, final_obs, pool_step, *game = host_call(
             f"{self.name} step", self._host_step, shapes, state.index, state.pool_step, action, _key_data(step_keys),
             resources=self, begin=self._begin_step)
         return self._advance(runner, HostEnvState(state.index, pool_step), obs.astype(jnp.float32), carry_keys,
-                             reward, terminated, truncated, final_obs.astype(jnp.float32))
+                             reward, terminated, truncated, final_obs.astype(jnp.float32), *game)
 
     def workers_error(self, workers: int) -> str | None:
         """Why this backend's pools cannot take `workers` workers each (None when they can)."""
@@ -412,9 +463,10 @@ class HostVecEnv(VecEnv):
             count = np.full(len(ids), slot.step, np.int32)
 
             def finish() -> tuple[np.ndarray, ...]:
-                obs, reward, terminated, truncated, final_obs = slot.pool.recv()
+                obs, reward, terminated, truncated, final_obs, *game = slot.pool.recv()
+                game = (np.asarray(game[0], np.float32), np.asarray(game[1], bool)) if self.game_stats else ()
                 return (self._flat_obs(obs), np.asarray(reward, np.float32), np.asarray(terminated, bool),
-                        np.asarray(truncated, bool), self._flat_obs(final_obs), count)
+                        np.asarray(truncated, bool), self._flat_obs(final_obs), count, *game)
 
             return finish
 
@@ -425,8 +477,8 @@ class HostVecEnv(VecEnv):
                       "resumed run: their state is not in the checkpoint); resetting them, every episode is "
                       "truncated here", stacklevel=2)
         _, obs, pool_step = self._reset_pool(ids, keys)
-        no = np.zeros(len(ids), bool)
-        return obs, np.zeros(len(ids), np.float32), no, ~no, obs, pool_step
+        no, zeros = np.zeros(len(ids), bool), np.zeros(len(ids), np.float32)
+        return (obs, zeros, no, ~no, obs, pool_step) + ((zeros, ~no) if self.game_stats else ())
 
 
 class _PoolSlot:

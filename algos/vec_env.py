@@ -137,21 +137,27 @@ class VecEnv:
 
     @staticmethod
     def _advance(runner: Runner, env_state: Any, obs: jax.Array, carry_keys: jax.Array, reward: jax.Array,
-                 terminated: jax.Array, truncated: jax.Array, final_obs: jax.Array) -> tuple[Runner, Step]:
-        """The runner after a step (episode statistics updated) and what the step produced."""
+                 terminated: jax.Array, truncated: jax.Array, final_obs: jax.Array, score: jax.Array | None = None,
+                 game_over: jax.Array | None = None) -> tuple[Runner, Step]:
+        """The runner after a step (episode statistics updated) and what the step produced.
+
+        The statistics count `score` until `game_over` where the environment gives them (an Atari game
+        under episodic life and reward clipping: the unclipped score of the whole game, as the references
+        report it), else the reward until the episode ends."""
         reward = reward.astype(jnp.float32)
         done = jnp.logical_or(terminated, truncated)
-        episode_return = runner.episode_return + reward
+        ends = done if game_over is None else game_over
+        episode_return = runner.episode_return + (reward if score is None else score.astype(jnp.float32))
         episode_length = runner.episode_length + 1
         runner = Runner(
             env_state=env_state,
             obs=obs,
             key=carry_keys,
-            episode_return=jnp.where(done, 0.0, episode_return),
-            last_return=jnp.where(done, episode_return, runner.last_return),
-            has_return=runner.has_return | done,
-            episode_length=jnp.where(done, 0, episode_length),
-            last_length=jnp.where(done, episode_length, runner.last_length),
+            episode_return=jnp.where(ends, 0.0, episode_return),
+            last_return=jnp.where(ends, episode_return, runner.last_return),
+            has_return=runner.has_return | ends,
+            episode_length=jnp.where(ends, 0, episode_length),
+            last_length=jnp.where(ends, episode_length, runner.last_length),
         )
         return runner, Step(reward, terminated, truncated, final_obs, done)
 

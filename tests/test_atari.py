@@ -1,0 +1,67 @@
+"""Atari through EnvPool (issue 43): CleanRL's preprocessing as EnvPool's options, a lost life that continues the
+game, and episode statistics over whole games at their unclipped score."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fragc.algos.host_envs import ATARI_OPTIONS, EnvPoolPool, HostVecEnv
+from fragc.algos.vec_env import Runner, VecEnv
+
+envpool = pytest.importorskip("envpool", reason="envpool is in the test extra; this runs wherever it is installed")
+
+
+def test_atari_is_made_with_cleanrls_preprocessing():
+    obs_space, action_space = EnvPoolPool.spaces("Breakout-v5")
+    assert obs_space.shape == (4, 84, 84) and obs_space.dtype == np.uint8  # 4 stacked 84x84 grey frames
+    assert action_space.n == 4  # the minimal action set
+    config = envpool.make_spec("Breakout-v5", **EnvPoolPool.options("Breakout-v5")).config
+    assert config.episodic_life and config.reward_clip and config.noop_max == 30 and not config.full_action_space
+    assert EnvPoolPool.options("CartPole-v1") == {} and not EnvPoolPool.game_stats("CartPole-v1")
+    assert HostVecEnv("envpool:Breakout-v5").game_stats
+
+
+def test_the_pool_steps_as_envpool_itself_with_a_lost_life_continuing_the_game():
+    """The reference is EnvPool's own pool, which resets on the step after a termination (ignoring its action):
+    the pool takes that step at once (same-step autoreset), so its steps are the reference's without them."""
+    n, steps = 2, 400
+    pool = EnvPoolPool("Breakout-v5", n)
+    keys = np.array([[0, 7], [0, 8]], np.uint32)
+    obs = pool.reset(keys)
+    from fragc.algos.host_envs import seeds_of
+    reference = envpool.make_gymnasium("Breakout-v5", num_envs=n, seed=seeds_of(keys)[0] % 2**31, **ATARI_OPTIONS)
+    ref_obs, _ = reference.reset()
+    np.testing.assert_array_equal(obs, ref_obs)
+    rng = np.random.default_rng(0)
+    lives_lost = games = 0
+    for _ in range(steps):
+        actions = rng.integers(0, 4, n).astype(np.int32)
+        obs, reward, terminated, truncated, final_obs, score, game_over = pool.step(actions, keys)
+        r_obs, r_reward, r_term, r_trunc, info = reference.step(actions)
+        np.testing.assert_array_equal(final_obs, r_obs)
+        np.testing.assert_array_equal(reward, r_reward)  # clipped
+        np.testing.assert_array_equal(terminated, r_term)  # a lost life terminates the algorithm's episode
+        np.testing.assert_array_equal(score, info["reward"])  # the game's own reward
+        np.testing.assert_array_equal(game_over, info["terminated"].astype(bool) | r_trunc)
+        done = np.flatnonzero(r_term | r_trunc)
+        if len(done):  # the reference's reset step, which the pool took already
+            start, *_ = reference.step(np.zeros(len(done), np.int32), done.astype(np.int32))
+            np.testing.assert_array_equal(obs[done], start)
+        lives_lost += int(np.sum(terminated & ~game_over))
+        games += int(np.sum(game_over))
+    assert lives_lost >= 4 and games >= 1, (lives_lost, games)  # both kinds of ending were checked
+    pool.close()
+
+
+def test_episode_statistics_count_whole_games_at_their_score():
+    n = 1
+    runner = Runner(None, jnp.zeros((n, 1)), None, jnp.zeros(n), jnp.zeros(n), jnp.zeros(n, bool),
+                    jnp.zeros(n, jnp.int32), jnp.zeros(n, jnp.int32))
+    # a game of three steps: a point (clipped to 1 from 4), a lost life, then a point of 7 and the game's end
+    steps = [(1.0, False, 4.0, False), (0.0, True, 0.0, False), (1.0, True, 7.0, True)]
+    for reward, terminated, score, game_over in steps:
+        runner, out = VecEnv._advance(runner, None, runner.obs, None, jnp.array([reward]), jnp.array([terminated]),
+                                      jnp.array([False]), runner.obs, jnp.array([score]), jnp.array([game_over]))
+        assert bool(out.episode_done[0]) == terminated  # the algorithm's episodes end at each lost life
+        assert float(out.reward[0]) == reward  # and it learns from the clipped reward
+    assert float(runner.last_return[0]) == 11.0 and int(runner.last_length[0]) == 3 and bool(runner.has_return[0])
