@@ -8,8 +8,9 @@ PPO on CartPole-v1 (its default config, with `--iterations` iterations a trial),
 random sampler (seed 0), no pruning, one seed a trial. The population side runs `fragc.tune.tune`; the one-by-one
 side compiles and trains each of the same trials' configurations, in the same order. Both sides are timed from
 start to end, compiles included (the one-by-one side compiles once per trial: a trial's values are constants of
-its program), and without compiles. Each trial's score on both sides (they agree to float rounding: the
-population's members are vectorised) is in the JSON.
+its program), and without compiles (the program's compile and its init's: `fragc.compile` and the first
+`init`). Each trial's score on both sides is in the JSON: a vectorised member equals
+its single run to the last bits, which RL's training can grow into another trajectory (docs/tuning.md).
 
 Results go to `--out` (default bench/results) as tune.json.
 """
@@ -32,6 +33,7 @@ def population_side(args, space) -> tuple[dict, list]:
     start = time.perf_counter()
     pop = TrialPopulation(ppo.PPO(ppo.Config()), space, slots=args.batch, seeds=[0], devices=None,
                           iterations_per_dispatch=args.k)
+    pop.start({})  # its members' init, compiled (as the other side's init is)
     compiled = time.perf_counter() - start
     study = open_study(None, "random", "none", seed=0)
     tune(pop, study, space, args.trials, args.iterations)
@@ -44,8 +46,9 @@ def one_by_one_side(args, trials) -> tuple[dict, list[float]]:
     for trial in trials:
         start = time.perf_counter()
         prog = fragc.compile(ppo.PPO(ppo.Config(**trial.params)), "single", iterations_per_dispatch=args.k)
+        state = prog.init(0)  # its first call compiles the init
         compiles += time.perf_counter() - start
-        history = fragc.train(prog, prog.init(0), args.iterations).history["episode_return"]
+        history = fragc.train(prog, state, args.iterations).history["episode_return"]
         scores.append(trial_score(np.asarray(history, np.float64).reshape(1, args.iterations, -1).mean(axis=2)))
     return {"wall_s": time.perf_counter() - wall, "compile_s": compiles}, scores
 

@@ -365,7 +365,7 @@ def trial_score(rows: np.ndarray) -> float:
 def _say(log: TextIO | None, trial: Any, iterations: int) -> None:
     if log is None:
         return
-    score = f"score {trial.value:.2f}" if trial.value is not None else f"pruned at iteration {iterations}"
+    score = f"score {trial.value:.2f}" if _completed(trial) else f"pruned at iteration {iterations}"
     print(f"  trial {trial.number}: {params_text(trial.params)}: {score}", file=log)
 
 
@@ -377,27 +377,33 @@ def params_text(params: dict) -> str:
 
 
 def trials_table(study: Any) -> str:
-    """The finished trials, best first: number, state, score, iterations run, values."""
-    rows = sorted(finished(study), key=lambda t: (t.value is None, -(t.value or 0.0), t.number))
+    """The finished trials, completed ones best first, then the pruned: number, state, score, iterations run,
+    values. A pruned trial has no score (Optuna keeps its last report as its value: not comparable)."""
+    rows = sorted(finished(study), key=lambda t: (not _completed(t), -(t.value or 0.0) if _completed(t) else 0.0,
+                                                 t.number))
     cells = [["trial", "state", "score", "iterations", "values"]]
     for t in rows:
-        last = max(t.intermediate_values, default=0)
-        cells.append([str(t.number), t.state.name.lower(), "-" if t.value is None else f"{t.value:.2f}", str(last),
-                      params_text(t.params)])
+        cells.append([str(t.number), t.state.name.lower(), f"{t.value:.2f}" if _completed(t) else "-",
+                      str(max(t.intermediate_values, default=0)), params_text(t.params)])
     widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
     return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
 
 
+def _completed(trial: Any) -> bool:
+    return trial.state.name == "COMPLETE"
+
+
 def best(study: Any) -> Any | None:
     """The completed trial with the highest score, None before any completes."""
-    done = [t for t in finished(study) if t.value is not None]
+    done = [t for t in finished(study) if _completed(t)]
     return max(done, key=lambda t: t.value) if done else None
 
 
 def summary(study: Any, result: TuneResult) -> dict:
     top = best(study)
     return {"best": None if top is None else {"trial": top.number, "score": top.value, "config": top.params},
-            "trials": [{"trial": t.number, "state": t.state.name.lower(), "score": t.value, "config": t.params,
+            "trials": [{"trial": t.number, "state": t.state.name.lower(), "score": t.value if _completed(t) else None,
+                        "config": t.params,
                         "iterations": max(t.intermediate_values, default=0)} for t in finished(study)],
             "ran": result.ran, "dispatches": result.dispatches}

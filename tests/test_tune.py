@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import fragc
-from fragc.tune import DEFAULT_SPACES, Range, TrialPopulation, open_study, tune
+from fragc.tune import DEFAULT_SPACES, Range, TrialPopulation, open_study, trials_table, tune
 from toy_algos import Regression, regression_by_hand
 
 optuna = pytest.importorskip("optuna")
@@ -84,6 +84,7 @@ def test_a_pruned_trials_slot_restarts_with_the_next_trial_and_each_score_is_its
     assert result.ran == 3 and result.dispatches == 1 + ITERATIONS // K  # trial 2 ends one dispatch after trial 1
     for trial in (one, two):
         assert trial.value == pytest.approx(by_hand(trial.params["lr"]), rel=1e-5)
+    assert re.search(rf"^0 +pruned +- +{K} +lr=", trials_table(study), re.M)  # no score: Optuna's is its last report
 
 
 def test_a_stored_study_continues_with_its_trials_and_refuses_another_setup(capsys, tmp_path):
@@ -144,3 +145,14 @@ def test_every_default_search_space_is_read_as_numbers_by_its_algorithm(name):
     grid = {r.field: [r.low, r.high] for r in space}
     pipeline = run_passes(algo, CompileOptions(fragc.population("single", 1, **grid)))[0]
     assert [f for f, _ in pipeline.final.hyperparameters] == [r.field for r in space]
+
+
+def test_a_trial_left_running_by_a_killed_process_is_failed_and_asked_again_first(tmp_path):
+    """No compile: a study whose process died with a trial running, reopened."""
+    study = open_study(str(tmp_path), "random", "none")
+    left = study.ask()
+    SPACE[0].suggest(left)  # a killed `fragc tune`: asked, never told
+    study = open_study(str(tmp_path), "random", "none")
+    assert study.trials[0].state.name == "FAIL"
+    again = study.ask()
+    assert SPACE[0].suggest(again) == left.params["lr"] and again.number == 1
