@@ -135,3 +135,27 @@ def test_bad_scores_are_one_line():
     with pytest.raises(fragc.FragcError, match=r"interval_estimates\['a'\].*1-D"):
         stats.interval_estimates({"a": np.ones((3, 2))})
 
+
+
+@pytest.mark.parametrize("seeds", [2, 3, 4, 5])
+def test_up_to_4_seeds_the_ci_is_the_min_max_and_a_note_says_what_the_iqm_is(seeds):
+    """The note's claims, against hand computations: 3 seeds trim nothing (a quarter of 3 is 0), 4 trim one at each
+    end; a bootstrap resample's IQM is the lowest score with probability 1/27 (3 seeds) or 5.1% (4), more than the
+    CI's 2.5% tail, so the CI is the min-max; with 5 seeds (0.7%) it is narrower and no note is printed."""
+    x = np.array([10.0, 40.0, 70.0, 130.0, 160.0])[:seeds]
+    point, low, high = stats.interval_estimates({"a": x}, reps=2000)["a"]
+    note = stats.few_seeds_note(seeds)
+    by_hand = {2: 25.0, 3: 40.0, 4: (40.0 + 70.0) / 2, 5: (40.0 + 70.0 + 130.0) / 3}[seeds]
+    assert point == pytest.approx(by_hand)
+    if seeds <= 4:
+        assert (low, high) == (x.min(), x.max())
+        assert f"with {seeds} seeds the IQM is {'the mean of the middle two' if seeds == 4 else 'the mean'}" in note
+        assert "95% CI is the seeds' min-max" in note
+    else:
+        assert x.min() < low and high < x.max() and note is None
+
+
+def test_the_final_score_is_the_mean_of_the_last_tenth_of_the_reports():
+    assert [stats.final_window(n) for n in (1, 9, 10, 19, 20, 105)] == [1, 1, 1, 1, 2, 10]
+    curves = np.arange(40.0).reshape(2, 20)  # [runs, points]
+    np.testing.assert_array_equal(stats.final_scores(curves), [(18 + 19) / 2, (38 + 39) / 2])

@@ -341,21 +341,39 @@ def test_sweep_reports_every_configuration_and_resumes_to_the_same_numbers(capsy
     assert (tmp_path / "parts" / "members.jsonl").read_text() == (tmp_path / "whole" / "members.jsonl").read_text()
 
 
-def test_a_sweep_over_seeds_alone_reports_each_seeds_single_run(capsys, tmp_path):
+SEEDS_ALONE = ["sweep", "ppo", "--lr", "1e-3", "--ent-coef", "0.01", "--seeds", "0-1", "--num-envs", "4",
+               "--num-steps", "8", "--hidden", "16", "--update-epochs", "1", "--num-minibatches", "2", "--total-steps",
+               "256", "--iterations", str(ITERATIONS), "--iterations-per-dispatch", "2", "--exact", "--json", "--no-plot"]
+
+
+def test_a_sweep_over_seeds_alone_reports_each_seeds_single_run_and_is_tracked_and_quiet_as_a_run_is(capsys, tmp_path):
     """No config option with several values: a plain population of seeds (no SweepState), each member its
-    `fragc run ppo --seed S`, its own lineage."""
+    `fragc run ppo --seed S`, its own lineage. The sweep takes `fragc run`'s output options (one sweep for both, to
+    keep the suite short): `--track tensorboard` writes TensorBoard event files beside the `--metrics` file (it was
+    "ppo has no option --track"), `--metrics` a line per dispatch, and `--quiet` leaves only the report."""
     from fragc.cli import main
 
-    argv = ["sweep", "ppo", "--lr", "1e-3", "--ent-coef", "0.01", "--seeds", "0-1", "--num-envs", "4",
-            "--num-steps", "8", "--hidden", "16", "--update-epochs", "1", "--num-minibatches", "2", "--total-steps", "256",
-            "--iterations", str(ITERATIONS), "--iterations-per-dispatch", "2", "--exact", "--json", "--no-plot"]
-    assert main([*argv, "--out", str(tmp_path)]) == 0
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    metrics = tmp_path / "m" / "m.jsonl"
+    metrics.parent.mkdir()
+    assert main([*SEEDS_ALONE, "--out", str(tmp_path), "--track", "tensorboard", "--metrics", str(metrics),
+                 "--quiet"]) == 0
+    printed = capsys.readouterr()
+    summary = json.loads(printed.out.strip().splitlines()[-1])
+    assert printed.err.startswith("final score:") and "fragc sweep" not in printed.err  # no header, no progress
+    assert list((tmp_path / "m" / "tensorboard").glob("*/events.out.tfevents.*"))
+    assert [json.loads(x)["iteration"] for x in metrics.read_text().splitlines()] == [ITERATIONS]
     assert [c["label"] for c in summary["configurations"]] == ["default"]
     lines = [json.loads(x) for x in (tmp_path / "members.jsonl").read_text().splitlines()]
     assert [(r["member"], r["seed"], r["lineage"], r["values"]) for r in lines] == [(0, 0, 0, {}), (1, 1, 1, {})]
     singles = [single_run(1e-3, 0.01, seed)[1]["episode_return"].mean() for seed in SEEDS]
     np.testing.assert_allclose(summary["configurations"][0]["final"], singles, rtol=1e-6)
+
+
+def test_track_dir_without_track_is_refused_before_the_sweep_writes(capsys, tmp_path):
+    from fragc.cli import main
+
+    assert main([*SEEDS_ALONE, "--out", str(tmp_path / "out"), "--track-dir", str(tmp_path / "tb")]) == 2
+    assert "give --track SINKS too" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
 def main_resume(capsys, out):
@@ -449,3 +467,29 @@ def test_the_final_metrics_line_of_a_population_is_its_last_iteration_over_membe
     history = {"episode_return": np.array([[1.0, 2.0, 3.0], [5.0, 6.0, 9.0]])}  # [members, iterations]
     assert last_metrics(history, population=True) == {"episode_return": 6.0}
     assert last_metrics({"episode_return": np.array([1.0, 4.0])}) == {"episode_return": 4.0}
+
+
+def test_the_report_scores_the_last_tenth_of_the_reports_and_names_pbts_starting_configurations(tmp_path, capsys):
+    """A members.jsonl written by hand: 2 starting configurations x 3 seeds under PBT, 20 reports. Each final score
+    is the member's mean over its last 2 reports (a tenth), in the table, summary.json and the plot's legend; the
+    table says which reports and that configurations are where members started; each member's values at the end
+    are listed; 3 seeds get the note."""
+    from fragc.sweep import Members, report
+
+    members = Members([0, 1, 2], {"lr": [1e-3, 3e-4]}, steps_per_iteration=10, pbt=True)
+    lines = [{"iteration": it, "member": m, "seed": members.seed(m), "config": members.config(m),
+              "values": {"lr": 0.5 * m + it}, "lineage": 5 - m, "episode_return": 100.0 * m + it}
+             for it in range(2, 41, 2) for m in range(6)]
+    (tmp_path / "members.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    summary = report(str(tmp_path / "members.jsonl"), members, None, str(tmp_path))
+    text = capsys.readouterr().out
+    by_hand = [100.0 * m + (38 + 40) / 2 for m in range(6)]  # the mean of the reports at iterations 38 and 40
+    assert [c["final"] for c in summary["configurations"]] == [by_hand[:3], by_hand[3:]]
+    assert summary["final_window"] == {"reports": 2, "of": 20, "iterations": [37, 40]}
+    assert "over its last 2 of 20 reports (iterations 37-40" in text and "starting configuration" in text
+    assert "* best starting configuration (highest IQM): lr=0.0003" in text
+    assert [(m["member"], m["values"], m["lineage"], m["final"]) for m in summary["members"]] == \
+        [(m, {"lr": 0.5 * m + 40}, 5 - m, by_hand[m]) for m in range(6)]
+    assert re.search(r"^5 +2 +lr=0.0003 +lr=42.5 +0 +539.0$", text, re.M)  # the member's row at the end
+    assert summary["note"] in text and "with 3 seeds the IQM is the mean" in summary["note"]
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

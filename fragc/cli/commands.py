@@ -39,6 +39,7 @@ COMMANDS = {
     "ir": Command("ir", "print the traced module, or the module after a pass"),
     "bench": Command("bench", "compare distribution policies on one algorithm configuration"),
     "sweep": Command("sweep", "train a grid of hyperparameters x seeds as one program; report IQM and 95%% CIs"),
+    "tune": Command("tune", "search hyperparameters with Optuna, each batch of trials one population program"),
     "policies": Command("lists", "list the built-in distribution policies, one line each"),
     "algos": Command("lists", "list the algorithms, one line each"),
     "envs": Command("lists", "list the environment backends and the gymnax environments, one line each"),

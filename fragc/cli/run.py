@@ -41,9 +41,8 @@ def add_options(parser: argparse.ArgumentParser, algo: str | None) -> None:
     parser.add_argument("--iterations-per-dispatch", type=count, default=16,
                         help="iterations scanned per dispatch (default 16; searched under --policy auto)")
     search_options(parser)
-    parser.add_argument("--quiet", action="store_true", help="print only the final line")
+    output_options(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout (progress goes to stderr)")
-    parser.add_argument("--metrics", default=None, metavar="FILE", help="write one JSON line per reporting interval")
     parser.add_argument("--checkpoint-dir", default=None, metavar="DIR", help="save the whole training state here")
     parser.add_argument("--checkpoint-every", type=count, default=64, metavar="K",
                         help="iterations between checkpoints (default 64; rounded up to whole dispatches)")
@@ -54,12 +53,6 @@ def add_options(parser: argparse.ArgumentParser, algo: str | None) -> None:
     parser.add_argument("--no-cache", action="store_true",
                         help="do not use the persistent compilation cache (default: on, in FRAGC_CACHE_DIR or "
                              "~/.cache/fragc)")
-    parser.add_argument("--track", default=None, metavar="SINKS",
-                        help="log every metric against env steps to tensorboard, wandb and/or mlflow "
-                             "(comma-separated; pip install 'fragc[track]'; docs/tracking.md)")
-    parser.add_argument("--track-dir", default=None, metavar="DIR",
-                        help="where the sinks write (default: the --metrics file's folder, else --checkpoint-dir, "
-                             "else runs)")
     parser.add_argument("--capture-video", action="store_true",
                         help="record a greedy evaluation episode every --video-every evaluations (needs "
                              "--eval-every; videos go to TRACK_DIR/videos; pip install 'fragc[video]')")
@@ -72,6 +65,19 @@ def add_options(parser: argparse.ArgumentParser, algo: str | None) -> None:
             parser.add_argument("--total-steps", type=count, default=None, metavar="N",
                                 help="train N env steps: N // steps_per_iteration iterations (where the algorithm "
                                      "has steps_per_iteration)")
+
+
+def output_options(parser: argparse.ArgumentParser, quiet: str = "print only the final line",
+                   track_dir: str = "the --metrics file's folder, else --checkpoint-dir, else runs") -> None:
+    """What a run prints and where it logs: `fragc run`'s, and `fragc sweep`'s too (`quiet` and `track_dir`: what
+    --quiet keeps and where the sinks write by default, in words for --help)."""
+    parser.add_argument("--quiet", action="store_true", help=quiet)
+    parser.add_argument("--metrics", default=None, metavar="FILE", help="write one JSON line per reporting interval")
+    parser.add_argument("--track", default=None, metavar="SINKS",
+                        help="log every metric against env steps to tensorboard, wandb and/or mlflow "
+                             "(comma-separated; pip install 'fragc[track]'; docs/tracking.md)")
+    parser.add_argument("--track-dir", default=None, metavar="DIR",
+                        help=f"where the sinks write (default: {track_dir})")
 
 
 def main(args: argparse.Namespace) -> int:

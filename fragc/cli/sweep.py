@@ -26,11 +26,12 @@ from fragc.passes.policy import population
 from fragc.runtime.actions import steps_per_iteration
 from fragc.runtime.reporting import enable_compilation_cache
 from fragc.runtime.stopping import Stopped
+from fragc.sinks import tracking
 from fragc.sweep import MemberMetrics, Members, ReportProgress, report
 from fragc.training import algo_meta, train
 
 from .options import algo_argument, config_options, count, seed
-from .run import open_checkpoints
+from .run import open_checkpoints, output_options
 
 
 def add_options(parser: argparse.ArgumentParser, algo: str | None) -> None:
@@ -63,6 +64,8 @@ def add_options(parser: argparse.ArgumentParser, algo: str | None) -> None:
     parser.add_argument("--stop-after", type=count, default=None, metavar="K",
                         help="run at most K iterations now (checkpointed), to be continued with --resume")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    output_options(parser, quiet="print only the report: no header or progress lines",
+                   track_dir="the --metrics file's folder, else --out")
     parser.add_argument("--no-plot", action="store_true", help="do not draw curves.png")
     if algo is not None:
         config_options(parser, algo, values=_values,
@@ -109,13 +112,14 @@ def main(args: argparse.Namespace) -> int:
     if args.policy.replace(" ", "") == "auto":
         raise FragcError("fragc sweep: --policy auto searches one program's placement, not a sweep's; pass a base "
                          "policy such as single (the default), whose population spreads the members over the devices")
+    run_info = {"algo": args.algo, "seeds": args.seeds, "grid": grid, "pbt_every": args.pbt_every}
+    track_dir = _track_dir(args, out, run_info)
     devices(args.devices)
     enable_compilation_cache()
     algo = algos.make(args.algo, **fixed)
-    iterations = _iterations(algo, args)
+    iterations = run_iterations(algo, args)
     steps = steps_per_iteration(algo)
     pbt = pbt_settings(args)
-    run_info = {"algo": args.algo, "seeds": args.seeds, "grid": grid, "pbt_every": args.pbt_every}
     policy = population(args.policy, args.seeds, exact=args.exact, pbt=pbt, **grid)
     options = CompileOptions(policy, args.devices, iterations_per_dispatch=args.iterations_per_dispatch)
     prog = None if args.resume else compile_with(algo, options)  # every refusal before anything is written
@@ -124,18 +128,21 @@ def main(args: argparse.Namespace) -> int:
         if args.resume:  # another algorithm, config or seeds refused before compiling
             checkpoints.check_run(algo_meta(algo, run_info))
             prog = compile_with(algo, options)
-        members = Members(args.seeds, grid, steps)
+        members = Members(args.seeds, grid, steps, pbt=pbt is not None)
         log = sys.stderr if args.json else sys.stdout
+        progress = None if args.quiet else log
         state = prog.init(0)
-        print(f"fragc sweep {args.algo}: {members.configs} configuration(s) x {len(args.seeds)} seed(s) = "
-              f"{members.count} members on {len(jax.tree.leaves(state)[0].sharding.device_set)} device(s), "
-              f"{iterations} iterations" + (f" x {steps} env steps" if steps else "")
-              + f", compiled in {prog.compile_seconds:.1f} s", file=log)
+        if progress:
+            print(f"fragc sweep {args.algo}: {members.configs} configuration(s) x {len(args.seeds)} seed(s) = "
+                  f"{members.count} members on {len(jax.tree.leaves(state)[0].sharding.device_set)} device(s), "
+                  f"{iterations} iterations" + (f" x {steps} env steps" if steps else "")
+                  + f", compiled in {prog.compile_seconds:.1f} s", file=progress)
         writer = MemberMetrics(os.path.join(out, "members.jsonl"), members)
         try:
             train(prog, state, iterations, checkpoint_dir=checkpoints, checkpoint_every=args.checkpoint_every,
-                  resume=args.resume, progress=log, stop_after=args.stop_after, run_info=run_info,
-                  actions=[writer, ReportProgress(members, log)])
+                  resume=args.resume, progress=progress, stop_after=args.stop_after, run_info=run_info,
+                  metrics=args.metrics, track=args.track, track_dir=track_dir,
+                  actions=[writer] + ([ReportProgress(members, log)] if progress else []))
         except Stopped as stop:
             print(f"fragc: {stop}; its checkpoint continues with --resume", file=sys.stderr)
             return stop.exit_code
@@ -162,17 +169,35 @@ def pbt_settings(args: argparse.Namespace) -> PBT | None:
     return PBT(args.pbt_every, **given)
 
 
-def make_folder(path: str) -> None:
-    """The sweep's output folder, or one line saying why it cannot be made (a read-only place, a file there)."""
+def make_folder(path: str, what: str = "the sweep's output folder") -> None:
+    """The output folder, or one line saying why it cannot be made (a read-only place, a file there)."""
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as err:
-        raise FragcError(f"cannot write the sweep's output folder '{path}': {err.strerror or err}") from None
+        raise FragcError(f"cannot write {what} '{path}': {err.strerror or err}") from None
     if not os.access(path, os.W_OK):
-        raise FragcError(f"cannot write the sweep's output folder '{path}': it is not writable")
+        raise FragcError(f"cannot write {what} '{path}': it is not writable")
 
 
-def _iterations(algo: Any, args: argparse.Namespace) -> int:
+def _track_dir(args: argparse.Namespace, out: str, run_info: dict) -> str | None:
+    """Where the tracking sinks write (the --metrics file's folder, else --out), once the sinks named and their
+    clients are known to be there, and a metrics file's folder to be writable: refused before compiling."""
+    if args.track_dir and not args.track:
+        raise FragcError("--track-dir says where the tracking sinks write: give --track SINKS too")
+    if args.metrics:
+        folder = os.path.dirname(os.path.abspath(args.metrics))
+        made = folder == os.path.abspath(out)  # the sweep's own folder, made before training
+        if not made and (not os.path.isdir(folder) or not os.access(folder, os.W_OK)):
+            raise FragcError(f"cannot write metrics to '{args.metrics}': its folder is missing or not writable")
+    if not args.track:
+        return None
+    track_dir = args.track_dir or (os.path.dirname(os.path.abspath(args.metrics)) if args.metrics else out)
+    tracking.trackers(args.track, track_dir, None, run_info)  # an unknown sink or a missing client: one line
+    return track_dir
+
+
+def run_iterations(algo: Any, args: argparse.Namespace) -> int:
+    """Each member's run length: --iterations, else the config's `iterations` (--total-steps sets it)."""
     if args.iterations is not None:
         return args.iterations
     iterations = getattr(getattr(algo, "config", None), "iterations", None)

@@ -133,6 +133,38 @@ def best_configuration(estimates: Mapping[str, tuple[float, float, float]]) -> s
     return best
 
 
+FINAL_WINDOW = 0.1
+"""A run's final score is its mean over the last tenth of its reported points (`final_window`): the last point
+alone is one dispatch, whose noise showed as jumps at the end of the curves."""
+
+
+def final_window(points: int) -> int:
+    """How many of the last of `points` reported points a final score averages: a tenth, at least 1."""
+    return max(1, int(points * FINAL_WINDOW))
+
+
+def final_scores(curves: np.ndarray) -> np.ndarray:
+    """Per run (row of `curves`, [runs, points]), the mean of its last `final_window(points)` points."""
+    x = np.asarray(curves, np.float64)
+    return np.mean(x[:, -final_window(x.shape[1]):], axis=1)
+
+
+FEW_SEEDS = 4
+"""Up to this many seeds, the 95% CI of the IQM is the seeds' min-max: a resample's IQM is the lowest score when
+enough of its draws are (all 3 of 3: probability 1/27; 3 or 4 of 4, whose IQM is the middle two: 5.1%), which is
+more often than the CI's 2.5% tail; from 5 seeds it is 0.7% and falling."""
+
+
+def few_seeds_note(seeds: int) -> str | None:
+    """What the IQM and its CI reduce to over so few seeds that they do not mean what they usually mean (`FEW_SEEDS`),
+    or None. Below 4 seeds the IQM trims nothing (a quarter of 3 is 0 seeds): it is the mean."""
+    if seeds > FEW_SEEDS:
+        return None
+    iqm = "the mean" if seeds < 4 else "the mean of the middle two"
+    return (f"note: with {seeds} seed{'s' if seeds > 1 else ''} the IQM is {iqm} and the 95% CI is the seeds' "
+            f"min-max; run 10 or more seeds for an IQM and a CI that mean what they usually mean")
+
+
 def curve_estimates(curves: Mapping[str, np.ndarray], reps: int = CURVE_REPS, level: float = 0.95,
                     seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """{label: (IQM, low, high)}, each an array over the curve's points: `curves[label]` is [seeds, points], and
@@ -158,11 +190,14 @@ def curve_estimates(curves: Mapping[str, np.ndarray], reps: int = CURVE_REPS, le
 
 
 def curves_png(curves: Mapping[str, np.ndarray], steps: np.ndarray, path: str, ylabel: str = "episode return",
-               title: str = "") -> str:
+               title: str = "", window: tuple[float, float] | None = None, finals: Mapping[str, float] | None = None,
+               legend_title: str = "") -> str:
     """One PNG of learning curves at `path`: per configuration a line of the IQM over seeds at each point of
     `steps` (environment steps, the x axis) and a shaded 95% stratified-bootstrap band (`curve_estimates`, with
     `CURVE_REPS` replications per point). `curves[label]` is [seeds, points]. Headless: drawn on matplotlib's Agg
-    canvas without pyplot, so no display and no global backend change. Returns `path`."""
+    canvas without pyplot, so no display and no global backend change. `window` (first and last step of the final
+    score's points) is shaded, `finals` (label -> the final score's IQM) is written in each label, and
+    `legend_title` heads the legend. Returns `path`."""
     steps = np.asarray(steps)
     for label, values in curves.items():
         if np.ndim(values) != 2 or np.shape(values)[1] != steps.shape[0]:
@@ -180,29 +215,34 @@ def curves_png(curves: Mapping[str, np.ndarray], steps: np.ndarray, path: str, y
     for i, (label, (point, low, high)) in enumerate(estimates.items()):
         color = f"C{i % 10}"
         n = np.shape(curves[label])[0]
-        ax.plot(steps, point, color=color, linewidth=1.8, label=f"{label} (IQM, {n} seeds)")
+        final = f", final {finals[label]:.1f}" if finals and label in finals else ""
+        ax.plot(steps, point, color=color, linewidth=1.8, label=f"{label} (IQM, {n} seeds{final})")
         ax.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
+    if window is not None:
+        ax.axvspan(window[0], window[1], color="0.5", alpha=0.15, linewidth=0, label="final score's window")
     ax.set_xlabel("environment steps")
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize="small", title="shaded: 95% bootstrap CI", title_fontsize="x-small")
+    ax.legend(loc="best", fontsize="small", title_fontsize="x-small",
+              title="\n".join(t for t in (legend_title, "shaded: 95% bootstrap CI") if t))
     fig.tight_layout()
     fig.savefig(path, format="png")
     return path
 
 
 def report_table(estimates: Mapping[str, tuple[float, float, float]],
-                 seeds_at: Mapping[str, int | tuple[int, int]] | None = None, threshold: float | None = None) -> str:
+                 seeds_at: Mapping[str, int | tuple[int, int]] | None = None, threshold: float | None = None,
+                 title: str = "", configuration: str = "configuration") -> str:
     """An aligned text table, one row per configuration: IQM, its 95% CI and (with `seeds_at` and `threshold`)
     the seeds at the threshold, given as a count or as (count, seeds); the best configuration's row is marked
-    with `*`."""
+    with `*`. `title` is a line above it (what the scores are); `configuration` heads the labels' column."""
     if not estimates:
         raise FragcError("report_table: no configurations")
     best = best_configuration(estimates)
     show_threshold = seeds_at is not None and threshold is not None
-    header = ["", "configuration", "IQM", "95% CI"] + ([f"seeds >= {threshold:g}"] if show_threshold else [])
+    header = ["", configuration, "IQM", "95% CI"] + ([f"seeds >= {threshold:g}"] if show_threshold else [])
     rows = []
     for label, (point, low, high) in estimates.items():
         row = ["*" if label == best else "", label, f"{point:.1f}", f"[{low:.1f}, {high:.1f}]"]
@@ -216,5 +256,5 @@ def report_table(estimates: Mapping[str, tuple[float, float, float]],
     def line(cells: list[str]) -> str:
         return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
-    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows),
-                      f"* best configuration (highest IQM): {best}"])
+    return "\n".join(([title] if title else []) + [line(header), line(["-" * w for w in widths]), *map(line, rows),
+                      f"* best {configuration} (highest IQM): {best}"])
