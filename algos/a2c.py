@@ -83,7 +83,7 @@ class A2C(ppo.PPO):
         flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), (traj, advantages, targets))
         grads, metrics = jax.grad(self._loss, has_aux=True)(learner.params, *flat)
         grads = fragc.pmean(grads)
-        diagnostics = {"learning_rate": self.learning_rate(learner.opt_state),
+        diagnostics = {**self.learning_rate(learner.opt_state),
                        "explained_variance": explained_variance(targets, traj.value)}
         updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
         learner = learner.replace(params=optax.apply_updates(learner.params, updates), opt_state=opt_state)

@@ -40,14 +40,21 @@ def explained_variance(targets: jax.Array, values: jax.Array) -> jax.Array:
     return jnp.where(var_targets > 0, 1.0 - var_errors / jnp.where(var_targets > 0, var_targets, 1.0), 0.0)
 
 
-def scheduled_lr(lr: Any, opt_state: Any) -> jax.Array:
+def scheduled_lr(lr: Any, opt_state: Any) -> jax.Array | None:
     """The learning rate the optimizer's next update applies: `lr` itself, or the schedule `lr` at the step count
-    of the optimizer's one `scale_by_schedule` state (what `optax.adam(schedule)` and its kin keep)."""
+    of the optimizer's one `scale_by_schedule` state (what `optax.adam(schedule)` and its kin keep). None when the
+    optimizer keeps no single such state (a user's own optimizer): its learning rate is then not known here."""
     if not callable(lr):
         return jnp.asarray(lr, jnp.float32)
     is_schedule = lambda s: isinstance(s, optax.ScaleByScheduleState)  # noqa: E731
-    (state,) = [s for s in jax.tree.leaves(opt_state, is_leaf=is_schedule) if is_schedule(s)]
-    return jnp.asarray(lr(state.count), jnp.float32)
+    states = [s for s in jax.tree.leaves(opt_state, is_leaf=is_schedule) if is_schedule(s)]
+    return jnp.asarray(lr(states[0].count), jnp.float32) if len(states) == 1 else None
+
+
+def lr_metric(lr: Any, opt_state: Any) -> dict[str, jax.Array]:
+    """`{"learning_rate": ...}` (`scheduled_lr`), or nothing where the learning rate is not known."""
+    value = scheduled_lr(lr, opt_state)
+    return {} if value is None else {"learning_rate": value}
 
 
 def episode_metrics(runner: Runner) -> dict:

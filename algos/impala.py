@@ -77,7 +77,7 @@ class IMPALA(a2c.A2C):
     def learn(self, learner: ppo.Learner, traj: ppo.Transition) -> tuple[ppo.Learner, dict]:
         grads, (metrics, targets, values) = jax.grad(self._vtrace_loss, has_aux=True)(learner.params, traj)
         grads = fragc.pmean(grads)
-        diagnostics = {"learning_rate": self.learning_rate(learner.opt_state),
+        diagnostics = {**self.learning_rate(learner.opt_state),
                        "explained_variance": explained_variance(targets, values)}
         updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
         learner = learner.replace(params=optax.apply_updates(learner.params, updates), opt_state=opt_state)

@@ -20,7 +20,7 @@ import optax
 from flax import struct
 
 import fragc
-from fragc.algos.diagnostics import approx_kl, clip_fraction, episode_metrics, explained_variance, scheduled_lr
+from fragc.algos.diagnostics import approx_kl, clip_fraction, episode_metrics, explained_variance, lr_metric
 from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
 from fragc.algos.run_length import RunLength
@@ -221,9 +221,10 @@ class PPO:
         updates = c.iterations * c.update_epochs * c.num_minibatches
         return optax.linear_schedule(c.lr, 0.0, updates)
 
-    def learning_rate(self, opt_state: Any) -> jax.Array:
-        """The learning rate of the optimizer's next update (the schedule's value at its step count)."""
-        return scheduled_lr(self._learning_rate(), opt_state)
+    def learning_rate(self, opt_state: Any) -> dict[str, jax.Array]:
+        """`{"learning_rate": ...}`: the optimizer's next update's (the schedule's value at its step count), or
+        nothing where the optimizer (a user's own) keeps no schedule state."""
+        return lr_metric(self._learning_rate(), opt_state)
 
     def init(self, key: jax.Array) -> State:
         k_params, k_env, k_learn = jax.random.split(key, 3)
@@ -294,7 +295,7 @@ class PPO:
         def minibatch_step(learner: Learner, mb: Any) -> tuple[Learner, dict]:
             grads, metrics = jax.grad(self._loss, has_aux=True)(learner.params, *mb)
             grads = fragc.pmean(grads)
-            metrics = {**metrics, "learning_rate": self.learning_rate(learner.opt_state)}
+            metrics = {**metrics, **self.learning_rate(learner.opt_state)}
             updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
             params = optax.apply_updates(learner.params, updates)
             return learner.replace(params=params, opt_state=opt_state), metrics

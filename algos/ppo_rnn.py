@@ -34,7 +34,7 @@ import optax
 from flax import struct
 
 import fragc
-from fragc.algos.diagnostics import approx_kl, clip_fraction, episode_metrics, explained_variance, scheduled_lr
+from fragc.algos.diagnostics import approx_kl, clip_fraction, episode_metrics, explained_variance, lr_metric
 from fragc.algos.envs import Runner, Step, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
 from fragc.algos.ppo import action_log_prob, dense, gae
@@ -412,7 +412,7 @@ class PPORNN:
         def minibatch_step(learner: Learner, mb: Any) -> tuple[Learner, dict]:
             grads, metrics = jax.grad(self._loss, has_aux=True)(learner.params, *mb, clip)
             grads = fragc.pmean(grads)
-            metrics = {**metrics, "learning_rate": scheduled_lr(self._learning_rate(), learner.opt_state)}
+            metrics = {**metrics, **lr_metric(self._learning_rate(), learner.opt_state)}
             updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
             params = optax.apply_updates(learner.params, updates)
             return learner.replace(params=params, opt_state=opt_state), metrics

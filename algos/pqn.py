@@ -32,7 +32,7 @@ import optax
 from flax import struct
 
 import fragc
-from fragc.algos.diagnostics import episode_metrics, scheduled_lr
+from fragc.algos.diagnostics import episode_metrics, lr_metric
 from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
 from fragc.algos.run_length import RunLength
@@ -244,8 +244,7 @@ class PQN:
         def minibatch_step(learner: Learner, mb: Transition) -> tuple[Learner, dict]:
             (loss, q_value), grads = jax.value_and_grad(self._loss, has_aux=True)(learner.params, mb)
             grads = fragc.pmean(grads)
-            metrics = {"loss": loss, "q_value": q_value,
-                       "learning_rate": scheduled_lr(self._learning_rate(), learner.opt_state)}
+            metrics = {"loss": loss, "q_value": q_value, **lr_metric(self._learning_rate(), learner.opt_state)}
             updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
             return learner.replace(params=optax.apply_updates(learner.params, updates), opt_state=opt_state), metrics
 

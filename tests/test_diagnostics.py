@@ -272,3 +272,13 @@ def test_docs_list_the_metrics_of_every_algorithm():
         algo = make(name)
         _, reported = jax.eval_shape(algo.iteration, jax.eval_shape(algo.init, jax.random.key(0)))
         assert set(reported) == metrics, name
+
+
+def test_a_users_optimizer_without_a_schedule_state_reports_no_learning_rate():
+    """A schedule the optimizer does not keep (a user's own `optax.adam(config.lr)`) has no step count to read."""
+    from fragc.algos.diagnostics import lr_metric
+
+    params = {"w": jnp.zeros(2)}
+    schedule = optax.linear_schedule(1e-3, 0.0, 10)
+    assert lr_metric(schedule, optax.adam(1e-3).init(params)) == {}
+    np.testing.assert_allclose(lr_metric(schedule, optax.adam(schedule).init(params))["learning_rate"], 1e-3)

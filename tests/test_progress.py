@@ -4,6 +4,7 @@ line before compiling."""
 import io
 import time
 
+import numpy as np
 import pytest
 
 from fragc.runtime.actions import Run
@@ -65,3 +66,12 @@ def test_a_terminal_gets_the_bar_and_a_log_the_lines():
     show.on_start(run)
     show.on_metrics(5, {}, None)
     assert "[############............] 5/10 it" in bar.getvalue() and "eta 0:05" in bar.getvalue()
+
+
+def test_a_sweeps_lines_name_its_best_member_at_the_dispatchs_last_iteration():
+    from fragc.sweep import best_member
+
+    returns = np.array([[[50.0, 60.0], [10.0, 20.0]],  # iteration 1: member 0 55, member 1 15
+                        [[30.0, 30.0], [80.0, 90.0]]])  # iteration 2: member 0 30, member 1 85
+    assert best_member({"episode_return": returns}) == "  best member 85.0"
+    assert best_member({"loss": returns}) == ""

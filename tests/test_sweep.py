@@ -360,7 +360,9 @@ def test_a_sweep_over_seeds_alone_reports_each_seeds_single_run_and_is_tracked_a
     printed = capsys.readouterr()
     summary = json.loads(printed.out.strip().splitlines()[-1])
     assert printed.err.startswith("final score:") and "fragc sweep" not in printed.err  # no header, no progress
-    assert list((tmp_path / "m" / "tensorboard").glob("*/events.out.tfevents.*"))
+    runs = sorted(p.parent.relative_to(tmp_path / "m" / "tensorboard")
+                  for p in (tmp_path / "m" / "tensorboard").glob("**/events.out.tfevents.*"))
+    assert [r.parts[1:] for r in runs] == [("config_0", "seed_0"), ("config_0", "seed_1")]  # a run per member
     assert [json.loads(x)["iteration"] for x in metrics.read_text().splitlines()] == [ITERATIONS]
     assert [c["label"] for c in summary["configurations"]] == ["default"]
     lines = [json.loads(x) for x in (tmp_path / "members.jsonl").read_text().splitlines()]

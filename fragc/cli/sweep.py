@@ -27,7 +27,8 @@ from fragc.runtime.actions import steps_per_iteration
 from fragc.runtime.reporting import enable_compilation_cache
 from fragc.runtime.stopping import Stopped
 from fragc.sinks import tracking
-from fragc.sweep import MemberMetrics, Members, ReportProgress, report
+from fragc.sinks.progress import progress_action
+from fragc.sweep import MemberMetrics, Members, best_member, report
 from fragc.training import algo_meta, train
 
 from .options import algo_argument, config_options, count, seed
@@ -122,6 +123,9 @@ def main(args: argparse.Namespace) -> int:
     pbt = pbt_settings(args)
     policy = population(args.policy, args.seeds, exact=args.exact, pbt=pbt, **grid)
     options = CompileOptions(policy, args.devices, iterations_per_dispatch=args.iterations_per_dispatch)
+    if not args.quiet:
+        print(f"fragc sweep {args.algo}: compiling the population's program: tracing, passes and XLA can take a "
+              "minute", file=sys.stderr if args.json else sys.stdout, flush=True)
     prog = None if args.resume else compile_with(algo, options)  # every refusal before anything is written
     make_folder(out)
     with open_checkpoints(os.path.join(out, "checkpoints")) as checkpoints:
@@ -142,7 +146,7 @@ def main(args: argparse.Namespace) -> int:
             train(prog, state, iterations, checkpoint_dir=checkpoints, checkpoint_every=args.checkpoint_every,
                   resume=args.resume, progress=progress, stop_after=args.stop_after, run_info=run_info,
                   metrics=args.metrics, track=args.track, track_dir=track_dir,
-                  actions=[writer] + ([ReportProgress(members, log)] if progress else []))
+                  actions=[writer, *([progress_action(iterations, progress, best_member)] if progress else [])])
         except Stopped as stop:
             print(f"fragc: {stop}; its checkpoint continues with --resume", file=sys.stderr)
             return stop.exit_code

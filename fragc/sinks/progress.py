@@ -8,7 +8,7 @@ long run is alive and when it will end. Both show the elapsed time and an ETA fr
 from __future__ import annotations
 
 import math
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 from fragc.runtime.actions import Action, Run
 
@@ -72,8 +72,9 @@ class LogProgress(Action):
     """A line each tenth of the run (by iterations), and at least every `every_s` seconds while it runs.
     The first dispatch always writes one, so a log shows the run started."""
 
-    def __init__(self, iterations: int, out: TextIO, every_s: float = 60.0):
-        self.iterations, self.out, self.every_s = iterations, out, every_s
+    def __init__(self, iterations: int, out: TextIO, every_s: float = 60.0,
+                 detail: Callable[[dict], str] | None = None):
+        self.iterations, self.out, self.every_s, self.detail = iterations, out, every_s, detail
         self.next_iteration, self.last_s = 0, -math.inf
 
     def on_start(self, run: Run) -> None:
@@ -87,10 +88,11 @@ class LogProgress(Action):
         tenth = max(1, self.iterations // 10)
         self.next_iteration = (iteration // tenth + 1) * tenth
         self.last_s = now
-        print(f"  {progress_text(self.run, iteration, self.iterations)}", file=self.out, flush=True)
+        more = self.detail(metrics) if self.detail is not None else ""
+        print(f"  {progress_text(self.run, iteration, self.iterations)}{more}", file=self.out, flush=True)
 
 
-def progress_action(iterations: int, out: TextIO) -> Action:
-    """The bar on a terminal, lines otherwise."""
+def progress_action(iterations: int, out: TextIO, detail: Callable[[dict], str] | None = None) -> Action:
+    """The bar on a terminal, lines otherwise (ending with `detail(metrics)`, e.g. a sweep's best member)."""
     tty = bool(getattr(out, "isatty", lambda: False)())
-    return ShowProgress(iterations, out) if tty else LogProgress(iterations, out)
+    return ShowProgress(iterations, out) if tty else LogProgress(iterations, out, detail=detail)
