@@ -114,6 +114,7 @@ def main(args: argparse.Namespace) -> int:
         raise FragcError("fragc sweep: --policy auto searches one program's placement, not a sweep's; pass a base "
                          "policy such as single (the default), whose population spreads the members over the devices")
     run_info = {"algo": args.algo, "seeds": args.seeds, "grid": grid, "pbt_every": args.pbt_every}
+    tracking.check_writable(out, "the sweep's output")  # before compiling, which can take a minute
     track_dir = _track_dir(args, out, run_info)
     devices(args.devices)
     enable_compilation_cache()

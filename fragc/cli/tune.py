@@ -20,6 +20,7 @@ from fragc import algos
 from fragc.devices import devices
 from fragc.ir.errors import FragcError
 from fragc.runtime.reporting import config_dict, enable_compilation_cache
+from fragc.sinks.tracking import check_writable
 from fragc.tune import (JOURNAL, TrialPopulation, best, check_space, default_space, finished, open_study,
                         optuna_module, params_text, parse_range, summary, trials_table, tune)
 
@@ -81,6 +82,7 @@ def main(args: argparse.Namespace) -> int:
     ranges = {k: v.text for k, v in given.items() if isinstance(v, RangeText)}
     out = args.study_dir or os.path.join("studies", os.path.basename(args.algo).replace(":", "_"))
     optuna_module()  # not installed: one line, before anything runs
+    check_writable(out, "the study")  # before compiling, which can take a minute
     devices(args.devices)
     enable_compilation_cache()
     algo = algos.make(args.algo, **fixed)
