@@ -54,6 +54,10 @@ class Config(RunLength, EvalConfig):
     """Width of the two hidden layers of the actor and of the critic."""
     activation: str = "tanh"
     """Hidden-layer activation: "tanh" or "relu"."""
+    network: str = "auto"
+    """mlp (the two MLPs above, on the flattened observation), nature_cnn or impala_cnn (CleanRL's Atari
+    actor-critic: one CNN torso, a policy and a value head), or auto: a CNN for frames (nature_cnn from 36x36,
+    impala_cnn below), the MLP for vectors (docs/pixels.md)."""
 
     def __post_init__(self) -> None:
         self.check_fields()

@@ -24,6 +24,7 @@ import fragc
 from fragc.algos.diagnostics import episode_metrics
 from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
+from fragc.algos.networks import Observations, PixelQNetwork, network_for, torso
 from fragc.algos.replay import Buffer, ReplayBuffer, Transition
 from fragc.algos.run_length import RunLength
 from fragc.ir.errors import FragcError
@@ -61,6 +62,10 @@ class Config(RunLength, EvalConfig):
     """Select the next action with the online network, evaluate it with the target network."""
     hidden: int = 120
     """Width of the Q-network's hidden layers (PureJaxRL: 120, 84)."""
+    network: str = "auto"
+    """mlp (the layers above, on the flattened observation), nature_cnn (CleanRL's dqn_atari_jax.py: Flax's
+    default initialisation) or impala_cnn, each with a linear Q head, or auto: a CNN for frames (nature_cnn
+    from 36x36, impala_cnn below), the MLP for vectors (docs/pixels.md)."""
 
     def __post_init__(self) -> None:
         self.check_fields()
@@ -115,8 +120,27 @@ class DQN(ReplayBuffer):
         return discrete_env(self.config.env, "dqn", " (use ppo_continuous)")
 
     @functools.cached_property
-    def network(self) -> QNetwork:
-        return QNetwork(self.env.action_space.n, self.config.hidden)
+    def network_name(self) -> str:
+        """The network `config.network` names for this environment's observations (`auto` resolved)."""
+        return network_for(self.config.network, self.env.obs_shape)
+
+    @functools.cached_property
+    def observations(self) -> Observations:
+        """How observations are kept: flattened float32 for the MLP, the environment's frames for a CNN (the
+        replay buffer holds Atari's frames as uint8)."""
+        return Observations.of(self.network_name, self.env)
+
+    @functools.cached_property
+    def network(self) -> nn.Module:
+        if self.network_name == "mlp":
+            return QNetwork(self.env.action_space.n, self.config.hidden)
+        # nature_cnn: CleanRL's dqn_atari_jax.py (Flax's default initialisation)
+        features = torso(self.network_name, self.env.obs_shape, kernel_init="lecun_normal")
+        return PixelQNetwork(features, self.env.action_space.n)
+
+    def q_values(self, params: Any, obs: jax.Array) -> jax.Array:
+        """Q(obs, a) for every action, on observations as the environment gives them or as frames."""
+        return self.network.apply(params, self.observations.frames(obs))
 
     @property
     def optimizer(self) -> optax.GradientTransformation:
@@ -126,10 +150,10 @@ class DQN(ReplayBuffer):
     def init(self, key: jax.Array) -> State:
         c = self.config
         k_params, k_env, k_learn = jax.random.split(key, 3)
-        params = self.network.init(k_params, jnp.zeros((1, self.env.obs_size)))
+        params = self.network.init(k_params, self.observations.zeros(1))
         learner = Learner(params, params, self.optimizer.init(params), k_learn, jnp.int32(0))
         runner = self.env.reset(k_env, c.num_envs)
-        obs = jax.ShapeDtypeStruct((c.num_envs, self.env.obs_size), jnp.float32)
+        obs = self.observations.struct(c.num_envs)
         scalar = lambda dtype: jax.ShapeDtypeStruct((c.num_envs,), dtype)  # noqa: E731
         step = Transition(obs, scalar(jnp.int32), scalar(jnp.float32), obs, scalar(bool))
         state = State(learner, runner, self.empty_buffer(step))
@@ -166,9 +190,10 @@ class DQN(ReplayBuffer):
             explore = jax.vmap(lambda k: jax.random.uniform(k) < eps)(keys[:, 0])
             random_action = jax.vmap(lambda k: jax.random.randint(k, (), 0, self.env.action_space.n))(keys[:, 1])
             action = jnp.where(explore, random_action, greedy)
-            obs = runner.obs
+            obs = self.observations.frames(runner.obs)  # a CNN's frames stay frames, uint8 ones uint8
             runner, out = self.env.step(runner.replace(key=keys[:, 2]), action)
-            return runner, Transition(obs, action, out.reward, out.final_obs, out.terminated)
+            return runner, Transition(obs, action, out.reward, self.observations.frames(out.final_obs),
+                                      out.terminated)
 
         runner, traj = jax.lax.scan(step, runner, None, self.config.num_steps)
         metrics = {**episode_metrics(runner), "epsilon": eps}
@@ -210,14 +235,14 @@ class DQN(ReplayBuffer):
 
     def _td(self, params: Any, target_params: Any, batch: Transition) -> tuple[jax.Array, jax.Array]:
         """The TD loss, and the mean Q(s, a) of the batch's actions under the online network (CleanRL's q_values)."""
-        q_next_target = self.network.apply(target_params, batch.next_obs)
+        q_next_target = self.q_values(target_params, batch.next_obs)
         if self.config.double_dqn:
-            best = jnp.argmax(self.network.apply(params, batch.next_obs), -1)
+            best = jnp.argmax(self.q_values(params, batch.next_obs), -1)
             q_next = jnp.take_along_axis(q_next_target, best[:, None], -1)[:, 0]
         else:
             q_next = jnp.max(q_next_target, -1)
         target = batch.reward + self.config.gamma * (1.0 - batch.terminated) * jax.lax.stop_gradient(q_next)
-        q = jnp.take_along_axis(self.network.apply(params, batch.obs), batch.action[:, None], -1)[:, 0]
+        q = jnp.take_along_axis(self.q_values(params, batch.obs), batch.action[:, None], -1)[:, 0]
         return jnp.mean((q - target) ** 2), jnp.mean(q)
 
     # THE DETERMINISTIC POLICY: what evaluation episodes and videos act with
@@ -227,4 +252,4 @@ class DQN(ReplayBuffer):
 
     def greedy_action(self, params: Any, obs: jax.Array) -> jax.Array:
         """argmax Q for each of `obs[n, obs_size]`."""
-        return jnp.argmax(self.network.apply(params, obs), -1)
+        return jnp.argmax(self.q_values(params, obs), -1)

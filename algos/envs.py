@@ -110,6 +110,15 @@ class GymnaxVecEnv(VecEnv):
         return int(np.prod(shape)) if shape else 1
 
     @property
+    def obs_shape(self) -> tuple[int, ...]:
+        return tuple(self.env.observation_space(self.params).shape) or (1,)
+
+    @property
+    def obs_dtype(self) -> np.dtype:
+        uint8 = np.dtype(self.env.observation_space(self.params).dtype) == np.uint8
+        return np.dtype(np.uint8) if uint8 else np.dtype(np.float32)
+
+    @property
     def max_episode_steps(self) -> int:
         return int(self.params.max_steps_in_episode)
 

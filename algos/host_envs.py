@@ -361,6 +361,14 @@ class HostVecEnv(VecEnv):
         return self._obs_size
 
     @property
+    def obs_shape(self) -> tuple[int, ...]:
+        return tuple(self.pool_type.spaces(self.env_id)[0].shape) or (1,)
+
+    @property
+    def obs_dtype(self) -> np.dtype:
+        return self._wire_dtype
+
+    @property
     def max_episode_steps(self) -> int | None:
         return self.pool_type.max_episode_steps(self.env_id)
 

@@ -88,7 +88,7 @@ class IMPALA(a2c.A2C):
         with (for the explained variance, over every replica's batch)."""
         c = self.config
         log_prob, entropy, values = self.evaluate(params, traj.obs, traj.action)  # [T, n] each
-        _, next_values = self.network.apply(params, traj.next_obs)
+        _, next_values = self.apply_network(params, traj.next_obs)
         targets = vtrace(jax.lax.stop_gradient(log_prob) - traj.log_prob, traj.reward, jax.lax.stop_gradient(values),
                          jax.lax.stop_gradient(next_values), traj.terminated, traj.done, c.gamma, c.rho_bar, c.c_bar,
                          c.vtrace_lambda)

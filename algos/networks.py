@@ -16,28 +16,43 @@ stay uint8 until the learner uses them.
 
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fragc.algos.validation import NETWORK_CHOICES
 from fragc.ir.errors import FragcError
 
-NETWORKS = ("mlp", "nature_cnn", "impala_cnn")
-"""The names `--network` takes."""
+NETWORKS = NETWORK_CHOICES[1:]
+"""The networks `--network` names (besides `auto`)."""
+
+NATURE_MIN_SIZE = 36
+"""The Nature CNN's smallest frame side: 8x8 stride 4, 4x4 stride 2 and 3x3, all VALID, leave 1x1 of 36x36."""
 
 
 def network_for(name: str, obs_shape: Sequence[int]) -> str:
-    """`auto` picks from the observation's rank: frames (rank 3) get the Nature CNN, vectors the MLP."""
+    """The network `name` means for observations of `obs_shape`, or one line saying why it cannot take them.
+
+    `auto` picks from the observation's rank: frames (rank 3) get the Nature CNN when they are at least 36x36
+    (Atari's 84x84), the IMPALA CNN when smaller (MinAtar's 10x10: its padded convolutions take any size);
+    vectors get the MLP."""
+    if name not in NETWORK_CHOICES:
+        raise FragcError(f"network must be one of {', '.join(NETWORK_CHOICES)}, got {name!r}")
     if name == "auto":
-        return "nature_cnn" if len(obs_shape) == 3 else "mlp"
-    if name not in NETWORKS:
-        raise FragcError(f"network must be auto or one of {', '.join(NETWORKS)}, got {name!r}")
+        if len(obs_shape) != 3:
+            return "mlp"
+        return "nature_cnn" if min(frame_size(obs_shape)) >= NATURE_MIN_SIZE else "impala_cnn"
     if name != "mlp" and len(obs_shape) != 3:
         raise FragcError(f"network {name} needs frames (height, width, channels) as observations; "
                          f"this environment's are {tuple(obs_shape)}")
+    if name == "nature_cnn" and min(frame_size(obs_shape)) < NATURE_MIN_SIZE:
+        height, width = frame_size(obs_shape)
+        raise FragcError(f"network nature_cnn needs frames of at least {NATURE_MIN_SIZE}x{NATURE_MIN_SIZE}; this "
+                         f"environment's are {height}x{width} {tuple(obs_shape)} (use impala_cnn)")
     return name
 
 
@@ -46,10 +61,61 @@ def frames_layout(obs_shape: Sequence[int]) -> str:
     return "chw" if obs_shape[0] < obs_shape[-1] else "hwc"
 
 
+def frame_size(obs_shape: Sequence[int]) -> tuple[int, int]:
+    """(height, width) of frames of `obs_shape`, whichever their layout."""
+    height, width = obs_shape[1:] if frames_layout(obs_shape) == "chw" else obs_shape[:2]
+    return int(height), int(width)
+
+
 def as_hwc_floats(x: jax.Array, layout: str) -> jax.Array:
     if layout == "chw":
         x = jnp.moveaxis(x, -3, -1)
     return x.astype(jnp.float32) / 255.0 if x.dtype == jnp.uint8 else x.astype(jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Observations:
+    """How an algorithm keeps its observations: the environment's flattened float32 vectors (the MLP's, as
+    they always were), or frames of the environment's own shape and dtype (a CNN's).
+
+    The environments give every observation flattened to float32 (`VecEnv.obs_size`); `frames(obs)` makes
+    them frames again, `(..., obs_size) -> (..., *shape)` in `dtype`, and passes frames as they are (a
+    flattened batch cannot end in `shape` unless the frames are 1x1, where both are the same). The cast is
+    exact, a uint8 value being a float32 integer, so Atari's frames are uint8 again in the rollout's
+    trajectory and the replay buffer, and the network scales them (`as_hwc_floats`)."""
+
+    shape: tuple[int, ...]
+    dtype: Any = jnp.float32
+
+    @classmethod
+    def of(cls, network: str, env: Any) -> "Observations":
+        """The format `network` (a name `network_for` returned) takes from `env` (a `VecEnv`)."""
+        if network == "mlp":
+            return cls((env.obs_size,))
+        return cls(tuple(env.obs_shape), env.obs_dtype)
+
+    def frames(self, obs: jax.Array) -> jax.Array:
+        """`obs` as the network takes it, any leading shape; frames already are (a trajectory's) pass."""
+        if len(self.shape) == 1:
+            return obs  # the MLP's vectors, untouched
+        if obs.shape[-len(self.shape):] != self.shape:  # flattened: (..., obs_size)
+            obs = obs.reshape(obs.shape[:-1] + self.shape)
+        return obs.astype(self.dtype)
+
+    def zeros(self, *lead: int) -> jax.Array:
+        """A batch of zero observations `(*lead, *shape)`: what a network is initialised with."""
+        return jnp.zeros(lead + self.shape, self.dtype)
+
+    def struct(self, *lead: int) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(lead + self.shape, self.dtype)
+
+
+KERNEL_INITS = {
+    "orthogonal": nn.initializers.orthogonal(np.sqrt(2)),  # CleanRL's ppo_atari_envpool.py
+    "lecun_normal": nn.initializers.lecun_normal(),  # Flax's default: CleanRL's dqn_atari_jax.py
+    "he_normal": nn.initializers.he_normal(),  # purejaxql's pqn_atari.py
+}
+"""The Nature CNN's kernel initialisations, as each reference has them (biases start at zero in all three)."""
 
 
 def _orthogonal_dense(n: int) -> nn.Dense:
@@ -57,20 +123,24 @@ def _orthogonal_dense(n: int) -> nn.Dense:
 
 
 class NatureCNN(nn.Module):
-    """The Nature-DQN torso: frames -> 512 features."""
+    """The Nature-DQN torso: frames -> 512 features.
+
+    `kernel_init` names the reference's initialisation (`KERNEL_INITS`); `layer_norm` puts a LayerNorm after
+    every layer, before its ReLU, as purejaxql's pqn_atari.py does."""
 
     layout: str = "chw"
+    kernel_init: str = "orthogonal"
+    layer_norm: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         x = as_hwc_floats(x, self.layout)
-        init = dict(kernel_init=nn.initializers.orthogonal(np.sqrt(2)), bias_init=nn.initializers.zeros,
-                    padding="VALID")
-        x = nn.relu(nn.Conv(32, (8, 8), strides=(4, 4), **init)(x))
-        x = nn.relu(nn.Conv(64, (4, 4), strides=(2, 2), **init)(x))
-        x = nn.relu(nn.Conv(64, (3, 3), strides=(1, 1), **init)(x))
+        init = dict(kernel_init=KERNEL_INITS[self.kernel_init], bias_init=nn.initializers.zeros)
+        activate = lambda x: nn.relu(nn.LayerNorm()(x) if self.layer_norm else x)  # noqa: E731
+        for features, size, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
+            x = activate(nn.Conv(features, (size, size), strides=(stride, stride), padding="VALID", **init)(x))
         x = x.reshape(x.shape[:-3] + (-1,))
-        return nn.relu(_orthogonal_dense(512)(x))
+        return activate(nn.Dense(512, **init)(x))
 
 
 class ResidualBlock(nn.Module):
@@ -109,3 +179,44 @@ class ImpalaCNN(nn.Module):
 
 
 TORSOS = {"nature_cnn": NatureCNN, "impala_cnn": ImpalaCNN}
+
+
+def torso(name: str, obs_shape: Sequence[int], kernel_init: str = "orthogonal", layer_norm: bool = False) -> nn.Module:
+    """The torso `name` for frames of `obs_shape`; `kernel_init` and `layer_norm` choose the Nature CNN's
+    reference (`NatureCNN`), the IMPALA CNN has one."""
+    if name == "nature_cnn":
+        return NatureCNN(frames_layout(obs_shape), kernel_init, layer_norm)
+    return ImpalaCNN(frames_layout(obs_shape))
+
+
+class PixelActorCritic(nn.Module):
+    """CleanRL's Atari actor-critic (`ppo_atari_envpool.py`, `ppo_atari_envpool_xla_jax_scan.py`): one torso
+    shared by a linear policy head (orthogonal, gain 0.01) and a linear value head (orthogonal, gain 1), zero
+    biases. `value` runs the torso and the value head alone."""
+
+    torso: nn.Module
+    num_actions: int
+
+    def setup(self) -> None:
+        self.actor = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01),
+                              bias_init=nn.initializers.zeros)
+        self.critic = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), bias_init=nn.initializers.zeros)
+
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        hidden = self.torso(obs)
+        return self.actor(hidden), jnp.squeeze(self.critic(hidden), -1)
+
+    def value(self, obs: jax.Array) -> jax.Array:
+        return jnp.squeeze(self.critic(self.torso(obs)), -1)
+
+
+class PixelQNetwork(nn.Module):
+    """A torso and a linear head of one Q value per action (Flax's default initialisation, as CleanRL's
+    dqn_atari_jax.py and purejaxql's pqn_atari.py have it)."""
+
+    torso: nn.Module
+    num_actions: int
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        return nn.Dense(self.num_actions)(self.torso(obs))

@@ -23,6 +23,7 @@ import fragc
 from fragc.algos.diagnostics import approx_kl, clip_fraction, episode_metrics, explained_variance, lr_metric
 from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
+from fragc.algos.networks import Observations, PixelActorCritic, network_for, torso
 from fragc.algos.run_length import RunLength
 from fragc.algos.validation import algo_name
 from fragc.ir.errors import FragcError
@@ -67,6 +68,10 @@ class Config(RunLength, EvalConfig):
     """Width of the two hidden layers of the actor and of the critic."""
     activation: str = "tanh"
     """Hidden-layer activation: "tanh" (PureJaxRL's CartPole network) or "relu" (its MinAtar one)."""
+    network: str = "auto"
+    """mlp (the two MLPs above, on the flattened observation), nature_cnn or impala_cnn (CleanRL's Atari
+    actor-critic: one CNN torso, a policy and a value head), or auto: a CNN for frames (nature_cnn from 36x36,
+    impala_cnn below), the MLP for vectors (docs/pixels.md)."""
 
     def __post_init__(self) -> None:
         self.check_fields()
@@ -203,8 +208,25 @@ class PPO:
         return discrete_env(self.config.env, algo_name(self.config))
 
     @functools.cached_property
-    def network(self) -> ActorCritic:
-        return ActorCritic(self.env.action_space.n, self.config.hidden, self.config.activation)
+    def network_name(self) -> str:
+        """The network `config.network` names for this environment's observations (`auto` resolved)."""
+        return network_for(self.config.network, self.env.obs_shape)
+
+    @functools.cached_property
+    def observations(self) -> Observations:
+        """How observations are kept: flattened float32 for the MLP, the environment's frames for a CNN."""
+        return Observations.of(self.network_name, self.env)
+
+    @functools.cached_property
+    def network(self) -> nn.Module:
+        if self.network_name == "mlp":
+            return ActorCritic(self.env.action_space.n, self.config.hidden, self.config.activation)
+        return PixelActorCritic(torso(self.network_name, self.env.obs_shape), self.env.action_space.n)
+
+    def apply_network(self, params: Any, obs: jax.Array, **kwargs: Any) -> Any:
+        """The network on observations as the environment gives them (flattened) or as the trajectory keeps
+        them (`observations.frames`)."""
+        return self.network.apply(params, self.observations.frames(obs), **kwargs)
 
     @property
     def optimizer(self) -> optax.GradientTransformation:
@@ -228,7 +250,7 @@ class PPO:
 
     def init(self, key: jax.Array) -> State:
         k_params, k_env, k_learn = jax.random.split(key, 3)
-        params = self.network.init(k_params, jnp.zeros((1, self.env.obs_size)))
+        params = self.network.init(k_params, self.observations.zeros(1))
         learner = Learner(params, self.optimizer.init(params), k_learn)
         state = State(learner, self.env.reset(k_env, self.config.num_envs))
         return self.evaluator.init(key, state, EvalState)
@@ -249,19 +271,19 @@ class PPO:
     # POLICY: a categorical distribution over the network's logits
     def act(self, params: Any, obs: jax.Array, keys: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Sample one action per observation (one key each) -> (action, log-probability, value)."""
-        logits, value = self.network.apply(params, obs)
+        logits, value = self.apply_network(params, obs)
         action = jax.vmap(jax.random.categorical)(keys, logits)
         return action, action_log_prob(jax.nn.log_softmax(logits), action), value
 
     def evaluate(self, params: Any, obs: jax.Array, action: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """(log-probability of `action`, entropy, value) per observation, any leading shape."""
-        logits, value = self.network.apply(params, obs)
+        logits, value = self.apply_network(params, obs)
         log_probs = jax.nn.log_softmax(logits)
         return action_log_prob(log_probs, action), -jnp.sum(jnp.exp(log_probs) * log_probs, -1), value
 
     def value(self, params: Any, obs: jax.Array) -> jax.Array:
         """The critic alone: V(obs), any leading shape."""
-        return self.network.apply(params, obs, method="value")
+        return self.apply_network(params, obs, method="value")
 
     def env_action(self, action: jax.Array) -> jax.Array:
         """What the environment receives for a sampled action."""
@@ -272,10 +294,11 @@ class PPO:
     def rollout(self, params: Any, runner: Runner) -> tuple[Transition, Runner, dict]:
         def step(runner: Runner, _: None) -> tuple[Runner, tuple]:
             keys = jax.vmap(lambda k: jax.random.split(k, 3))(runner.key)  # acting, environment step, carried
-            action, log_prob, value = self.act(params, runner.obs, keys[:, 0])
-            obs = runner.obs
+            obs = self.observations.frames(runner.obs)  # a CNN's frames stay frames, uint8 ones uint8
+            action, log_prob, value = self.act(params, obs, keys[:, 0])
             runner, out = self.env.step(runner.replace(key=keys[:, 2]), self.env_action(action), keys[:, 1])
-            return runner, (obs, action, log_prob, value, out.final_obs, out.reward, out.terminated, out.episode_done)
+            return runner, (obs, action, log_prob, value, self.observations.frames(out.final_obs), out.reward,
+                            out.terminated, out.episode_done)
 
         runner, (obs, action, log_prob, value, next_obs, reward, terminated, done) = jax.lax.scan(
             step, runner, None, self.config.num_steps)
@@ -334,5 +357,5 @@ class PPO:
 
     def greedy_action(self, params: Any, obs: jax.Array) -> jax.Array:
         """The most probable action for each of `obs[n, obs_size]`, as the environment's step takes it."""
-        logits, _ = self.network.apply(params, obs)
+        logits, _ = self.apply_network(params, obs)
         return self.env_action(jnp.argmax(logits, -1))

@@ -45,6 +45,14 @@ class Config(ppo.Config):
     """Clip each value update to `clip_eps` around the rollout's values; off by default here: Pendulum's returns
     are in the hundreds, and a critic held within 0.2 of its rollout values per update lags its targets
     (docs/results.md)."""
+    network: str = "mlp"
+    """mlp (or auto, the same): no pixel network for continuous actions yet."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.network not in ("auto", "mlp"):
+            raise FragcError(f"ppo_continuous: network must be auto or mlp (no pixel network for continuous "
+                             f"actions), got {self.network!r}")
 
 
 class GaussianActorCritic(nn.Module):
@@ -85,6 +93,8 @@ class PPOContinuous(ppo.PPO):
             raise FragcError(f"ppo_continuous supports continuous (Box) action spaces; {self.config.env} is discrete; "
                              "use ppo")
         return env
+
+    network_name = "mlp"
 
     @functools.cached_property
     def network(self) -> GaussianActorCritic:

@@ -35,6 +35,7 @@ import fragc
 from fragc.algos.diagnostics import episode_metrics, lr_metric
 from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
+from fragc.algos.networks import Observations, PixelQNetwork, network_for, torso
 from fragc.algos.run_length import RunLength
 from fragc.ir.errors import FragcError
 
@@ -75,6 +76,10 @@ class Config(RunLength, EvalConfig):
     """Width of the hidden layers."""
     num_layers: int = 2
     """Hidden layers (each Dense, LayerNorm, relu)."""
+    network: str = "auto"
+    """mlp (the layers above, on the flattened observation), nature_cnn (purejaxql's pqn_atari.py: LayerNorm
+    after every layer, He-normal kernels) or impala_cnn, each with a linear Q head, or auto: a CNN for frames
+    (nature_cnn from 36x36, impala_cnn below), the MLP for vectors (docs/pixels.md)."""
 
     def __post_init__(self) -> None:
         self.check_fields()
@@ -171,8 +176,26 @@ class PQN:
         return discrete_env(self.config.env, "pqn", " (use ppo_continuous)")
 
     @functools.cached_property
-    def network(self) -> QNetwork:
-        return QNetwork(self.env.action_space.n, self.config.hidden, self.config.num_layers)
+    def network_name(self) -> str:
+        """The network `config.network` names for this environment's observations (`auto` resolved)."""
+        return network_for(self.config.network, self.env.obs_shape)
+
+    @functools.cached_property
+    def observations(self) -> Observations:
+        """How observations are kept: flattened float32 for the MLP, the environment's frames for a CNN."""
+        return Observations.of(self.network_name, self.env)
+
+    @functools.cached_property
+    def network(self) -> nn.Module:
+        if self.network_name == "mlp":
+            return QNetwork(self.env.action_space.n, self.config.hidden, self.config.num_layers)
+        # nature_cnn: purejaxql's Atari network (LayerNorm after every layer, He-normal kernels)
+        features = torso(self.network_name, self.env.obs_shape, kernel_init="he_normal", layer_norm=True)
+        return PixelQNetwork(features, self.env.action_space.n)
+
+    def q_values(self, params: Any, obs: jax.Array) -> jax.Array:
+        """Q(obs, a) for every action, on observations as the environment gives them or as frames."""
+        return self.network.apply(params, self.observations.frames(obs))
 
     @property
     def optimizer(self) -> optax.GradientTransformation:
@@ -194,7 +217,7 @@ class PQN:
 
     def init(self, key: jax.Array) -> State:
         k_params, k_env, k_learn = jax.random.split(key, 3)
-        params = self.network.init(k_params, jnp.zeros((1, self.env.obs_size)))
+        params = self.network.init(k_params, self.observations.zeros(1))
         learner = Learner(params, self.optimizer.init(params), k_learn, jnp.int32(0))
         state = State(learner, self.env.reset(k_env, self.config.num_envs))
         return self.evaluator.init(key, state, EvalState)
@@ -224,13 +247,13 @@ class PQN:
             explore = jax.vmap(lambda k: jax.random.uniform(k) < eps)(keys[:, 0])
             random_action = jax.vmap(lambda k: jax.random.randint(k, (), 0, self.env.action_space.n))(keys[:, 1])
             action = jnp.where(explore, random_action, greedy)
-            obs = runner.obs
+            obs = self.observations.frames(runner.obs)  # a CNN's frames stay frames, uint8 ones uint8
             runner, out = self.env.step(runner.replace(key=keys[:, 3]), action, keys[:, 2])
             return runner, (obs, action, out.reward, out.terminated, out.episode_done, out.final_obs)
 
         runner, (obs, action, reward, terminated, done, next_obs) = jax.lax.scan(step, runner, None, c.num_steps)
         # max_a Q(s_{t+1}, a) for every step at once, with the acting parameters
-        next_q = jnp.max(self.network.apply(params, next_obs), -1)
+        next_q = jnp.max(self.q_values(params, next_obs), -1)
         target = lambda_returns(c.reward_scale * reward, terminated, done, next_q, c.gamma, c.td_lambda)
         metrics = {**episode_metrics(runner), "epsilon": eps}
         return Transition(obs, action, target), runner, metrics
@@ -256,7 +279,7 @@ class PQN:
 
     def _loss(self, params: Any, mb: Transition) -> tuple[jax.Array, jax.Array]:
         """The squared error of Q(s, a) against the Q(lambda) targets, and the mean Q(s, a) of the taken actions."""
-        q = jnp.take_along_axis(self.network.apply(params, mb.obs), mb.action[:, None], -1)[:, 0]
+        q = jnp.take_along_axis(self.q_values(params, mb.obs), mb.action[:, None], -1)[:, 0]
         return 0.5 * jnp.mean((q - mb.target) ** 2), jnp.mean(q)
 
     # THE DETERMINISTIC POLICY: what evaluation episodes and videos act with
@@ -266,4 +289,4 @@ class PQN:
 
     def greedy_action(self, params: Any, obs: jax.Array) -> jax.Array:
         """argmax Q for each of `obs[n, obs_size]`."""
-        return jnp.argmax(self.network.apply(params, obs), -1)
+        return jnp.argmax(self.q_values(params, obs), -1)

@@ -62,6 +62,14 @@ RANGES: dict[str, Range] = {
 }
 """Fields with a range; every other int field must be positive, every float finite."""
 
+NETWORK_CHOICES = ("auto", "mlp", "nature_cnn", "impala_cnn")
+"""What `network` names: `auto` picks from the observation's rank (algos/networks.py, `network_for`)."""
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "network": NETWORK_CHOICES,
+}
+"""String fields that take one of a few names."""
+
 
 def algo_name(config: Any) -> str:
     """The algorithm's name in a message about its config: its config's module (`a2c`, also for a2c's runs of
@@ -85,6 +93,8 @@ def check_config(config: Any) -> None:
             _check_float(algo, field.name, value)
         elif kind == "str" and not isinstance(value, str):
             raise FragcError(f"{algo}: {field.name} must be a string, got {value!r}")
+        elif kind == "str" and field.name in CHOICES and value not in CHOICES[field.name]:
+            raise FragcError(f"{algo}: {field.name} must be one of {', '.join(CHOICES[field.name])}, got {value!r}")
     if hasattr(config, "steps_per_iteration"):
         _check_run_length(algo, config)
 

@@ -82,7 +82,8 @@ class VecEnv:
     """`num_envs` copies of an environment, stepped together; `VecEnv(name)` makes the named backend's.
 
     The interface every backend gives: `action_space` and `is_discrete()` (gymnax spaces, whatever the
-    backend), `obs_size` (observations are flattened to float32), `reset(key, num_envs) -> Runner` and
+    backend), `obs_size` (observations are flattened to float32; `obs_shape` and `obs_dtype` say what they
+    were), `reset(key, num_envs) -> Runner` and
     `step(runner, action, step_keys) -> (Runner, Step)`, both callable inside a jitted function.
     """
 
@@ -102,6 +103,17 @@ class VecEnv:
     @property
     def obs_size(self) -> int:
         raise NotImplementedError
+
+    @property
+    def obs_shape(self) -> tuple[int, ...]:
+        """One observation's shape as the environment makes it (frames: 3 axes), before it is flattened."""
+        raise NotImplementedError
+
+    @property
+    def obs_dtype(self) -> np.dtype:
+        """The dtype an algorithm keeps observations in as frames: uint8 for 8-bit frames (Atari's), else
+        float32 (algos/networks.py, `Observations`)."""
+        return np.dtype(np.float32)
 
     def is_discrete(self) -> bool:
         from gymnax.environments import spaces  # gymnax starts JAX's backend when imported: see the module docstring

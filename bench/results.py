@@ -124,12 +124,12 @@ RUNS = [  # (name, algorithm, policy, devices, threshold on the final return, co
 ]
 MINATAR = {  # PureJaxRL's MinAtar PPO configuration (examples/brax_minatar.ipynb)
     "num_envs": 64, "num_steps": 128, "total_steps": 10_000_000, "lr": 5e-3, "update_epochs": 4,
-    "num_minibatches": 8, "activation": "relu",
+    "num_minibatches": 8, "activation": "relu", "network": "mlp",  # the MLP on the flattened frames, as PureJaxRL's
 }
 PQN_MINATAR = {  # purejaxql's purejaxql/config/alg/pqn_minatar.yaml (no REW_SCALE: 1; pqn_gymnax.py's MLP: 2 x 128)
     "num_envs": 128, "num_steps": 32, "total_steps": 10_000_000, "lr": 5e-4, "lr_linear_decay": True,
     "num_epochs": 2, "num_minibatches": 32, "gamma": 0.99, "td_lambda": 0.65, "eps_start": 1.0, "eps_finish": 0.05,
-    "eps_decay": 0.1, "max_grad_norm": 10.0, "reward_scale": 1.0, "hidden": 128, "num_layers": 2,
+    "eps_decay": 0.1, "max_grad_norm": 10.0, "reward_scale": 1.0, "hidden": 128, "num_layers": 2, "network": "mlp",
 }
 GAMES = ("Breakout", "SpaceInvaders", "Asterix", "Freeway")
 RUNS += [(f"ppo_{game.lower()}_minatar", "ppo", "single", 1, None, {"env": f"{game}-MinAtar", **MINATAR})
