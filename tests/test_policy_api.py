@@ -52,8 +52,10 @@ def test_anakin_collectives_are_one_gradient_allreduce_per_minibatch_plus_metric
     def received(elements):  # per device: a reduce-scatter and an all-gather of ceil(n/R) 4-byte values from R-1 others
         return 2 * (r - 1) * -(-elements // r) * 4
 
-    scalars = c.update_epochs * 4 + 3  # learn (one call an epoch): four metrics; rollout: completed episodes,
-    grads = _param_bytes(algo) // 4     # return sum, episodes done
+    # learn (one call an epoch): its metrics in one pmean, and explained variance's three psums (element count,
+    # means, variances); rollout: completed episodes, their return and length sums, episodes done
+    scalars = c.update_epochs * 4 + 4
+    grads = _param_bytes(algo) // 4
     expected = c.update_epochs * c.num_minibatches * received(grads) + scalars * received(1)
     cost = prog.cost()
     assert cost["total"]["collective_bytes"] == expected
