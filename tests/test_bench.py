@@ -104,6 +104,7 @@ def test_lowering(bench, tiny_configs):
     assert set(result["env_steps_per_s"]) == {"fragc", "plain_jit"} and len(result["ratios"]) == 1
 
 
+@pytest.mark.slow  # the default suite's 6 minutes: bench/ smoke tests over 10 s run with -m slow
 def test_ppo_single(bench, tiny_configs, capsys):
     result = json.loads((bench("ppo_single", "--repeats", "1", "--iterations", "16", "--k", "16", "--compile-repeats",
                                "0") / "ppo_single.json").read_text())
@@ -130,6 +131,7 @@ def test_sac_plain(bench, tiny_configs):
     assert set(result["env_steps_per_s"]) == {"fragc", "fragc_rolled", "plain_jit", "cleanrl", "cleanrl_unrolled"}
 
 
+@pytest.mark.slow  # the default suite's 6 minutes: bench/ smoke tests over 10 s run with -m slow
 def test_policies(bench, tiny_configs, tmp_path, capsys):
     """`fragc bench` of the single run and a population of it (a comma inside parentheses): the table, bench.json
     with every repeat's number, and bench.png; every policy the script names by default resolves (each is
@@ -150,6 +152,7 @@ def test_policies(bench, tiny_configs, tmp_path, capsys):
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow  # the default suite's 6 minutes: bench/ smoke tests over 10 s run with -m slow
 def test_throughput(bench, tiny_configs, tmp_path):
     """The population row, shrunk to 4 members of 4 environments (256 of shared_programs' PPO would take the
     suite seconds to run)."""
@@ -187,6 +190,7 @@ def test_auto(bench, monkeypatch, tmp_path):
     assert regression["runnable"] >= 2 and regression["chosen"] in regression["calibration"]
 
 
+@pytest.mark.slow  # the default suite's 6 minutes: bench/ smoke tests over 10 s run with -m slow
 def test_results(bench, tiny_configs):
     """A learning run of every seed as one population, its statistics (rliable) and its curves."""
     out = bench("results", "--only", "ppo", "--seeds", "0-1", "--steps", "64")
@@ -195,7 +199,8 @@ def test_results(bench, tiny_configs):
 
 
 # pbt slow, as it must be: 2 programs over the default suite's 6 minutes; PBT's populations are tests/test_sweep.py's
-@pytest.mark.parametrize("what", ["throughput", pytest.param("pbt", marks=pytest.mark.slow)])
+@pytest.mark.slow  # the default suite's 6 minutes: bench/ smoke tests over 10 s run with -m slow
+@pytest.mark.parametrize("what", ["throughput", "pbt"])
 def test_sweep(bench, tiny_configs, what):
     argv = ["--members", "8", "--k", "1"] if what == "throughput" else ["--seeds", "1", "--iterations", "10"]
     result = json.loads((bench("sweep", what, "--repeats", "1", "--iterations", "1", *argv) / f"sweep_{what}.json")
@@ -203,6 +208,7 @@ def test_sweep(bench, tiny_configs, what):
     assert result["rows"] if what == "throughput" else result["pbt"]["final"]
 
 
+@pytest.mark.slow  # the default suite's 6 minutes: bench/ smoke tests over 10 s run with -m slow
 def test_rnn_screen(bench):
     """The screens' rule and report. The script's own options are parsed as `fragc sweep ppo_rnn`'s; its sweeps
     then run in this process (the script starts each in one of its own) on PPO at tiny sizes, two seeds each: a
