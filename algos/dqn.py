@@ -24,7 +24,7 @@ import fragc
 from fragc.algos.diagnostics import episode_metrics
 from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
-from fragc.algos.networks import Observations, PixelQNetwork, network_for, torso
+from fragc.algos.networks import NetworkChoice, PixelQNetwork, torso
 from fragc.algos.replay import Buffer, ReplayBuffer, Transition
 from fragc.algos.run_length import RunLength
 from fragc.ir.errors import FragcError
@@ -107,7 +107,7 @@ class EvalState(State):
     evaluator: EvaluatorState  # the evaluator's own (algos/evaluation.py)
 
 
-class DQN(ReplayBuffer):
+class DQN(NetworkChoice, ReplayBuffer):
     """Deep Q-learning (Mnih et al. 2015), optionally double (van Hasselt et al. 2016)."""
 
     def __init__(self, config: Config = Config()):
@@ -118,17 +118,6 @@ class DQN(ReplayBuffer):
     @functools.cached_property
     def env(self) -> VecEnv:
         return discrete_env(self.config.env, "dqn", " (use ppo_continuous)")
-
-    @functools.cached_property
-    def network_name(self) -> str:
-        """The network `config.network` names for this environment's observations (`auto` resolved)."""
-        return network_for(self.config.network, self.env.obs_shape)
-
-    @functools.cached_property
-    def observations(self) -> Observations:
-        """How observations are kept: flattened float32 for the MLP, the environment's frames for a CNN (the
-        replay buffer holds Atari's frames as uint8)."""
-        return Observations.of(self.network_name, self.env)
 
     @functools.cached_property
     def network(self) -> nn.Module:

@@ -17,6 +17,7 @@ stay uint8 until the learner uses them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -220,3 +221,17 @@ class PixelQNetwork(nn.Module):
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
         return nn.Dense(self.num_actions)(self.torso(obs))
+
+
+class NetworkChoice:
+    """What an algorithm with a `network` config field and an `env` shares: the network that field names for its
+    environment's observations (`auto` resolved) and how the observations are kept for it."""
+
+    @functools.cached_property
+    def network_name(self) -> str:
+        return network_for(self.config.network, self.env.obs_shape)
+
+    @functools.cached_property
+    def observations(self) -> Observations:
+        """Flattened float32 for the MLP, the environment's frames for a CNN."""
+        return Observations.of(self.network_name, self.env)

@@ -23,7 +23,7 @@ import fragc
 from fragc.algos.diagnostics import approx_kl, clip_fraction, episode_metrics, explained_variance, lr_metric
 from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
-from fragc.algos.networks import Observations, PixelActorCritic, network_for, torso
+from fragc.algos.networks import NetworkChoice, PixelActorCritic, torso
 from fragc.algos.run_length import RunLength
 from fragc.algos.validation import algo_name
 from fragc.ir.errors import FragcError
@@ -191,7 +191,7 @@ def action_log_prob(log_probs: jax.Array, action: jax.Array) -> jax.Array:
     return jnp.take_along_axis(log_probs, action[..., None], -1)[..., 0]
 
 
-class PPO:
+class PPO(NetworkChoice):
     """Proximal policy optimisation (Schulman et al. 2017), PureJaxRL style.
 
     The environment is made on first use, so that constructing the algorithm
@@ -206,16 +206,6 @@ class PPO:
     @functools.cached_property
     def env(self) -> VecEnv:
         return discrete_env(self.config.env, algo_name(self.config))
-
-    @functools.cached_property
-    def network_name(self) -> str:
-        """The network `config.network` names for this environment's observations (`auto` resolved)."""
-        return network_for(self.config.network, self.env.obs_shape)
-
-    @functools.cached_property
-    def observations(self) -> Observations:
-        """How observations are kept: flattened float32 for the MLP, the environment's frames for a CNN."""
-        return Observations.of(self.network_name, self.env)
 
     @functools.cached_property
     def network(self) -> nn.Module:

@@ -35,7 +35,7 @@ import fragc
 from fragc.algos.diagnostics import episode_metrics, lr_metric
 from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
-from fragc.algos.networks import Observations, PixelQNetwork, network_for, torso
+from fragc.algos.networks import NetworkChoice, PixelQNetwork, torso
 from fragc.algos.run_length import RunLength
 from fragc.ir.errors import FragcError
 
@@ -163,7 +163,7 @@ def lambda_returns(reward: jax.Array, terminated: jax.Array, done: jax.Array, ne
 # ---------------------------------------------------------------- algorithm
 
 
-class PQN:
+class PQN(NetworkChoice):
     """Parallelised Q-network (Gallici et al. 2024), purejaxql style."""
 
     def __init__(self, config: Config = Config()):
@@ -174,16 +174,6 @@ class PQN:
     @functools.cached_property
     def env(self) -> VecEnv:
         return discrete_env(self.config.env, "pqn", " (use ppo_continuous)")
-
-    @functools.cached_property
-    def network_name(self) -> str:
-        """The network `config.network` names for this environment's observations (`auto` resolved)."""
-        return network_for(self.config.network, self.env.obs_shape)
-
-    @functools.cached_property
-    def observations(self) -> Observations:
-        """How observations are kept: flattened float32 for the MLP, the environment's frames for a CNN."""
-        return Observations.of(self.network_name, self.env)
 
     @functools.cached_property
     def network(self) -> nn.Module:
