@@ -209,7 +209,7 @@ class DQN(NetworkChoice, ReplayBuffer):
             return (jax.tree.map(lambda a, b: jnp.where(started, a, b), new, learner),
                     fragc.pmean({"loss": loss, "q_value": q_value}))
 
-        learner, metrics = jax.lax.scan(update, learner, batches)
+        learner, metrics = jax.lax.scan(update, learner, batches, unroll=self.unroll)
         return learner.replace(env_steps=env_steps), jax.tree.map(jnp.mean, metrics)
 
     @fragc.fragment(role="learner", in_axes=(None, None), out_axes=None)

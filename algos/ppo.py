@@ -255,7 +255,7 @@ class PPO(NetworkChoice):
         """`update_epochs` passes over the rollout, one `learn` call each: a `for` region of the IR, so the
         trajectory moves to the learner once and the cost model counts every epoch's gradient all-reduce."""
         learner, metrics = jax.lax.scan(lambda learner, _: self.learn(learner, traj), learner, None,
-                                        self.config.update_epochs)
+                                        self.config.update_epochs, unroll=self.unroll)
         return learner, jax.tree.map(jnp.mean, metrics)
 
     # POLICY: a categorical distribution over the network's logits
@@ -316,7 +316,7 @@ class PPO(NetworkChoice):
         key, perm_key = jax.random.split(learner.key)
         perm = jax.random.permutation(perm_key, advantages.size)
         shuffled = jax.tree.map(lambda x: x[perm].reshape((c.num_minibatches, -1) + x.shape[1:]), batch)
-        learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled)
+        learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled, unroll=self.unroll)
         metrics = fragc.pmean(jax.tree.map(jnp.mean, metrics))
         return learner, {**metrics, "explained_variance": explained_variance(targets, traj.value)}
 

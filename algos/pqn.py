@@ -222,7 +222,7 @@ class PQN(NetworkChoice):
         """`num_epochs` passes over the rollout, one `learn` call each: a `for` region of the IR, so the
         rollout moves to the learner once and the cost model counts every epoch's gradient all-reduce."""
         learner, metrics = jax.lax.scan(lambda learner, _: self.learn(learner, traj), learner, None,
-                                        self.config.num_epochs)
+                                        self.config.num_epochs, unroll=self.unroll)
         return learner.replace(updates=learner.updates + 1), jax.tree.map(jnp.mean, metrics)
 
     # COLLECT TRAJECTORIES: epsilon-greedy with per-environment keys, and the Q(lambda) targets
@@ -264,7 +264,7 @@ class PQN(NetworkChoice):
         key, perm_key = jax.random.split(learner.key)
         perm = jax.random.permutation(perm_key, batch.target.size)
         shuffled = jax.tree.map(lambda x: x[perm].reshape((c.num_minibatches, -1) + x.shape[1:]), batch)
-        learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled)
+        learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled, unroll=self.unroll)
         return learner, fragc.pmean(jax.tree.map(jnp.mean, metrics))
 
     def _loss(self, params: Any, mb: Transition) -> tuple[jax.Array, jax.Array]:

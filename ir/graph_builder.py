@@ -293,8 +293,10 @@ class _Builder:
         stacked = Value(self.names.fresh("ys"), _flat_type(ys))
         for var, use in zip(eqn.outvars, carry.uses() + stacked.uses()):
             env[var] = use
+        unroll = p.get("unroll", 1)
+        unroll = int(p["length"]) if unroll is True else max(1, int(unroll))
         return For(inputs=inputs, outputs=(carry, stacked), body=body, trips=int(p["length"]),
-                   reverse=bool(p["reverse"]), source=call_site(eqn))
+                   reverse=bool(p["reverse"]), source=call_site(eqn), unroll=unroll)
 
     def while_region(self, eqn: Any, env: dict[Any, Use], consts: dict[Any, Any], nodes: list[Any]) -> While:
         """`lax.while_loop` around fragment calls: its condition and body as graphs of (constants, carry)."""

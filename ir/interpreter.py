@@ -167,7 +167,7 @@ class Interpreter:
             outs = self.region(frame, node.body, consts + list(carry) + list(x))
             return outs[:nk], outs[nk:]
 
-        carry, ys = jax.lax.scan(trip, carry, xs, length=node.trips, reverse=node.reverse)
+        carry, ys = jax.lax.scan(trip, carry, xs, length=node.trips, reverse=node.reverse, unroll=node.unroll)
         return list(carry) + list(ys)
 
     def while_loop(self, frame: Frame, i: int, node: While, leaves: list[Any]) -> list[Any]:

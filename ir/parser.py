@@ -482,14 +482,14 @@ class _Parser:
     # ------------------------------------------------------------ region nodes, one reader a kind
 
     def for_node(self, m: Any, at: GraphPath) -> For:
-        inputs = [u for k in (4, 5, 6) for u in self.values.operands(m[k] or "")]
+        inputs = [u for k in (5, 6, 7) for u in self.values.operands(m[k] or "")]
         (body,), source = self.regions(at, {"trip": 0})
         trips, nk = int(m[2]), len(body.inputs[1].type.leaves)
         ys = tuple(u.type.stacked(trips) for u in body.outputs[nk:])
         names = [n.strip().lstrip("%") for n in m[1].split(",")]
         outs = (self.values.define(Value(names[0], body.inputs[1].type)),
                 self.values.define(Value(names[1], _tree_type(ys))))
-        return For(tuple(inputs), outs, body, trips, bool(m[3]), source or "?")
+        return For(tuple(inputs), outs, body, trips, bool(m[3]), source or "?", int(m[4] or 1))
 
     def while_node(self, m: Any, at: GraphPath) -> While:
         inputs = [u for k in (2, 3, 4) for u in self.values.operands(m[k] or "")]
@@ -560,7 +560,8 @@ class _CaseLabels(dict):
 
 
 REGION_NODES = (
-    (r"^(.*) = for trips=(\d+)( reverse)?(?: consts\((.*?)\))? carry\((.*?)\)(?: xs\((.*)\))? \{$", _Parser.for_node),
+    (r"^(.*) = for trips=(\d+)( reverse)?(?: unroll=(\d+))?(?: consts\((.*?)\))? carry\((.*?)\)(?: xs\((.*)\))? \{$",
+     _Parser.for_node),
     (r"^(.*) = while(?: consts\((.*?)\))?(?: body_consts\((.*?)\))? carry\((.*)\) \{$", _Parser.while_node),
     (r"^%(\w+): (\S+) = (if|switch) (\S+) \((.*)\) \{$", _Parser.if_node),
     (r"^(.*) = loop @([\w.]+)\((.*)\) steps=(\d+)( reverse)? groups=(\d+) \{$", _Parser.loop_node),

@@ -283,7 +283,8 @@ def _for_head(node: For, module: Module, aliases: _Aliases, note: TransferNote) 
     ops = " ".join(f"{name}({_yield_operands(g)})" for name, g in zip(("consts", "carry", "xs"), groups)
                    if g or name == "carry")  # an empty group of operands is not printed
     order = " reverse" if node.reverse else ""
-    return f"{_outs(node)} = for trips={node.trips}{order} {ops}", [0], None, note.inside(node.trips)
+    unroll = f" unroll={node.unroll}" if node.unroll != 1 else ""
+    return f"{_outs(node)} = for trips={node.trips}{order}{unroll} {ops}", [0], None, note.inside(node.trips)
 
 
 def _while_head(node: While, module: Module, aliases: _Aliases, note: TransferNote) -> tuple:

@@ -6,6 +6,8 @@ import pytest
 
 import fragc
 import user_shapes
+from fragc.algos import ppo
+from fragc.ir.graph import For
 from fragc.ir import ParseError, format_module, parse, verify
 from fragc.passes import BUILTIN, default_passes, resolve, run_pipeline
 from shared_programs import ALGOS, traced
@@ -44,8 +46,8 @@ def graph_nodes(graph):
     """A graph's nodes and, the same way, their regions' graphs."""
     nodes = []
     for n in graph.nodes:
-        fields = {k: getattr(n, k) for k in ("fragment", "src", "dst", "carrier", "trips", "steps", "groups", "reverse")
-                  if hasattr(n, k)}
+        fields = {k: getattr(n, k) for k in ("fragment", "src", "dst", "carrier", "trips", "steps", "groups", "reverse",
+                                             "unroll") if hasattr(n, k)}
         regions = [([(v.name, tree_type(v.type)) for v in g.inputs], graph_nodes(g), [use(u) for u in g.outputs])
                    for g in n.regions]
         nodes.append((n.kind, fields, [use(u) for u in n.inputs], [use(u) for u in getattr(n, "initial", ())],
@@ -109,3 +111,17 @@ def test_a_broken_text_names_what_is_wrong(algo_module):
         parse("hello\n" + text)
     with pytest.raises(ParseError, match=r"operand %nowhere is not defined"):
         parse(text.replace("(%state.", "(%nowhere.", 1))
+
+
+def test_an_unrolled_for_region_prints_and_parses_back():
+    """`lax.scan(..., unroll=True)` around fragment calls (the learner's epochs with a CNN on the CPU) keeps its
+    unrolling through the IR: printed, parsed back, and lowered with it."""
+    algo = ppo.PPO(ppo.Config(num_envs=8, num_steps=8, num_minibatches=2, update_epochs=2))
+    algo.__dict__["unroll"] = True  # what a CNN on the CPU resolves to
+    module = fragc.trace(algo)
+    loop = next(n for n in module.graph.nodes if isinstance(n, For))
+    assert loop.trips == loop.unroll == 2
+    text = str(module)
+    assert " = for trips=2 unroll=2 consts(" in text
+    assert structure(parse(text)) == structure(module)
+    assert "unroll=" not in str(fragc.trace(ppo.PPO(ppo.Config(num_envs=8, num_steps=8))))  # the MLP's loops stay
