@@ -69,8 +69,6 @@ class Config(RunLength, EvalConfig):
 class A2C(ppo.PPO):
     """Advantage actor-critic (Mnih et al. 2016), synchronous, with PPO's rollout fragment."""
 
-    reads_next_obs = False  # its learner bootstraps from V(s_{t+1}), as PPO's
-
     def __init__(self, config: Config = Config()):
         super().__init__(config)
 
@@ -86,7 +84,7 @@ class A2C(ppo.PPO):
     @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None))
     def learn(self, learner: ppo.Learner, traj: ppo.Transition) -> tuple[ppo.Learner, dict]:
         advantages, targets = ppo.gae(traj, self.config.gamma, self.config.gae_lambda)
-        flat = jax.tree.map(lambda x: x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:]), (traj, advantages, targets))
+        flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), (traj, advantages, targets))
         grads, metrics = jax.grad(self._loss, has_aux=True)(learner.params, *flat)
         grads = fragc.pmean(grads)
         diagnostics = {**self.learning_rate(learner.opt_state),

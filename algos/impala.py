@@ -70,8 +70,6 @@ def vtrace(log_rhos: jax.Array, rewards: jax.Array, values: jax.Array, next_valu
 class IMPALA(a2c.A2C):
     """Importance-weighted actor-learner architecture, synchronous or pipelined by the policy."""
 
-    reads_next_obs = True  # V-trace bootstraps from V(s_{t+1}) under the learner's parameters
-
     def __init__(self, config: Config = Config()):
         super().__init__(config)
 

