@@ -137,6 +137,14 @@ RUNS += [(f"ppo_{game.lower()}_minatar", "ppo", "single", 1, None, {"env": f"{ga
 RUNS += [(f"pqn_{game.lower()}_minatar", "pqn", "single", 1, None, {"env": f"{game}-MinAtar", **PQN_MINATAR})
          for game in GAMES]
 """MinAtar rows have no threshold (a bench, not a check): run them with `--only ppo_breakout_minatar,...`."""
+CLEANRL_PPO_ATARI = {  # CleanRL's ppo_atari_envpool.py: 8 envs x 128 steps, 4 epochs x 4 minibatches, lr 2.5e-4
+    "num_envs": 8, "num_steps": 128, "total_steps": 10_000_000, "lr": 2.5e-4, "anneal_lr": True,  # annealed over
+    "update_epochs": 4, "num_minibatches": 4, "gamma": 0.99, "gae_lambda": 0.95, "clip_eps": 0.1,  # 1e7 steps,
+    "clip_value": True, "ent_coef": 0.01, "vf_coef": 0.5, "max_grad_norm": 0.5, "network": "nature_cnn",  # clip 0.1
+}  # (its env options are algos/host_envs.py's ATARI_OPTIONS); 1e7 steps are days on this CPU: run with --steps
+RUNS += [(f"ppo_{game.lower()}_envpool", "ppo", "single", 1, None, {"env": f"envpool:{game}-v5", **CLEANRL_PPO_ATARI})
+         for game in ("Breakout", "Pong")]
+"""Atari rows: a bench against a random policy's score (bench/random_policy.py), run with `--only` and `--steps`."""
 DEFAULT = ("ppo", "a2c", "dqn", "impala", "ppo_continuous", "pqn")
 """pqn's ten seeds took 473 s here (as ppo_continuous' 477 s); the masked-CartPole rows run with --only, as a pair
 (ppo_rnn_masked_cartpole took 1,616 s, its feed-forward baseline 67 s, the zoo configuration 580 s)."""
@@ -210,7 +218,8 @@ def learning_curves(algo, policy: str, devices: int, seeds: list[int], iteration
     import fragc
     from fragc.actions import OnMetrics
 
-    if policy == "single" and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
+    on_host = getattr(algo.env, "on_host", False)  # a population steps no host environments: seed by seed
+    if policy == "single" and not on_host and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
         # exact: each member is its `fragc run --seed S` run bit for bit; vectorised members drift from those by
         # float rounding that grows over a long run (a pqn row gave 6/10 vectorised where seed-by-seed runs gave 9/10)
         prog = fragc.compile(algo, fragc.population("single", len(seeds), exact=True), devices=1,
@@ -257,7 +266,7 @@ def main() -> None:
         iterations = run_length(algorithm, args.steps)
         steps = iterations * algorithm.steps_per_iteration
         configured_steps = algorithm.config.iterations * algorithm.steps_per_iteration
-        progress = Progress(name, algorithm.steps_per_iteration)
+        progress = Progress(name, algorithm.steps_per_iteration, every=min(1_000_000, max(1, steps // 10)))
         start = time.perf_counter()
         all_curves = learning_curves(algorithm, policy, devices, seeds, iterations, progress)
         wall = time.perf_counter() - start
