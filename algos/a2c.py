@@ -69,6 +69,8 @@ class Config(RunLength, EvalConfig):
 class A2C(ppo.PPO):
     """Advantage actor-critic (Mnih et al. 2016), synchronous, with PPO's rollout fragment."""
 
+    learner_skips_next_obs = True  # its learner bootstraps from V(s_{t+1}), as PPO's
+
     def __init__(self, config: Config = Config()):
         super().__init__(config)
 

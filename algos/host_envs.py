@@ -31,6 +31,7 @@ Semantics, the same as the device path's:
 from __future__ import annotations
 
 import abc
+import difflib
 import functools
 import inspect
 import threading
@@ -192,7 +193,9 @@ class EnvPoolPool(HostPool):
     def spaces(cls, env_id: str) -> tuple[Any, Any]:
         envpool = _import_envpool()
         if env_id not in envpool.list_all_envs():
-            raise FragcError(f"envpool: unknown environment '{env_id}'")
+            close = difflib.get_close_matches(env_id, envpool.list_all_envs(), n=1)
+            raise FragcError(f"envpool: unknown environment '{env_id}'"
+                             + (f"; did you mean '{close[0]}'?" if close else " (fragc envs lists them)"))
         spec = envpool.make_spec(env_id, **cls.options(env_id))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -158,7 +158,8 @@ class Transition:
     action: jax.Array
     log_prob: jax.Array
     value: jax.Array
-    next_obs: jax.Array  # s_{t+1}: the observation reached, before any reset
+    next_obs: jax.Array | None  # s_{t+1}: the observation reached, before any reset; None when the learner does not
+    # read it (`PPO.learner_reads_next_obs`)
     next_value: jax.Array  # V(s_{t+1}) under the acting parameters
     reward: jax.Array
     terminated: jax.Array
@@ -279,6 +280,20 @@ class PPO(NetworkChoice):
         """What the environment receives for a sampled action."""
         return action
 
+    learner_skips_next_obs = True
+    """Set in the body of a class whose `learn`, `update` and `_loss` never read `Transition.next_obs`."""
+
+    def learner_reads_next_obs(self) -> bool:
+        """Whether the trajectory carries s_{t+1} to the learner. PPO's learner uses V(s_{t+1}), which the rollout
+        computes, so its trajectory holds no `next_obs` (None): with Atari frames, half the bytes that cross. A
+        subclass whose `learn`, `update` or `_loss` is its own (IMPALA's learn, a user's) keeps it, unless that
+        class's body sets `learner_skips_next_obs = True`."""
+        def skips(method: str) -> bool:
+            owner = next(c for c in type(self).__mro__ if method in c.__dict__)
+            return owner.__dict__.get("learner_skips_next_obs", False)
+
+        return not all(skips(m) for m in ("learn", "update", "_loss"))
+
     # COLLECT TRAJECTORIES
     @fragc.fragment(role="actor", in_axes=(None, 0), out_axes=(1, 0, None))
     def rollout(self, params: Any, runner: Runner) -> tuple[Transition, Runner, dict]:
@@ -294,6 +309,8 @@ class PPO(NetworkChoice):
             step, runner, None, self.config.num_steps)
         # V(s_{t+1}) for every step at once: a truncated episode bootstraps from the state it reached
         next_value = self.value(params, next_obs)
+        if not self.learner_reads_next_obs():  # the learner needs V(s_{t+1}) only: frames cross once
+            next_obs = None
         traj = Transition(obs, action, log_prob, value, next_obs, next_value, reward, terminated, done)
         metrics = {**episode_metrics(runner), "episodes": fragc.psum(jnp.sum(traj.done))}
         return traj, runner, metrics

@@ -296,13 +296,15 @@ class HostLoopExecutor:
         fn = jex.jaxpr_as_fun(self._lowered(self.node.suffix))
         n_ys = len(self._ys)
 
+        read_only = [k for k, o in enumerate(self._passed_through or ()) if o is None]
+
         def body(*xs: Any) -> tuple[Any, ...]:
             ys = [y if layout.axis is not None else y[0] for layout, y in zip(self._ys, xs[n_kept:])]
-            return tuple(fn(*[x[0] for x in xs[:n_kept]], *ys))
+            return tuple(fn(*[x[0] for x in xs[:n_kept]], *ys)) + tuple(ys[k] for k in read_only)
 
         in_specs = (P(REPLICA),) * n_kept + tuple(y.spec for y in self._ys)
-        return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=in_specs,
-                                     out_specs=tuple(spec(a) for a in self.fdef.out_axes), check_vma=False),
+        out_specs = tuple(spec(a) for a in self.fdef.out_axes) + tuple(self._ys[k].spec for k in read_only)
+        return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False),
                        donate_argnums=tuple(range(n_kept, n_kept + n_ys)))
 
     # ------------------------------------------------------------ running
@@ -332,8 +334,10 @@ class HostLoopExecutor:
             raise
         final = self._merge([[env[u] for u in self.carry] for env in envs], [self.group_axes[u] for u in self.carry])
         outs = list(self._programs["suffix"](*kept, *final, *ys))
-        if self._passed_through is not None:  # the trajectory, handed on in the buffers the loop wrote
-            frame.made[self.index] = [outs[o] for o in self._passed_through]
+        outs, read_only = outs[:len(self.fdef.out_axes)], iter(outs[len(self.fdef.out_axes):])
+        if self._passed_through is not None:  # the trajectory's buffers: handed on as results, or read by the suffix
+            # and returned as they were (aliased, not copied), for the next call to write into again
+            frame.made[self.index] = [outs[o] if o is not None else next(read_only) for o in self._passed_through]
         return outs
 
     def _trajectory_buffers(self, frame: Frame) -> list[Any]:
@@ -482,13 +486,14 @@ def _glue_for_groups(node: Glue, groups: int) -> jex.ClosedJaxpr:
     return body
 
 
-def _passed_through(suffix: jex.ClosedJaxpr, n_kept: int, n_ys: int) -> list[int] | None:
-    """For each per-step output (the suffix's last `n_ys` inputs), the suffix result that hands it on
-    unchanged; None unless every one is handed on (then the results are the buffers the loop wrote)."""
+def _passed_through(suffix: jex.ClosedJaxpr, n_kept: int, n_ys: int) -> list[int | None] | None:
+    """For each per-step output (the suffix's last `n_ys` inputs), the suffix result that hands it on unchanged,
+    or None where the suffix only reads it (PPO's s_{t+1}, made into V(s_{t+1})); None if one is handed on twice."""
     invars = suffix.jaxpr.invars[n_kept:n_kept + n_ys]
     outvars = list(suffix.jaxpr.outvars)
     found = [next((o for o, v in enumerate(outvars) if v is y), None) for y in invars]
-    return None if None in found or len(set(found)) != len(found) else found
+    handed = [o for o in found if o is not None]
+    return None if len(set(handed)) != len(handed) else found
 
 
 def _compile(name: str, stage: str, fdef: Any, program: Any, structs: Any) -> Executable:

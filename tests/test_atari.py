@@ -1,6 +1,9 @@
 """Atari through EnvPool (issue 43): CleanRL's preprocessing as EnvPool's options, a lost life that continues the
 game, and episode statistics over whole games at their unclipped score."""
 
+import os
+import sys
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -65,3 +68,31 @@ def test_episode_statistics_count_whole_games_at_their_score():
         assert bool(out.episode_done[0]) == terminated  # the algorithm's episodes end at each lost life
         assert float(out.reward[0]) == reward  # and it learns from the clipped reward
     assert float(runner.last_return[0]) == 11.0 and int(runner.last_length[0]) == 3 and bool(runner.has_return[0])
+
+
+def _refused(argv, capsys, monkeypatch, tmp_path) -> str:
+    """`fragc ARGV`'s one error line: exit code 2, nothing else printed (no compiling line), nothing written."""
+    from fragc.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse's usage errors
+        code = exit_.code
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1, (out, err)
+    assert os.listdir(tmp_path) == []
+    return err
+
+
+def test_an_atari_id_envpool_lacks_is_one_line_before_compiling(capsys, monkeypatch, tmp_path):
+    err = _refused(["run", "ppo", "--env", "envpool:Breakoutt-v5"], capsys, monkeypatch, tmp_path)
+    assert err == "fragc: error: envpool: unknown environment 'Breakoutt-v5'; did you mean 'Breakout-v5'?\n"
+
+
+def test_capture_video_on_atari_without_ale_py_names_the_extra(capsys, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "ale_py", None)  # `import ale_py` raises ImportError, as where it is missing
+    err = _refused(["run", "ppo", "--env", "envpool:Breakout-v5", "--capture-video",
+                    "--eval-every", "10"], capsys, monkeypatch, tmp_path)
+    assert err == ("fragc: error: cannot render envpool:Breakout-v5: ale-py is not installed "
+                   "(pip install 'fragc[atari]')\n")

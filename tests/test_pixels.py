@@ -44,11 +44,12 @@ def test_the_trajectory_crosses_to_the_learner_once_as_uint8_frames():
     module = run_pipeline(fragc.trace(algo), default_passes(resolve("actor_learner", 8), 1, "device_put")).final
     text = str(module)
     frames = f"u8[4,4@env,{FRAMES},{SIZE},{SIZE}]"  # [num_steps, num_envs, 2, 36, 36], as the environment makes them
-    assert f"    obs: {frames},\n" in text and f"    next_obs: {frames},\n" in text
-    # obs and next_obs a byte a pixel; action (i32), log_prob, value, next_value, reward (f32); two bool flags
+    assert f"    obs: {frames},\n" in text
+    assert "next_obs" not in text  # PPO's learner needs V(s_{t+1}) only, which the actors compute
+    # obs a byte a pixel, once; action (i32), log_prob, value, next_value, reward (f32); two bool flags
     steps = 4 * 4
-    expected = 2 * steps * FRAMES * SIZE * SIZE + steps * 5 * 4 + steps * 2
-    assert f"type !Transition = {{   // 9 leaves, {expected / 1024:.1f} KiB" in text
+    expected = steps * FRAMES * SIZE * SIZE + steps * 5 * 4 + steps * 2
+    assert f"type !Transition = {{   // 8 leaves, {expected / 1024:.1f} KiB" in text
     moves = re.findall(r"= transfer %transition @actors -> @learner via device_put   // (.*)", text)
     assert moves == [f"{expected / 1024:.1f} KiB"]  # once an iteration, whatever the epochs
     # a float32 trajectory would have been four times the frames' bytes
@@ -108,3 +109,30 @@ def test_a_cnn_on_frames_it_cannot_take_or_on_vectors_is_one_line():
     with pytest.raises(FragcError, match=r"^network impala_cnn needs frames .* this environment's are \(4,\)$"):
         ppo.PPO(ppo.Config(network="impala_cnn")).network
     assert ppo_continuous.PPOContinuous().network_name == "mlp"
+
+
+
+def test_next_obs_crosses_only_to_a_learner_that_may_read_it():
+    from fragc.algos import a2c, impala, ppo
+
+    assert not ppo.PPO().learner_reads_next_obs() and not a2c.A2C().learner_reads_next_obs()
+    assert impala.IMPALA().learner_reads_next_obs()  # V-trace bootstraps under the learner's own parameters
+
+    class OwnLoss(ppo.PPO):  # a user's loss may read traj.next_obs: it is kept
+        def _loss(self, params, traj, advantages, targets):
+            return super()._loss(params, traj, advantages, targets)
+
+    class OwnLearn(ppo.PPO):  # says so in its body: its learn reads no next_obs
+        learner_skips_next_obs = True
+
+        def learn(self, learner, traj):
+            return super().learn(learner, traj)
+
+    class OwnLossOwnLearn(OwnLoss, OwnLearn):  # OwnLearn's word covers its learn, not OwnLoss' _loss
+        pass
+
+    assert OwnLoss().learner_reads_next_obs() and OwnLossOwnLearn().learner_reads_next_obs()
+    assert not OwnLearn().learner_reads_next_obs()
+    config = ppo.Config(num_envs=2, num_steps=4, num_minibatches=2)
+    kept, dropped = (str(fragc.trace(algo(config))) for algo in (OwnLoss, OwnLearn))
+    assert "    next_obs: f32[4,2@env,4],\n" in kept and "next_obs" not in dropped

@@ -76,8 +76,9 @@ def test_actor_learner_transfers_trajectory_and_parameters():
     c = algo.config
     obs = 4
     per_step = c.num_envs * c.num_steps
-    # obs, action, log_prob, value, next_obs, next_value, reward, terminated, done
-    assert traj_bytes == per_step * (obs * 4 + 4 + 4 + 4 + obs * 4 + 4 + 4 + 1 + 1)
+    # obs, action, log_prob, value, next_value, reward, terminated, done: no next_obs, since PPO's learner needs
+    # V(s_{t+1}) only, which the actors compute
+    assert traj_bytes == per_step * (obs * 4 + 4 + 4 + 4 + 4 + 4 + 1 + 1)
     assert prog.cost()["total"]["transfer_bytes"] == traj_bytes + _param_bytes(algo)
     pipelined = ppo_program("actor_learner_async")
     assert pipelined.cost()["total"]["transfer_bytes"] == traj_bytes + _param_bytes(algo)  # the delay adds no move

@@ -37,6 +37,7 @@ so that a run that records no video does not pay for them.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.util
 import os
 import subprocess
@@ -160,8 +161,19 @@ def check_renderable(env: Any) -> None:
     elif backend == "envpool" and _gymnasium_id(backend, env_id) is None:
         raise FragcError(f"cannot render {env.name}: EnvPool renders nothing, and Gymnasium has no '{env_id}' "
                          "to render the same task with")
+    elif backend == "envpool" and _is_atari(env_id):
+        _require_atari(env.name)
     else:
         headless_gl(env.name, _gymnasium_id(backend, env_id))
+
+
+def _require_atari(name: str) -> None:
+    """Gymnasium draws EnvPool's Atari games with ale-py's emulator and OpenCV's resize (AtariPreprocessing)."""
+    for module, package in (("ale_py", "ale-py"), ("cv2", "opencv-python-headless")):
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise FragcError(f"cannot render {name}: {package} is not installed (pip install 'fragc[atari]')") from err
 
 
 GL_BACKENDS = ("egl", "osmesa")
@@ -445,7 +457,7 @@ def _make_gymnasium(gym_id: str, name: str, atari: bool = False) -> Any:
             env = gymnasium.make(gym_id, render_mode="rgb_array")
     except ImportError as err:
         raise FragcError(f"cannot render {name}: {_first_line(err)}"
-                         + (" (Atari: pip install ale-py opencv-python)" if atari else "")) from err
+                         + (" (Atari: pip install 'fragc[atari]')" if atari else "")) from err
     except gymnasium.error.Error as err:
         raise FragcError(f"cannot render {name}: Gymnasium cannot make '{gym_id}': {_first_line(err)}") from err
     modes = env.metadata.get("render_modes") or []
