@@ -17,7 +17,9 @@ one untimed iteration (compiling):
   they share the machine's cores), pipelined, two environment groups.
 
 Prints each side's median env-steps/s and its ratio to `plain` (median of the per-round ratios, min-max), and
-writes atari_throughput.json. Needs `pip install -e '.[atari]'`.
+writes atari_throughput.json, with where the plain side's time goes (`plain_split`: inference, the policy step
+with the frames crossing to the device and the action back; env, EnvPool's step; learning, GAE and the updates).
+Needs `pip install -e '.[atari]'`.
 """
 
 from __future__ import annotations
@@ -131,16 +133,23 @@ def plain_ppo(env_id: str, seed: int = 0):
         return state.apply_gradients(grads=grads)
 
     carried = {"state": state, "obs": obs, "done": np.zeros(c["num_envs"], np.float32), "key": key}
+    split = {"inference": 0.0, "env": 0.0, "learning": 0.0}  # seconds, over every iteration run
 
     def run(iterations: int) -> int:
         state, obs, done, key = carried["state"], carried["obs"], carried["done"], carried["key"]
         for _ in range(iterations):
             rows = []
             for _ in range(c["num_steps"]):
+                t0 = time.perf_counter()
                 action, logprob, value, key = get_action_and_value(state.params, obs, key)
-                next_obs, reward, terminated, truncated, _ = envs.step(np.asarray(action))
+                action_np = np.asarray(action)  # waits for the policy step (obs crossed to the device in its call)
+                t1 = time.perf_counter()
+                next_obs, reward, terminated, truncated, _ = envs.step(action_np)
+                split["inference"] += t1 - t0
+                split["env"] += time.perf_counter() - t1
                 rows.append((obs, action, logprob, value, reward, done))
                 obs, done = next_obs, (terminated | truncated).astype(np.float32)
+            t0 = time.perf_counter()
             b_obs, b_actions, b_logprobs, b_values = (jnp.stack(col) for col in list(zip(*rows))[:4])
             rewards, dones = (jnp.asarray(np.stack(col)) for col in list(zip(*rows))[4:])
             advantages, returns = compute_gae(state.params, obs, done, rewards, dones, b_values)
@@ -152,10 +161,12 @@ def plain_ppo(env_id: str, seed: int = 0):
                 for start in range(0, batch, minibatch):
                     idx = perm[start:start + minibatch]
                     state = update_minibatch(state, *(x[idx] for x in flat))
-        jax.block_until_ready(state.params)
+            jax.block_until_ready(state.params)
+            split["learning"] += time.perf_counter() - t0
         carried.update(state=state, obs=obs, done=done, key=key)
         return iterations * batch
 
+    run.split = split
     return run, envs.close
 
 
@@ -222,6 +233,11 @@ def main() -> None:
         ratio = row.get("ratio_to_plain")
         print(f"{side:32} {row['env_steps_per_s']:8.1f} env-steps/s"
               + (f"   x{ratio[0]:.2f} ({ratio[1]:.2f}-{ratio[2]:.2f}) of plain" if ratio else ""), flush=True)
+    if "plain" in runners:  # where an iteration's time goes (the plain side's phases, every iteration it ran)
+        split = runners["plain"][0].split
+        total = sum(split.values())
+        report["plain_split"] = {k: round(v / total, 3) for k, v in split.items()}
+        print("plain side's time: " + ", ".join(f"{k} {v / total:.0%}" for k, v in split.items()), flush=True)
     for _, close in runners.values():
         close()
     os.makedirs(args.out, exist_ok=True)
