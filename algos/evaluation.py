@@ -157,9 +157,10 @@ class Evaluator:
 
         Every environment steps until each of this replica's episodes has ended, at most the environment's
         time limit; an environment's reward counts while its first episode runs (environments reset
-        themselves when an episode ends). A `lax.while_loop`, not a scan over the time limit: early in
-        training episodes end long before it (CartPole's greedy policy at initialisation: about 10 steps
-        of 500), and the result is the same."""
+        themselves when an episode ends). An episode is what the training statistics count (`Step.counted`):
+        an Atari game's unclipped score over the whole game, every life. A `lax.while_loop`, not a scan over
+        the time limit: early in training episodes end long before it (CartPole's greedy policy at
+        initialisation: about 10 steps of 500), and the result is the same."""
         runner = self.env.reset_each(eval_episodes.key, eval_episodes.index)
 
         def not_over(carry: tuple) -> jax.Array:
@@ -170,8 +171,9 @@ class Evaluator:
             t, runner, running, returns, policy_carry = carry
             policy_carry, actions = self.act(params, policy_carry, runner.obs, running)
             runner, out = self.env.step(runner, actions)
-            returns = returns + jnp.where(running, out.reward, 0.0)
-            return t + 1, runner, running & ~out.episode_done, returns, policy_carry
+            score, over = out.counted()  # as the training statistics count
+            returns = returns + jnp.where(running, score, 0.0)
+            return t + 1, runner, running & ~over, returns, policy_carry
 
         n = runner.obs.shape[0]
         policy_carry = None if self.greedy_step is None else self.initial_carry(n)

@@ -76,6 +76,14 @@ class Step:
     truncated: jax.Array
     final_obs: jax.Array  # the observation reached, before any reset
     episode_done: jax.Array
+    score: jax.Array | None = None  # what the episode statistics count: an Atari game's own unclipped score
+    game_over: jax.Array | None = None  # where the statistics' episode ends: an Atari game's end, not a life's
+    # (None, as a user's environment may leave them: the reward, and episode_done)
+
+    def counted(self) -> tuple[jax.Array, jax.Array]:
+        """(what the episode statistics count this step, where their episode ends)."""
+        return (self.reward if self.score is None else self.score,
+                self.episode_done if self.game_over is None else self.game_over)
 
 
 class VecEnv:
@@ -159,7 +167,8 @@ class VecEnv:
         reward = reward.astype(jnp.float32)
         done = jnp.logical_or(terminated, truncated)
         ends = done if game_over is None else game_over
-        episode_return = runner.episode_return + (reward if score is None else score.astype(jnp.float32))
+        score = reward if score is None else score.astype(jnp.float32)
+        episode_return = runner.episode_return + score
         episode_length = runner.episode_length + 1
         runner = Runner(
             env_state=env_state,
@@ -171,7 +180,7 @@ class VecEnv:
             episode_length=jnp.where(ends, 0, episode_length),
             last_length=jnp.where(ends, episode_length, runner.last_length),
         )
-        return runner, Step(reward, terminated, truncated, final_obs, done)
+        return runner, Step(reward, terminated, truncated, final_obs, done, score, ends)
 
     @staticmethod
     def _new_runner(env_state: Any, obs: jax.Array, carry_keys: jax.Array) -> Runner:

@@ -96,3 +96,33 @@ def test_capture_video_on_atari_without_ale_py_names_the_extra(capsys, monkeypat
                     "--eval-every", "10"], capsys, monkeypatch, tmp_path)
     assert err == ("fragc: error: cannot render envpool:Breakout-v5: ale-py is not installed "
                    "(pip install 'fragc[atari]')\n")
+
+
+class ScriptedGame(VecEnv):
+    """One Atari-like game on the device: a point (clipped 1, scored 4), a lost life (the algorithm's episode
+    ends), a point (clipped 1, scored 7) and the game's end, then nothing. Its time limit is 10 steps."""
+
+    name, max_episode_steps = "scripted", 10
+    REWARD, LIFE_LOST, SCORE, GAME_OVER = (1.0, 0.0, 1.0), (False, True, True), (4.0, 0.0, 7.0), (False, False, True)
+
+    def reset_each(self, keys, index):
+        return self._new_runner(jnp.zeros(keys.shape[0], jnp.int32), jnp.zeros((keys.shape[0], 1)), keys)
+
+    def step(self, runner, action, step_keys=None):
+        t = runner.env_state
+        at = lambda table, dtype: jnp.where(t < 3, jnp.asarray(table, dtype)[jnp.minimum(t, 2)], jnp.zeros((), dtype))  # noqa: E731
+        return self._advance(runner, t + 1, runner.obs, runner.key, at(self.REWARD, jnp.float32),
+                             at(self.LIFE_LOST, bool), jnp.zeros_like(t, bool), runner.obs, at(self.SCORE, jnp.float32),
+                             at(self.GAME_OVER, bool))
+
+
+def test_evaluation_counts_whole_games_at_their_score_as_training_does():
+    import jax
+
+    from fragc.algos.evaluation import Episodes, Evaluator
+
+    evaluator = Evaluator("scripted", lambda params, obs: jnp.zeros(obs.shape[0], jnp.int32), every=1, episodes=2)
+    evaluator.__dict__["env"] = ScriptedGame("scripted")
+    episodes = Episodes(jax.random.split(jax.random.key(0), 2), jnp.arange(2, dtype=jnp.int32))
+    # the game's score over both lives (4 + 7), not the clipped reward of the first life (1)
+    assert float(jax.jit(evaluator.evaluate)(None, episodes)) == 11.0

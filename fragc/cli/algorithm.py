@@ -20,16 +20,7 @@ from .options import config_fields, is_multiprocess
 def make_algo(args: argparse.Namespace) -> Any:
     """The algorithm with the config options given. Under `fragc run`, `--iterations N` sets the config's
     `iterations` field where it has one, else its `total_steps` to N iterations' env steps (so that the config
-    describes the run: PPO anneals its learning rate over `iterations`); `run.run_length` reads it back.
-
-    Its environment is made here (the algorithms make theirs on first use): an unknown one is refused before
-    anything says it is compiling."""
-    algo = _configured_algo(args)
-    getattr(algo, "env", None)
-    return algo
-
-
-def _configured_algo(args: argparse.Namespace) -> Any:
+    describes the run: PPO anneals its learning rate over `iterations`); `run.run_length` reads it back."""
     config = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_") and v is not None}
     iterations = getattr(args, "iterations", None) if args.command == "run" else None
     if iterations is None:

@@ -112,6 +112,8 @@ def main(args: argparse.Namespace) -> int:
     run_info = {"algo": args.algo, "seed": args.seed}
     devices = program_devices(args)
     algo = make_algo(args)
+    getattr(algo, "env", None)  # made now (the algorithms make theirs on first use): an unknown one is refused
+    # before the compiling line
     iterations, notes = run_length(algo, args)  # a run that cannot start is refused before compiling
     videos = video_capture(args, algo)  # and videos it could not draw or write
     with open_checkpoints(args.checkpoint_dir) as checkpoints:  # an unwritable folder fails before compiling
