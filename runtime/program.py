@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fragc.ir.host import apply_env_workers
+from fragc.ir.host import apply_env_fleet, apply_env_workers
 from fragc.ir.errors import FragcError
 from fragc.ir.interpreter import Frame
 from fragc.ir.module import Delay, Transfer
@@ -63,6 +63,7 @@ class Program:
         self._shardings = self._executor.state_shardings
         self.compile_seconds = time.perf_counter() - t0
         apply_env_workers(module)  # the host pools' workers, as placed (and checked by `place`): before `init`
+        apply_env_fleet(module)  # and the remote environment workers, started (refused in one line if they cannot)
 
     @property
     def last_delays(self) -> dict[int, list[Any]] | None:
