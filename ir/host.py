@@ -272,3 +272,15 @@ def apply_env_fleet(module: Any) -> None:
         if fdef.placement is not None and fdef.host_steps and fdef.placement.env_fleet:
             for resources in _worker_resources(fdef):
                 resources.set_fleet(fdef.placement.env_fleet)
+
+
+def fleet_counters(module: Any) -> list[Any]:
+    """The remote environment fleets behind the module's host calls (each once): each counts `episodes_cut`, the
+    episodes its lost workers cut short (algos/ray_envs.py)."""
+    found: list[Any] = []
+    for fdef in module.fragments.values():
+        for resources in _worker_resources(fdef):
+            fleet = getattr(resources, "fleet", None)
+            if fleet is not None and all(f is not fleet for f in found):
+                found.append(fleet)
+    return found
