@@ -62,8 +62,10 @@ def connect(address: str | None = None) -> Any:
     if address and address != "auto" and not address.startswith("ray://"):
         _check_reachable(address)
     try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                 configure_logging=True)
+        with warnings.catch_warnings():  # JAX's warning on os.fork: Ray forks only to exec its processes
+            warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called")
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                     configure_logging=True)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as err:
         where = f"the Ray cluster at '{address}'" if address else "a local Ray"
         raise FragcError(f"cannot start or join {where}: {str(err).splitlines()[0][:200]}") from err
@@ -227,13 +229,25 @@ class RayPool:
                              "here, its last checkpoint kept (continue with --resume once the cluster is back)"
                              ) from err
 
+    def _when_restarted(self, call: Any, w: int) -> Any:
+        """`call()` once worker w answers again: Ray refuses calls while it restarts the actor."""
+        ray = import_ray()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            try:
+                return call()
+            except FragcError as err:
+                if not isinstance(err.__cause__, ray.exceptions.ActorUnavailableError) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.1)
+
     def _cut_short(self, k: int, w: int) -> tuple[np.ndarray, ...]:
         """The step of worker w (the pool's k-th), lost with it: its environments reset from fresh seeds, the
         step reported as every one's episode cut short."""
         fleet, rows = self.fleet, self._rows(k)
         fleet.restarts[w] += 1
         fresh = derived_keys(self.keys[rows], self.steps, fleet.restarts[w])
-        obs = self._get(fleet.actors[w].reset.remote(fresh), w)
+        obs = self._when_restarted(lambda: self._get(fleet.actors[w].reset.remote(fresh), w), w)
         fleet.episodes_cut += self.e
         warnings.warn(f"env fleet {fleet.spec}: worker {w} was lost at step {self.steps} and restarted by Ray; its "
                       f"{self.e} environments were reset with fresh seeds, their episodes cut short there "
