@@ -441,8 +441,7 @@ class HostVecEnv(VecEnv):
             self.pools.clear()
             if self.fleet is not None:
                 self.fleet.stop()
-            backend = split_env_name(self.name)[0]
-            self.fleet = RayFleet(spec, backend, self.env_id, self.workers, self.game_stats)
+            self.fleet = RayFleet(spec, self.pool_type, self.name, self.workers, self.game_stats)
             try:
                 self.fleet.start()
             except BaseException:

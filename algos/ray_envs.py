@@ -88,10 +88,8 @@ class EnvWorker:
     `step` answers None where the pool has not been reset since the worker (re)started: its environments were
     lost with the process it ran in."""
 
-    def __init__(self, backend: str, env_id: str, num_envs: int, threads: int):
-        from fragc.algos.host_envs import HOST_POOLS
-
-        self.pool = HOST_POOLS[backend](env_id, num_envs, *((threads,) if threads else ()))
+    def __init__(self, pool_type: type, env_id: str, num_envs: int, threads: int):
+        self.pool = pool_type(env_id, num_envs, *((threads,) if threads else ()))
         self.ready = False
 
     def reset(self, keys: np.ndarray) -> np.ndarray:
@@ -106,6 +104,11 @@ class EnvWorker:
         out = tuple(np.asarray(x) for x in self.pool.step(actions, keys))
         return out + (np.float64(time.perf_counter() - started),)  # the step's own time, for the latency split
 
+    def echo(self, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Its arguments back: a call that moves a step's bytes and steps nothing (bench/ray_envs.py's latency
+        split)."""
+        return arrays
+
     def where(self) -> tuple[int, str]:
         import ray
 
@@ -115,8 +118,9 @@ class EnvWorker:
 class RayFleet:
     """The workers of one `HostVecEnv`'s fleet, started once (`start`), and the pools that view them."""
 
-    def __init__(self, spec: EnvFleet, backend: str, env_id: str, threads: int, game_stats: bool):
-        self.spec, self.backend, self.env_id, self.threads, self.game_stats = spec, backend, env_id, threads, game_stats
+    def __init__(self, spec: EnvFleet, pool_type: type, name: str, threads: int, game_stats: bool):
+        self.spec, self.pool_type, self.name, self.threads, self.game_stats = spec, pool_type, name, threads, game_stats
+        self.env_id = name.partition(":")[2]
         self.actors: list[Any] = []
         self.restarts = [0] * spec.workers
         self.episodes_cut = 0  # environments whose episode a lost worker cut short, since the fleet started
@@ -137,7 +141,7 @@ class RayFleet:
         remote = ray.remote(EnvWorker).options(
             num_cpus=spec.cpus, resources={r: 1 for r in spec.resources} or None, max_restarts=MAX_RESTARTS,
             max_task_retries=0)
-        self.actors = [remote.remote(self.backend, self.env_id, spec.envs_per_worker, self.threads)
+        self.actors = [remote.remote(self.pool_type, self.env_id, spec.envs_per_worker, self.threads)
                        for _ in range(spec.workers)]
         pending = {a.where.remote(): w for w, a in enumerate(self.actors)}
         ready, waiting = ray.wait(list(pending), num_returns=len(pending), timeout=START_TIMEOUT_S)
@@ -151,7 +155,7 @@ class RayFleet:
             except ray.exceptions.RayError as err:
                 self.stop()
                 raise FragcError(f"env fleet {spec}: worker {pending[ref]} cannot make "
-                                 f"'{self.backend}:{self.env_id}': {_cause(err)}") from err
+                                 f"'{self.name}': {_cause(err)}") from err
 
     def stop(self) -> None:
         ray = import_ray()
