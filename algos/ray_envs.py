@@ -25,6 +25,7 @@ or a lost Ray head, is one error.
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import time
 import warnings
@@ -97,17 +98,19 @@ class EnvWorker:
         self.ready = True
         return np.asarray(obs)
 
-    def step(self, actions: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, ...] | None:
+    def step(self, packed: bytes) -> bytes | None:
+        """`pack(actions, keys)` -> `pack(*the pool's step's results, seconds)` (`seconds`: the step's own time,
+        for the latency split); None where the worker's environments were lost."""
         if not self.ready:
             return None
         started = time.perf_counter()
-        out = tuple(np.asarray(x) for x in self.pool.step(actions, keys))
-        return out + (np.float64(time.perf_counter() - started),)  # the step's own time, for the latency split
+        out = tuple(np.asarray(x) for x in self.pool.step(*unpack(packed)))
+        return pack(*out, np.float64(time.perf_counter() - started))
 
-    def echo(self, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Its arguments back: a call that moves a step's bytes and steps nothing (bench/ray_envs.py's latency
-        split)."""
-        return arrays
+    def echo(self, sent: bytes = b"", back: bytes = b"") -> bytes:
+        """`back`: a call that moves a step's bytes (`sent` in, `back` out) and steps nothing (bench/ray_envs.py's
+        latency split)."""
+        return back
 
     def where(self) -> tuple[int, str]:
         import ray
@@ -195,7 +198,7 @@ class RayPool:
 
     def send(self, actions: np.ndarray, keys: np.ndarray) -> None:
         actions, keys = np.asarray(actions), np.asarray(keys)
-        self._refs = [self.fleet.actors[w].step.remote(actions[self._rows(k)], keys[self._rows(k)])
+        self._refs = [self.fleet.actors[w].step.remote(pack(actions[self._rows(k)], keys[self._rows(k)]))
                       for k, w in enumerate(self.workers)]
         self.steps += 1
 
@@ -204,8 +207,7 @@ class RayPool:
         parts = []
         for k, (ref, w) in enumerate(zip(refs, self.workers)):
             result = self._get(ref, w, lost_ok=True)
-            if result is None:
-                result = self._cut_short(k, w)
+            result = self._cut_short(k, w) if result is None else unpack(result)
             *result, seconds = result
             self.fleet.step_seconds += float(seconds)
             parts.append(result)
@@ -259,6 +261,16 @@ class RayPool:
         no, zeros = np.zeros(self.e, bool), np.zeros(self.e, np.float32)
         game = (zeros, ~no) if fleet.game_stats else ()
         return (obs, zeros, no, ~no, obs) + game + (0.0,)
+
+
+def pack(*arrays: np.ndarray) -> bytes:
+    """Arrays as one bytes object: one object per call crosses Ray (7 separate arrays cost ~2x the call's time
+    on 2 cores: bench/ray_envs.py)."""
+    return pickle.dumps(arrays, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def unpack(packed: bytes) -> tuple[np.ndarray, ...]:
+    return pickle.loads(packed)
 
 
 def derived_keys(keys: np.ndarray, step: int, restart: int) -> np.ndarray:

@@ -11,7 +11,7 @@ Measures, for the environment's vector of E environments stepped with random act
   results fetched while the other's workers step);
 - scaling: env-steps/s over workers N (1, 2, 4 at fractional CPUs) and environments per worker E';
 - the latency of one remote step, split: the Ray call (an empty actor call's round trip), the transfer (a call
-  that moves the step's bytes and steps nothing, less the empty call) and the step (timed inside the worker);
+  that moves the step's bytes, packed, and steps nothing, less the empty call) and the step (timed inside the worker);
 
 and `train`: fragc PPO (ppo_continuous) env-steps/s, local host loop G=1 and G=2 against the fleet, same cores.
 
@@ -44,7 +44,7 @@ def main() -> None:
     from ray.cluster_utils import Cluster
 
     from fragc.algos.host_envs import HOST_POOLS, seeds_of  # noqa: F401
-    from fragc.algos.ray_envs import RayFleet
+    from fragc.algos.ray_envs import RayFleet, pack, unpack
     from fragc.algos.vec_env import split_env_name
     from fragc.ir.host import EnvFleet
 
@@ -104,7 +104,7 @@ def main() -> None:
         out = pool.step(actions(n * e), keys(n * e))
         sample = tuple(x[:e] for x in out)
         _, empty = timed(lambda: ray.get(actor.echo.remote()), 1)
-        _, moved = timed(lambda: ray.get(actor.echo.remote(a, k, *sample)), 1)
+        _, moved = timed(lambda: unpack(ray.get(actor.echo.remote(pack(a, k), pack(*sample)))), 1)
         fleet.step_seconds, t0, count = 0.0, time.perf_counter(), 0
         while time.perf_counter() - t0 < args.seconds:
             pool.step(actions(n * e), keys(n * e))
