@@ -23,7 +23,7 @@ from fragc.algos import ppo, ray_envs
 from fragc.cli import main
 from fragc.compiler import run_passes
 from fragc.ir import parse, verify
-from fragc.ir.errors import FragcError
+from fragc.ir.errors import FragcError, VerifyError
 from fragc.ir.host import EnvFleet
 from fragc.ir.printer import format_module
 from fragc.options import CompileOptions
@@ -92,6 +92,17 @@ def test_the_ir_places_the_remote_groups_and_parses_back():
     assert module.fragments["rollout"].placement.env_fleet == "ray:4x2"
     assert module.fragments["rollout.env_step"].placement.env_fleet == "ray:4x2"
     assert not ray_envs.import_ray().is_initialized()
+
+
+def test_the_verifier_refuses_a_fleet_on_a_fragment_that_steps_no_host_environments():
+    pipeline, _, _ = run_passes(tiny_ppo(), CompileOptions("single", env_fleet="ray:2"))
+    module = pipeline.final
+    learn = module.fragments["learn"]
+    broken = module.replace(fragments={**module.fragments, "learn": learn.replace(
+        placement=dataclasses.replace(learn.placement, env_fleet="ray:2x4"))})
+    verify(module)
+    with pytest.raises(VerifyError, match="@learn has env_fleet=ray:2x4 but steps no host environments"):
+        verify(broken)
 
 
 def test_a_fleet_that_does_not_split_into_the_groups_is_refused_before_compiling():
