@@ -54,8 +54,10 @@ def import_ray() -> Any:
 
 
 def connect(address: str | None = None) -> Any:
-    """Join the Ray cluster at `address` (else `RAY_ADDRESS`), or start a local Ray where none is named; nothing
-    where this process has joined one already. Refused in one line where the address does not answer."""
+    """Join the Ray cluster at `address` (else `RAY_ADDRESS`; `auto`: the one `ray start` started on this machine),
+    or start a new local Ray where none is named (not whatever cluster `ray start` last left on this machine:
+    `ray.init()` alone would join that); nothing where this process has joined one already. Refused in one line
+    where the address does not answer."""
     ray = import_ray()
     if ray.is_initialized():
         return ray
@@ -65,7 +67,7 @@ def connect(address: str | None = None) -> Any:
     try:
         with warnings.catch_warnings():  # JAX's warning on os.fork: Ray forks only to exec its processes
             warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called")
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+            ray.init(address=address or "local", include_dashboard=False, log_to_driver=False, logging_level="ERROR",
                      configure_logging=True)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as err:
         where = f"the Ray cluster at '{address}'" if address else "a local Ray"

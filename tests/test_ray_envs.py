@@ -73,11 +73,17 @@ def test_a_fleet_that_does_not_fit_the_batch_is_refused(fleet, envs, pools, mess
     assert EnvFleet.parse("ray:4").resolved(8, 2) == EnvFleet(4, 2)
 
 
-def test_the_ir_places_the_remote_groups_and_parses_back():
+@pytest.fixture(scope="module")
+def fleet_pipeline():
+    """The passes of PPO (8 environments, 2 groups) on the fleet ray:4 (nothing compiled, Ray not started)."""
+    return run_passes(tiny_ppo(), CompileOptions("single", env_groups=2, env_fleet="ray:4"))[0]
+
+
+def test_the_ir_places_the_remote_groups_and_parses_back(fleet_pipeline):
     """`fragc ir --env-fleet`: the placement holds the fleet (environments per worker resolved), a line says which
     workers each remote group is and what crosses to each per step; the text parses back and verifies. Nothing
     starts Ray."""
-    pipeline, _, _ = run_passes(tiny_ppo(), CompileOptions("single", env_groups=2, env_fleet="ray:4"))
+    pipeline = fleet_pipeline
     text = format_module(pipeline.final)
     assert "host_loop(groups=2) env_fleet=ray:4x2 eqns=" in text
     line = next(line for line in text.splitlines() if line.strip().startswith("env fleet"))
@@ -94,9 +100,8 @@ def test_the_ir_places_the_remote_groups_and_parses_back():
     assert not ray_envs.import_ray().is_initialized()
 
 
-def test_the_verifier_refuses_a_fleet_on_a_fragment_that_steps_no_host_environments():
-    pipeline, _, _ = run_passes(tiny_ppo(), CompileOptions("single", env_fleet="ray:2"))
-    module = pipeline.final
+def test_the_verifier_refuses_a_fleet_on_a_fragment_that_steps_no_host_environments(fleet_pipeline):
+    module = fleet_pipeline.final
     learn = module.fragments["learn"]
     broken = module.replace(fragments={**module.fragments, "learn": learn.replace(
         placement=dataclasses.replace(learn.placement, env_fleet="ray:2x4"))})
@@ -151,7 +156,7 @@ def test_bad_fleet_input_is_one_line_writing_nothing(capsys, monkeypatch, tmp_pa
 def ray_cluster():
     ray = ray_envs.import_ray()
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     yield ray
     ray.shutdown()
 
