@@ -81,7 +81,8 @@ def main() -> None:
     local = pool_type(env_id, E)
     local.reset(keys(E))
     sps, per = timed(lambda: local.step(actions(E), keys(E)), E)
-    rows.append({"what": "pool", "where": "local", "workers": 0, "envs_per_worker": E, "sps": sps, "step_ms": per * 1e3})
+    rows.append({"what": "pool", "where": "local", "workers": 0, "envs_per_worker": E, "sps": sps,
+                 "step_ms": per * 1e3})
     print(f"local pool {E} envs: {sps:,.0f} env-steps/s, {per * 1e3:.2f} ms a vector step", file=sys.stderr)
 
     def fleet_of(n: int, e: int) -> RayFleet:
@@ -95,7 +96,6 @@ def main() -> None:
         pool = fleet.pool(tuple(range(n * e)))
         pool.reset(keys(n * e))
         fleet.step_seconds = 0.0
-        calls0 = time.perf_counter()
         sps, per = timed(lambda: pool.step(actions(n * e), keys(n * e)), n * e)
         row = {"what": "pool", "where": "ray", "workers": n, "envs_per_worker": e, "sps": sps, "step_ms": per * 1e3}
         # the latency split, on worker 0: an empty call, a call that moves the step's bytes, the step itself
@@ -111,7 +111,6 @@ def main() -> None:
             count += 1
         row.update(call_ms=empty * 1e3, transfer_ms=max(moved - empty, 0.0) * 1e3,
                    worker_step_ms=fleet.step_seconds / (count * n) * 1e3)
-        del calls0
         if n == 2:  # the host loop's G = 2 order: pool 1 steps while pool 0's results are fetched
             pools = [fleet.pool(tuple(range(e))), fleet.pool(tuple(range(e, 2 * e)))]
             for p in pools:
