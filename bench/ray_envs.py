@@ -43,7 +43,7 @@ def main() -> None:
     import ray
     from ray.cluster_utils import Cluster
 
-    from fragc.algos.host_envs import HOST_POOLS, seeds_of  # noqa: F401
+    from fragc.algos.host_envs import HOST_POOLS
     from fragc.algos.ray_envs import RayFleet, pack, unpack
     from fragc.algos.vec_env import split_env_name
     from fragc.ir.host import EnvFleet
