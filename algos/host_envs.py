@@ -46,7 +46,7 @@ from flax import struct
 
 from fragc.algos.vec_env import BACKENDS, IMPLEMENTATIONS, Runner, Step, VecEnv, split_env_name, to_gymnax_space
 from fragc.ir.errors import FragcError
-from fragc.ir.host import host_call
+from fragc.ir.host import EnvFleet, host_call
 
 
 class HostPool(abc.ABC):
@@ -354,6 +354,7 @@ class HostVecEnv(VecEnv):
         self._lock = threading.Lock()  # the devices' host calls come from several threads
         self._reset_keys: dict[int, np.ndarray] = {}  # environment index -> the key data of its last reset
         self.workers = 0  # of each pool (`set_workers`, from the fragment's placement); 0: the backend's default
+        self.fleet: Any = None  # remote environment workers (`set_fleet`, algos/ray_envs.py); None: pools here
 
     @property
     def action_space(self) -> Any:
@@ -418,6 +419,45 @@ class HostVecEnv(VecEnv):
         with self._lock:
             self.workers = workers
 
+    def fleet_error(self, fleet: str) -> str | None:
+        """Why this environment cannot step on remote workers `fleet` (None when it can)."""
+        spec = EnvFleet.parse(fleet)
+        if self.pool_type is GymnasiumAsyncPool:
+            return (f"env fleet {spec}: gymnasium_async starts a process per environment; on a fleet each worker "
+                    "is a process already: use gymnasium:")
+        if self.pool_type not in (GymnasiumPool, EnvPoolPool) and not getattr(self.pool_type, "remote", False):
+            return (f"env fleet {spec}: {self.pool_type.__name__} is not known to step on remote workers (a "
+                    "registered pool says it can with `remote = True`, and must be importable there)")
+        return None
+
+    def set_fleet(self, fleet: str) -> None:
+        """Step the pools made from now on on the remote workers `fleet`, started here (algos/ray_envs.py):
+        refused in one line where they cannot start. The same fleet again keeps the running one."""
+        from fragc.algos.ray_envs import RayFleet
+
+        spec = EnvFleet.parse(fleet)
+        with self._lock:
+            if self.fleet is not None and self.fleet.spec == spec:
+                return
+            for slot in self.pools.values():
+                slot.pool.close()
+            self.pools.clear()
+            if self.fleet is not None:
+                self.fleet.stop()
+            self.fleet = RayFleet(spec, self.pool_type, self.name, self.workers, self.game_stats)
+            try:
+                self.fleet.start()
+            except BaseException:
+                self.fleet = None
+                raise
+
+    def _new_pool(self, n: int, ids: tuple[int, ...]) -> Any:
+        """A pool of the environments `ids`: the fleet's workers that hold them, else one in this process."""
+        if self.fleet is not None:
+            return self.fleet.pool(ids)
+        workers = (self.workers,) if self.workers else ()  # a pool that takes no count need not accept one
+        return self.pool_type(self.env_id, n, *workers)
+
     def _flat_obs(self, obs: np.ndarray) -> np.ndarray:
         obs = np.asarray(obs)
         return obs.reshape(obs.shape[0], -1).astype(self._wire_dtype, copy=False)
@@ -438,8 +478,7 @@ class HostVecEnv(VecEnv):
         """-> (the pool of `ids`, made if needed, reset from `keys`; observations; pool step counts)."""
         slot = self._slot(ids)
         if slot is None:
-            workers = (self.workers,) if self.workers else ()  # a pool that takes no count need not accept one
-            slot = _PoolSlot(self.pool_type(self.env_id, len(ids), *workers))
+            slot = _PoolSlot(self._new_pool(len(ids), ids))
             with self._lock:
                 for other in [k for k in self.pools if set(k) & set(ids)]:  # the batch is split differently now
                     self.pools.pop(other).pool.close()

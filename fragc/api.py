@@ -32,6 +32,7 @@ def compile(
     env_groups: int | None = None,
     env_workers: int | None = None,
     *,
+    env_fleet: str | None = None,
     auto_budget: float = 60.0,
     auto_top: int = 3,
     auto_candidates: Sequence[Any] | None = None,
@@ -57,6 +58,10 @@ def compile(
       each replica's environments in G groups (G >= 2 pipelines inference with host stepping).
     env_workers: the policy's `env_workers` instead of its own: the workers of each host environment pool
       (EnvPool's threads), 0 for the backend's default.
+    env_fleet: step the host environments on remote environment workers, Ray actors (`"ray:N"` or `"ray:NxE"`:
+      N workers of E environments each; `",cpus=C"`, `",resource=NAME"` ask Ray for those per worker), with
+      the host loop's groups as whole workers; Ray is joined where `ray.init` already ran, at `RAY_ADDRESS`, or
+      started locally (docs/distributed.md, "Environment workers on a Ray cluster").
 
     policy="auto" (or population("auto", S)) searches the placement (fragc/search/, docs/auto.md): the
     built-in policies, actor/learner splits, iterations per dispatch (`iterations_per_dispatch` is searched,
@@ -69,7 +74,8 @@ def compile(
     search_options = SearchOptions(budget=auto_budget, top=auto_top, candidates=auto_candidates, cache=auto_cache,
                                    memory_limit=memory_limit, run_iterations=run_iterations, log=auto_log)
     return compile_with(algo, CompileOptions(policy, devices, mesh, iterations_per_dispatch, transfers, env_groups,
-                                             env_workers, print_after_all, dump_dir, printer, search_options))
+                                             env_workers, print_after_all, dump_dir, printer, search_options,
+                                             env_fleet))
 
 
 def compile_with(algo: Any, options: CompileOptions) -> Program:

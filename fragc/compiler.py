@@ -85,6 +85,8 @@ def resolved_policy(options: CompileOptions, num_devices: int) -> Policy:
         policy = dataclasses.replace(policy, env_groups=options.env_groups)  # checked by Policy itself
     if options.env_workers is not None:
         policy = dataclasses.replace(policy, env_workers=options.env_workers)
+    if options.env_fleet is not None:
+        policy = dataclasses.replace(policy, env_fleet=options.env_fleet)
     if policy.num_devices > num_devices:
         raise FragcError(f"policy '{policy.name}' uses {policy.num_devices} devices but the program has "
                          f"{num_devices}; pass devices={policy.num_devices}")

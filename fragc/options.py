@@ -63,6 +63,9 @@ class CompileOptions:
     dump_dir: str | None = None
     printer: Callable[[str], None] = print
     search: SearchOptions = SearchOptions()
+    env_fleet: str | None = None
+    """Remote environment workers for host environments (`ray:N[xE]`, docs/distributed.md), instead of the
+    policy's own."""
 
 
 def search_seeds(policy: Any) -> int | None:

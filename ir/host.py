@@ -196,3 +196,91 @@ def check_host_placement(module: Any, shape: str) -> None:
     reason = host_placement_error(module, shape)
     if reason is not None:
         raise FragcError(reason)
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvFleet:
+    """Where a fragment's host environments step when not in this process: `workers` remote environment workers
+    (Ray actors, algos/ray_envs.py) of `envs_per_worker` environments each (0: not known yet, resolved by `place`
+    from the batch), each asking Ray for `cpus` CPUs and one unit of each of `resources` (custom resources, which
+    put workers on the nodes that offer them). Printed and parsed as `ray:2x4`, `ray:2x4,cpus=0.5,resource=env`."""
+
+    workers: int
+    envs_per_worker: int = 0
+    cpus: float = 1.0
+    resources: tuple[str, ...] = ()
+
+    @staticmethod
+    def parse(text: str) -> "EnvFleet":
+        """`ray:N[xE][,cpus=C][,resource=NAME]...`, refused in one line otherwise."""
+        head, *opts = text.strip().split(",")
+        m = re.fullmatch(r"ray:(\d+)(?:x(\d+))?", head)
+        usage = "ray:N[xE][,cpus=C][,resource=NAME] (N workers of E environments each)"
+        if not m or int(m[1]) < 1 or (m[2] is not None and int(m[2]) < 1):
+            raise FragcError(f"env fleet '{text}': expected {usage}")
+        cpus, resources = 1.0, []
+        for opt in opts:
+            key, _, value = opt.partition("=")
+            if key == "cpus":
+                try:
+                    cpus = float(value)
+                except ValueError:
+                    cpus = -1.0
+                if not cpus > 0:
+                    raise FragcError(f"env fleet '{text}': cpus must be a positive number, got {value!r}")
+            elif key == "resource" and re.fullmatch(r"[\w.-]+", value):
+                resources.append(value)
+            else:
+                raise FragcError(f"env fleet '{text}': unknown option {opt!r}; expected {usage}")
+        return EnvFleet(int(m[1]), int(m[2] or 0), cpus, tuple(resources))
+
+    def __str__(self) -> str:
+        size = f"x{self.envs_per_worker}" if self.envs_per_worker else ""
+        cpus = f",cpus={self.cpus:g}" if self.cpus != 1.0 else ""
+        return f"ray:{self.workers}{size}{cpus}" + "".join(f",resource={r}" for r in self.resources)
+
+    def resolved(self, num_envs: int, groups: int) -> "EnvFleet":
+        """With `envs_per_worker` from a batch of `num_envs` environments in `groups` pools (a host loop's groups
+        times the replicas), checked: every pool is whole workers."""
+        n, e = self.workers, self.envs_per_worker
+        if e and n * e != num_envs:
+            raise FragcError(f"env fleet {self}: {n} workers x {e} environments is {n * e} environments, but the "
+                             f"rollout steps {num_envs}; set num_envs to {n * e}, or use ray:{n}")
+        if num_envs % n:
+            raise FragcError(f"env fleet {self}: {num_envs} environments do not split into {n} equal workers")
+        if n % groups:
+            raise FragcError(f"env fleet {self}: {n} workers do not split into the {groups} environment pools "
+                             "(environment groups x replicas) that step separately; use a multiple of "
+                             f"{groups} workers")
+        return dataclasses.replace(self, envs_per_worker=num_envs // n)
+
+
+def env_fleet_error(fdef: Any, fleet: str) -> str | None:
+    """Why the fragment's host environments cannot step on the fleet `fleet` (None when they can, or "")."""
+    if not fleet:
+        return None
+    resources = [r for r in _worker_resources(fdef) if hasattr(r, "fleet_error")]
+    if not resources:
+        return f"env fleet {fleet}: fragment '{fdef.name}' has no host environment that can step on remote workers"
+    return next((e for e in (r.fleet_error(fleet) for r in resources) if e), None)
+
+
+def apply_env_fleet(module: Any) -> None:
+    """Start the remote environment workers of every placed fragment's fleet (`Placement.env_fleet`), before
+    `init`: a worker that cannot start is refused in one line before training."""
+    for fdef in module.fragments.values():
+        if fdef.placement is not None and fdef.host_steps and fdef.placement.env_fleet:
+            for resources in _worker_resources(fdef):
+                resources.set_fleet(fdef.placement.env_fleet)
+
+
+def fleet_counters(module: Any) -> list[Any]:
+    """The remote environment fleets behind the module's host calls (each once): each counts `episodes_cut`, the
+    episodes its lost workers cut short (algos/ray_envs.py)."""
+    found: list[Any] = []
+    for fdef in module.fragments.values():
+        for resources in _worker_resources(fdef):
+            fleet = getattr(resources, "fleet", None)
+            if fleet is not None and all(f is not fleet for f in found):
+                found.append(fleet)
+    return found

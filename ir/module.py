@@ -41,12 +41,17 @@ class Placement:
     env_workers: int = 0
     """For a fragment that steps host environments: the workers of each of its pools (EnvPool's threads);
     0 leaves the backend's default."""
+    env_fleet: str = ""
+    """For a fragment that steps host environments: the remote environment workers they step on (`ray:2x4`,
+    `ir.host.EnvFleet`; algos/ray_envs.py), "" for this process's pools."""
 
     def where(self) -> str:
-        """The printed placement (`on @actors shard_map replicas=4 host_loop(groups=2) env_workers=2`)."""
+        """The printed placement (`on @actors shard_map replicas=4 host_loop(groups=2) env_workers=2
+        env_fleet=ray:2x4`)."""
         loop = f" host_loop(groups={self.env_groups})" if self.env_groups else ""
         workers = f" env_workers={self.env_workers}" if self.env_workers else ""
-        return f"on @{self.group} {self.lowering} replicas={self.replicas}{loop}{workers}"
+        fleet = f" env_fleet={self.env_fleet}" if self.env_fleet else ""
+        return f"on @{self.group} {self.lowering} replicas={self.replicas}{loop}{workers}{fleet}"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

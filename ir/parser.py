@@ -345,10 +345,10 @@ class _Parser:
 
     def fragment(self, line: str) -> str:
         m = re.match(r"^fragment @([\w.]+) role=(\w+)(?: on @(\w+) (\w+) replicas=(\d+)"
-                     r"(?: host_loop\(groups=(\d+)\))?(?: env_workers=(\d+))?)? eqns=\S+   // (.*)$", line)
+                     r"(?: host_loop\(groups=(\d+)\))?(?: env_workers=(\d+))?(?: env_fleet=(\S+))?)? eqns=\S+   // (.*)$", line)
         if not m:
             raise ParseError(f"not a fragment line: {line!r}")
-        name, role, group, lowering, replicas, env_groups, env_workers, source = m.groups()
+        name, role, group, lowering, replicas, env_groups, env_workers, env_fleet, source = m.groups()
         sig = re.match(r"^    \((.*)\) -> \((.*)\)$", next(self.lines))
         if not sig:
             raise ParseError(f"fragment @{name}: no signature line")
@@ -357,7 +357,7 @@ class _Parser:
         in_types = tuple(self.types.type(a[2]) for a in args)
         out_types = tuple(self.types.type(t) for t in split_top(sig[2]))
         placement = Placement(group, int(replicas), lowering, int(env_groups or 0),
-                              int(env_workers or 0)) if group else None
+                              int(env_workers or 0), env_fleet or "") if group else None
         like = self.bodies.fragments.get(name) if self.bodies is not None else None
         if like is not None:  # its body (and the function it traces), with the types as read
             fdef = like.replace(in_types=in_types, out_types=out_types, placement=placement)

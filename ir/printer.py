@@ -153,6 +153,8 @@ def _fragment_lines(fdef: FragmentDef, aliases: _Aliases, bodies: bool) -> list[
     lines += [f"    {step.line()}" for step in fdef.host_steps]
     if fdef.placement is not None and fdef.placement.env_groups and not fdef.part_of:
         lines.append(f"    {_host_loop_line(fdef)}")
+    if fdef.placement is not None and fdef.placement.env_fleet and fdef.host_steps and not fdef.part_of:
+        lines.append(f"    {_fleet_line(fdef)}")
     if bodies and fdef.body is not None:  # the body that is compiled: per-replica shapes once placed
         body = fdef.body_for(fdef.placement.replicas) if fdef.placement and not fdef.part_of else fdef.body
         lines += ["    " + line for line in str(body).splitlines()]
@@ -169,6 +171,21 @@ def _host_loop_line(fdef: FragmentDef) -> str:
                else "synchronous: inference and host steps alternate")
     return (f"host loop groups={p.env_groups}{per_group}{steps}   // each step, each group: infer on "
             f"@{p.group}, the host step on cpu, absorb on @{p.group}; {overlap}")
+
+
+def _fleet_line(fdef: FragmentDef) -> str:
+    """Where the fragment's host environments step: the remote groups of its fleet and what crosses to each worker
+    per step (derived from its placement and host steps: the parser skips it)."""
+    p, step = fdef.placement, fdef.host_steps[-1]
+    workers, _, rest = p.env_fleet.partition(":")[2].partition("x")
+    n, e = int(workers), int(rest.split(",")[0] or 0)
+    pools = p.replicas * max(p.env_groups, 1)
+    envs = n * e
+    per_worker = lambda b: b // step.calls // envs * e if envs else 0  # noqa: E731
+    groups = ", ".join(f"group {g}: workers {g * n // pools}..{(g + 1) * n // pools - 1}" for g in range(pools))
+    return (f"env fleet {p.env_fleet} remote_groups={pools}   // {groups} (ray actors of {e} environments); "
+            f"per step each worker's share of the host step: {human_bytes(per_worker(step.to_host))} in (actions, "
+            f"keys), {human_bytes(per_worker(step.from_host))} out (observations, rewards, flags)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -202,6 +202,8 @@ def env_workers_only_for_host_environments(site: Site) -> str | None:
     p = fdef.placement
     if p is not None and p.env_workers and not fdef.host_steps:
         return f"@{fdef.name} has env_workers={p.env_workers} but steps no host environments"
+    if p is not None and p.env_fleet and not fdef.host_steps and not fdef.part_of:
+        return f"@{fdef.name} has env_fleet={p.env_fleet} but steps no host environments"
     return None
 
 

@@ -82,7 +82,7 @@ def lower_host_loop(fdef: FragmentDef, node: Run) -> tuple[HostLoop, dict[str, F
             group_bodies=((G, group_body),) if G > 1 else ())
 
     device = Placement(p.group, R, p.lowering, G)
-    host = Placement(HOST, R, "host", 0, p.env_workers)
+    host = Placement(HOST, R, "host", 0, p.env_workers, p.env_fleet)
     parts = {
         f"{name}.infer": part("infer", fdef.role, ("consts", "carry", "x"), (consts, carry, x), (ops, residuals),
                               whole.infer, per_group.infer, device),

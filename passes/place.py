@@ -15,7 +15,7 @@ import collections
 import dataclasses
 
 from fragc.ir.errors import FragcError
-from fragc.ir.host import env_workers_error
+from fragc.ir.host import EnvFleet, env_fleet_error, env_workers_error
 from fragc.ir.module import FragmentDef, Glue, Graph, Mesh, Module, Placement, RegionNode, Run, Use, Value, walk
 from fragc.ir.replicas import check_divides
 from fragc.ir.time_loop import time_loop_error
@@ -45,9 +45,10 @@ class Place(Pass):
             workers = policy.env_workers if fdef.host_steps else 0
             if reason := env_workers_error(fdef, workers):
                 raise FragcError(reason)
-            fragments[name] = fdef.replace(placement=Placement(role.group, replicas, role.lowering,
-                                                               _env_groups(fdef, replicas, policy, name in in_regions),
-                                                               workers))
+            groups = _env_groups(fdef, replicas, policy, name in in_regions)
+            fleet = _env_fleet(fdef, policy, replicas * max(groups, 1)) if fdef.host_steps else ""
+            fragments[name] = fdef.replace(placement=Placement(role.group, replicas, role.lowering, groups, workers,
+                                                               fleet))
         meshes = tuple(Mesh(g, tuple(d)) for g, d in policy.groups.items())
         module = module.replace(fragments=fragments, meshes=meshes, population=tuple(policy.population),
                                 hyperparameters=tuple(policy.hyperparameters),
@@ -81,6 +82,23 @@ def _env_groups(fdef: FragmentDef, replicas: int, policy: Policy, in_region: boo
     if groups == 1:  # synchronous either way: a rollout the host loop cannot cut steps its host calls in-program
         return 0
     raise FragcError(reason)
+
+
+def _env_fleet(fdef: FragmentDef, policy: Policy, pools: int) -> str:
+    """The policy's fleet of remote environment workers for a fragment that steps host environments, with its
+    environments per worker (from the fragment's batch, split into `pools` pools of whole workers), checked."""
+    if not policy.env_fleet:
+        return ""
+    fleet = EnvFleet.parse(policy.env_fleet)
+    n = fdef.batch_length()
+    if n is not None:
+        fleet = fleet.resolved(n, pools)
+    elif not fleet.envs_per_worker:
+        raise FragcError(f"env fleet {fleet}: fragment '{fdef.name}' declares no batch axis to split among the "
+                         f"workers; give the environments per worker: ray:{fleet.workers}xE")
+    if reason := env_fleet_error(fdef, str(fleet)):
+        raise FragcError(reason)
+    return str(fleet)
 
 
 def _place_values(module: Module) -> Graph:

@@ -14,6 +14,7 @@ import re
 from typing import Any, Callable, Mapping, Sequence
 
 from fragc.ir.errors import FragcError
+from fragc.ir.host import EnvFleet
 from fragc.ir.population import PBT, grid_members
 
 LOWERINGS = ("shard_map", "jit")
@@ -65,6 +66,9 @@ class Policy:
     env_workers: int = 0
     """For fragments that step host environments: the workers of each environment pool (EnvPool's threads;
     0: the backend's default). docs/host_envs.md, "Choosing groups and workers"."""
+    env_fleet: str = ""
+    """For fragments that step host environments: the remote environment workers they step on (`ray:N[xE]`:
+    N Ray actors of E environments each, docs/distributed.md), "" for pools in this process."""
 
     def __post_init__(self) -> None:
         check_policy(self)
@@ -124,6 +128,10 @@ def check_policy(policy: Policy) -> None:
         raise FragcError(f"policy '{name}': env_groups must be an int from 0, got {policy.env_groups!r}")
     if not _is_count(policy.env_workers, 0):
         raise FragcError(f"policy '{name}': env_workers must be an int from 0, got {policy.env_workers!r}")
+    if not isinstance(policy.env_fleet, str):
+        raise FragcError(f"policy '{name}': env_fleet must be a string such as 'ray:2x4', got {policy.env_fleet!r}")
+    if policy.env_fleet:
+        EnvFleet.parse(policy.env_fleet)
 
 
 def _is_count(value: object, least: int) -> bool:

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fragc.ir.host import apply_env_workers
+from fragc.ir.host import apply_env_fleet, apply_env_workers, fleet_counters
 from fragc.ir.errors import FragcError
 from fragc.ir.interpreter import Frame
 from fragc.ir.module import Delay, Transfer
@@ -63,6 +63,9 @@ class Program:
         self._shardings = self._executor.state_shardings
         self.compile_seconds = time.perf_counter() - t0
         apply_env_workers(module)  # the host pools' workers, as placed (and checked by `place`): before `init`
+        apply_env_fleet(module)  # and the remote environment workers, started (refused in one line if they cannot)
+        self._fleets = fleet_counters(module)
+        self._episodes_cut = sum(f.episodes_cut for f in self._fleets)
 
     @property
     def last_delays(self) -> dict[int, list[Any]] | None:
@@ -310,6 +313,10 @@ class Program:
         axis = 1 if self.population else 0
         host, queued = to_host((metrics, queued))
         host = {k: np.take(np.asarray(v), np.arange(n), axis=axis) for k, v in host.items()}
+        if self._fleets:  # episodes lost workers cut short, counted on the host: at the dispatch's last iteration
+            cut = sum(f.episodes_cut for f in self._fleets)
+            host["episodes_cut"] = np.zeros(n, np.int32)
+            host["episodes_cut"][-1], self._episodes_cut = cut - self._episodes_cut, cut
         rows.append(host)
         run.record(done, host)
         for action, q in zip(actions, queued):

@@ -10,6 +10,7 @@ from fragc import algos
 from fragc.api import compile_with
 from fragc.devices import devices as simulated_devices, per_process_devices
 from fragc.ir.errors import FragcError
+from fragc.ir.host import EnvFleet
 from fragc.options import CompileOptions, SearchOptions
 from fragc.runtime.actions import steps_per_iteration
 from fragc.runtime.program import Program
@@ -35,6 +36,23 @@ def make_algo(args: argparse.Namespace) -> Any:
     if "total_steps" in fields and steps:
         algo = algos.make(args.algo, **config, total_steps=iterations * steps)
     return algo
+
+
+def fit_fleet_envs(args: argparse.Namespace) -> None:
+    """`--env-fleet ray:NxE` without `--num-envs`: the algorithm's num_envs (a config field) is N*E, said on
+    stderr; with `--num-envs`, refused in one line unless they agree (before Ray is joined)."""
+    if not getattr(args, "env_fleet", None):
+        return
+    fleet = EnvFleet.parse(args.env_fleet)
+    if not fleet.envs_per_worker:
+        return
+    if getattr(args, "cfg_num_envs", None) is not None:
+        fleet.resolved(args.cfg_num_envs, 1)  # refused in one line unless N*E environments
+        return
+    if "num_envs" in config_fields(args.algo):
+        args.cfg_num_envs = fleet.workers * fleet.envs_per_worker
+        print(f"fragc: num_envs = {args.cfg_num_envs} ({fleet}: {fleet.workers} workers x {fleet.envs_per_worker} "
+              "environments)", file=sys.stderr)
 
 
 def env_name(algo: Any) -> str:
@@ -67,4 +85,5 @@ def compile_algo(args: argparse.Namespace, algo: Any, devices: Any, iterations_p
     """`fragc.compile` of `algo` with the command line's placement (and search) options."""
     return compile_with(algo, CompileOptions(args.policy, devices, iterations_per_dispatch=iterations_per_dispatch,
                                              env_groups=args.env_groups, env_workers=args.env_workers,
+                                             env_fleet=args.env_fleet,
                                              search=search_options(args, run_iterations)))

@@ -22,7 +22,7 @@ COMMAND_LINE_ONLY = ("resume", "stop_after", "quiet", "json", "no_cache", "confi
                      "num_processes", "process_id", "help")
 """Options of `fragc run` a config file does not hold: they say what this invocation does, not which run it is."""
 
-PLACEMENT = ("policy", "devices", "env_groups", "env_workers")
+PLACEMENT = ("policy", "devices", "env_groups", "env_workers", "env_fleet")
 """The run options that `fragc ir` and `fragc bench` take from a config file too (where they have them)."""
 
 RUN_LENGTH = ("iterations", "total_steps", "cfg_total_steps")

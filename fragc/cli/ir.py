@@ -11,7 +11,7 @@ from fragc.ir.errors import FragcError
 from fragc.ir.printer import format_module
 from fragc.options import CompileOptions, search_seeds
 
-from .algorithm import make_algo
+from .algorithm import fit_fleet_envs, make_algo
 from .options import config_options, placement_options
 
 
@@ -34,8 +34,9 @@ def main(args: argparse.Namespace) -> int:
         raise FragcError("fragc ir --policy auto: the choice needs the search; run `fragc run ALGO --policy auto "
                          "--explain` to see it, then `fragc ir ALGO --policy CHOSEN`")
     devices(args.devices)  # simulate CPU devices before JAX starts
+    fit_fleet_envs(args)
     options = CompileOptions(args.policy, args.devices, print_after_all=args.print_after_all, dump_dir=args.dump_dir,
-                             env_groups=args.env_groups, env_workers=args.env_workers)
+                             env_groups=args.env_groups, env_workers=args.env_workers, env_fleet=args.env_fleet)
     pipeline, _, _ = run_passes(make_algo(args), options)
     warn_per_replica(pipeline.final)  # what compile says of a body that only works with one replica
     if args.print_after_all:

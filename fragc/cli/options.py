@@ -299,6 +299,11 @@ def placement_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env-workers", type=groups, default=None, metavar="W",
                         help="host environments: workers of each environment pool (EnvPool's threads; default 0: "
                         "the backend's own choice)")
+    parser.add_argument("--env-fleet", default=None, metavar="ray:N[xE]",
+                        help="host environments: step them on N remote environment workers (Ray actors) of E "
+                        "environments each, the environment groups as whole workers; ',cpus=C' and "
+                        "',resource=NAME' ask Ray for those per worker (docs/distributed.md; pip install "
+                        "'fragc[ray]'). With xE and no --num-envs, num_envs is N*E")
 
 
 def search_options(parser: argparse.ArgumentParser, explain: bool = True) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from fragc.algos import ray_envs
 from fragc.ir.errors import FragcError
 from fragc.options import search_seeds
 from fragc.runtime.actions import steps_per_iteration
@@ -24,12 +25,15 @@ from fragc.sinks.video import CaptureVideo, check_capture
 from fragc.training import algo_meta, train
 
 from . import config_file
-from .algorithm import compile_algo, env_name, make_algo, program_devices
+from .algorithm import compile_algo, env_name, fit_fleet_envs, make_algo, program_devices
 from .options import config_options, count, placement_options, process_options, search_options, seed
 
 
 def add_options(parser: argparse.ArgumentParser, algo: str | None) -> None:
     placement_options(parser)
+    parser.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                        help="with --env-fleet: the Ray cluster to join (default RAY_ADDRESS, else a local Ray is "
+                        "started)")
     parser.add_argument("--seed", type=seed, default=0, help="PRNG seed, 0 to 2**32 - 1 (default 0)")
     parser.add_argument("--iterations", type=count, default=None, metavar="N",
                         help="train N iterations: sets the config's `iterations` field where it has one, else its "
@@ -111,6 +115,11 @@ def main(args: argparse.Namespace) -> int:
         tracking.check_writable(track_folder(args), "--track's runs")
     run_info = {"algo": args.algo, "seed": args.seed}
     devices = program_devices(args)
+    if args.ray_address and not args.env_fleet:
+        raise FragcError("--ray-address names the Ray cluster of --env-fleet's workers: give --env-fleet too")
+    fit_fleet_envs(args)
+    if args.env_fleet:  # Ray joined (or started) before any folder is made: a wrong address is refused here
+        ray_envs.connect(args.ray_address)
     algo = make_algo(args)
     getattr(algo, "env", None)  # made now (the algorithms make theirs on first use): an unknown one is refused
     # before the compiling line
