@@ -41,12 +41,16 @@ class Placement:
     env_workers: int = 0
     """For a fragment that steps host environments: the workers of each of its pools (EnvPool's threads);
     0 leaves the backend's default."""
+    split: str = "env"
+    """The declared axes the replicas split: `env` (in_axes/out_axes) or `agent` (agent_axes: each replica a
+    share of the agents, whose learners are independent; printed `split=agent`)."""
 
     def where(self) -> str:
         """The printed placement (`on @actors shard_map replicas=4 host_loop(groups=2) env_workers=2`)."""
+        split = " split=agent" if self.split == "agent" else ""
         loop = f" host_loop(groups={self.env_groups})" if self.env_groups else ""
         workers = f" env_workers={self.env_workers}" if self.env_workers else ""
-        return f"on @{self.group} {self.lowering} replicas={self.replicas}{loop}{workers}"
+        return f"on @{self.group} {self.lowering} replicas={self.replicas}{split}{loop}{workers}"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
