@@ -30,7 +30,7 @@ import fragc
 from fragc.algos import ppo
 from fragc.algos.diagnostics import episode_metrics
 from fragc.algos.envs import Runner, VecEnv
-from fragc.algos.marl_envs import AgentLayout
+from fragc.algos.marl_envs import AgentLayout, AgentsRunner
 from fragc.algos.validation import algo_name
 from fragc.ir.errors import FragcError
 
@@ -103,6 +103,17 @@ AGENT_LEARNER = ppo.Learner(params=0, opt_state=0, key=None)
 """The agent axes of a learner whose agents hold their own parameters: its parameters and optimizer state are
 stacked over agents, the minibatch key is one for all."""
 
+AGENT_RUNNER = AgentsRunner(env_state=None, obs=1, key=None, episode_return=1, last_return=1, has_return=1,
+                            episode_length=1, last_length=1, last_won=None)
+"""The agent axes of the runner: each agent's observation row and episode statistics ([N, A, ...]); JaxMARL's
+states, the keys and the win flags are the environment's."""
+
+
+def agents_fragment(fragment: Any, agent_axes: tuple) -> Any:
+    """PPO's fragment `fragment` (its body and environment axes) with the agent axes declared beside them."""
+    return fragc.fragment(role=fragment.role, in_axes=fragment.in_axes, out_axes=fragment.out_axes,
+                          agent_axes=agent_axes)(fragment.fn)
+
 
 class IPPO(ppo.PPO):
     """Independent PPO (de Witt et al. 2020), JaxMARL's baseline: each agent's critic sees its own observation."""
@@ -113,6 +124,14 @@ class IPPO(ppo.PPO):
 
     def __init__(self, config: Config = Config()):
         super().__init__(with_preset(config))
+        self.rollout = (self.rollout_shared if config.shared_params else self.rollout_agents)
+
+    # COLLECT TRAJECTORIES: PPO's rollout, the runner's rows and the trajectory [T, N, A, ...] over agents, the
+    # parameters too where each agent holds its own
+    rollout_shared = agents_fragment(ppo.PPO.rollout, ((None, AGENT_RUNNER), (2, AGENT_RUNNER, None)))
+    rollout_agents = agents_fragment(ppo.PPO.rollout, ((0, AGENT_RUNNER), (2, AGENT_RUNNER, None)))
+    # UPDATE NETWORK: PPO's epoch on the agents' steps (shared parameters)
+    learn = agents_fragment(ppo.PPO.learn, ((None, 2), (None, None)))
 
     @functools.cached_property
     def env(self) -> VecEnv:

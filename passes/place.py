@@ -12,6 +12,7 @@ that reads one leaf of the state (the learner's key) beside that leaf.
 from __future__ import annotations
 
 import collections
+from typing import Any
 import dataclasses
 
 from fragc.ir.errors import FragcError
@@ -41,18 +42,35 @@ class Place(Pass):
         for name, fdef in module.fragments.items():
             role = policy.placement(fdef.role)
             replicas = policy.replicas(fdef.role)
-            check_divides(name, fdef.arg_names, fdef.in_types, replicas)
+            _check_agent_split(policy, fdef, role, replicas)
+            check_divides(name, fdef.arg_names, fdef.in_types, replicas, agents=role.split == "agent")
             workers = policy.env_workers if fdef.host_steps else 0
             if reason := env_workers_error(fdef, workers):
                 raise FragcError(reason)
             fragments[name] = fdef.replace(placement=Placement(role.group, replicas, role.lowering,
                                                                _env_groups(fdef, replicas, policy, name in in_regions),
-                                                               workers))
+                                                               workers, role.split))
         meshes = tuple(Mesh(g, tuple(d)) for g, d in policy.groups.items())
         module = module.replace(fragments=fragments, meshes=meshes, population=tuple(policy.population),
                                 hyperparameters=tuple(policy.hyperparameters),
                                 member_loop=policy.member_loop, pbt=policy.pbt)
         return module.replace(graph=_place_values(module))
+
+
+def _check_agent_split(policy: Policy, fdef: FragmentDef, role: Any, replicas: int) -> None:
+    """A role split over agents runs fragments that declare agent axes the replicas divide (agents with parameters
+    of their own: their learners are independent); one line otherwise."""
+    if role.split != "agent":
+        return
+    n = fdef.agent_count()
+    if n is None:
+        raise FragcError(f"policy '{policy.name}' splits role '{fdef.role}' over agents, but fragment '{fdef.name}' "
+                         "declares no agent axis (agents that share parameters learn together: give them their own, "
+                         "ippo/mappo shared_params=false, or place the role by environments)")
+    if n % replicas:
+        raise FragcError(f"policy '{policy.name}' splits fragment '{fdef.name}' over {replicas} devices, and its "
+                         f"{n} agents' parameters do not divide among them: give role '{fdef.role}' a group whose "
+                         f"size divides {n} (agent_learners(learners=K))")
 
 
 def _env_groups(fdef: FragmentDef, replicas: int, policy: Policy, in_region: bool) -> int:
