@@ -29,7 +29,7 @@ import optax
 import fragc
 from fragc.algos import ppo
 from fragc.algos.diagnostics import episode_metrics
-from fragc.algos.envs import Runner, VecEnv
+from fragc.algos.envs import Runner, VecEnv, split_env_name
 from fragc.algos.marl_envs import AgentLayout, AgentsRunner
 from fragc.algos.validation import algo_name
 from fragc.ir.errors import FragcError
@@ -135,12 +135,10 @@ class IPPO(ppo.PPO):
 
     @functools.cached_property
     def env(self) -> VecEnv:
-        name = algo_name(self.config)
-        env = VecEnv(self.config.env)
-        if not getattr(env, "multi_agent", False):
-            raise FragcError(f"{name} is a multi-agent algorithm; {self.config.env} is a single-agent environment "
-                             "(use ppo, or a jaxmarl: environment)")
-        return env
+        if split_env_name(self.config.env)[0] != "jaxmarl":
+            raise FragcError(f"{algo_name(self.config)} is a multi-agent algorithm; {self.config.env} is a single-agent "
+                             "environment (use ppo, or a jaxmarl: environment)")
+        return VecEnv(self.config.env, world_state=self.centralised)  # the world state only for MAPPO's critic
 
     @property
     def num_agents(self) -> int:

@@ -4,7 +4,7 @@ Stepped on the device inside the rollout as gymnax environments are (algos/envs.
 `vmap`, with JaxMARL's dicts of agents stacked over an **agent axis** after the environment axis:
 
 - `runner.obs`: float32 [N, A, D], each agent's row `[observation | world state | available actions]`: the world
-  state only where the environment has one (SMAX's `get_world_state`; for MPE the agents' observations side by
+  state only where asked for (`world_state`, MAPPO's critic) and (SMAX's `get_world_state`; for MPE the agents' observations side by
   side, as JaxMARL's MAPPO wrapper makes it), the action mask only where actions can be unavailable (SMAX);
   `AgentLayout` says where each part lies, so IPPO's actor reads its own observation and MAPPO's critic the
   world state;
@@ -118,7 +118,8 @@ class JaxMARLVecEnv(VecEnv):
 
     multi_agent = True
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, world_state: bool = True):
+        """world_state: whether each agent's row holds the world state (a centralised critic's input)."""
         self.name = name
         _, self.env_id = split_env_name(name)
         with jax.ensure_compile_time_eval():  # made on first use, maybe inside a trace (envs.py's GymnaxVecEnv)
@@ -132,8 +133,8 @@ class JaxMARLVecEnv(VecEnv):
                              "observation shape")
         self.smax = self.env_id.startswith("SMAX_")
         obs_size = int(np.prod(shapes.pop()))
-        world = self.num_agents * obs_size
-        if self.smax:
+        world = self.num_agents * obs_size if world_state else 0
+        if self.smax and world_state:
             state = jax.eval_shape(lambda k: self.env.reset(k)[1], jax.random.key(0))
             world = int(np.prod(jax.eval_shape(self.env.get_world_state, state).shape))
         self.layout = AgentLayout(obs_size, world, int(spaces[0].n), masked=self.smax)
@@ -163,8 +164,10 @@ class JaxMARLVecEnv(VecEnv):
     def _rows(self, obs: dict, state: Any) -> jax.Array:
         """One environment's observation dict -> [A, layout.size]."""
         own = jnp.stack([obs[a].reshape(-1) for a in self.agents]).astype(jnp.float32)
-        world = self.env.get_world_state(state) if self.smax else own.reshape(-1)
-        parts = [own, jnp.broadcast_to(world.astype(jnp.float32), (self.num_agents, self.layout.world_size))]
+        parts = [own]
+        if self.layout.world_size:
+            world = self.env.get_world_state(state) if self.smax else own.reshape(-1)
+            parts.append(jnp.broadcast_to(world.astype(jnp.float32), (self.num_agents, self.layout.world_size)))
         if self.layout.masked:
             avail = self.env.get_avail_actions(state)
             parts.append(jnp.stack([avail[a] for a in self.agents]).astype(jnp.float32))

@@ -508,6 +508,20 @@ def _explain_python_value(algo: Any, function: str, state: Any, err: TypeError) 
         "with lax.cond, lax.switch or jnp.where on it, or keep what picks code in the algorithm (self.config)", swept)
 
 
+def _check_agent_count(algo: Any, defs: dict[str, FragmentDef]) -> None:
+    """An algorithm that says how many agents its environment has (`num_agents`) declares agent axes of that
+    length."""
+    agents = getattr(algo, "num_agents", None)
+    if not isinstance(agents, int):
+        return
+    for fdef in defs.values():
+        n = fdef.agent_count()
+        if n is not None and n != agents:
+            raise FragcError(f"fragment '{fdef.name}' declares an agent axis of length {n}, but "
+                             f"{type(algo).__name__}'s environment has {agents} agents (num_agents); agent_axes name "
+                             "the axis that holds one entry per agent")
+
+
 def trace(algo: Any, name: str | None = None) -> Module:
     """Trace `algo.iteration` into a module of fragments and glue."""
     for attr in ("init", "iteration"):
@@ -539,6 +553,7 @@ def trace(algo: Any, name: str | None = None) -> Module:
         fields = sorted(algo.sweep.fields)
         sweep.check_reads(closed.jaxpr, closed.jaxpr.invars[-len(fields) - 1:-1], fields, ctx.defs_by_name,
                           fragment_call_p, type(algo).__name__, sweep.init_reads(algo))
+    _check_agent_count(algo, ctx.defs_by_name)
     traps.check_state_round_trip(algo, state_tree, out_tree_cell[0], state_leaves, closed)
     traps.refuse_effects_outside_fragments(algo, closed.jaxpr, fragment_call_p)
     graph = build_graph(closed, fragment_call_p, TreeType.of(state), out_tree_cell[0], ctx.defs_by_name)

@@ -12,13 +12,16 @@ that reads one leaf of the state (the learner's key) beside that leaf.
 from __future__ import annotations
 
 import collections
-from typing import Any
 import dataclasses
+from typing import Any
 
-from fragc.ir.errors import FragcError
+import jax
+from jax.extend import core as jex
+
+from fragc.ir.errors import FragcError, FragmentError
 from fragc.ir.host import env_workers_error
 from fragc.ir.module import FragmentDef, Glue, Graph, Mesh, Module, Placement, RegionNode, Run, Use, Value, walk
-from fragc.ir.replicas import check_divides
+from fragc.ir.replicas import check_divides, replica_body, run_replicated, split_axes
 from fragc.ir.time_loop import time_loop_error
 
 from .pipeline import Pass
@@ -71,6 +74,16 @@ def _check_agent_split(policy: Policy, fdef: FragmentDef, role: Any, replicas: i
         raise FragcError(f"policy '{policy.name}' splits fragment '{fdef.name}' over {replicas} devices, and its "
                          f"{n} agents' parameters do not divide among them: give role '{fdef.role}' a group whose "
                          f"size divides {n} (agent_learners(learners=K))")
+    placed = fdef.replace(placement=Placement(role.group, replicas, role.lowering, split="agent"))
+    in_axes, out_axes = split_axes(placed)
+    body = jex.jaxpr_as_fun(replica_body(placed, replicas))
+    try:  # the semantics, abstractly: a result without an agent axis must not vary between the agents' replicas
+        jax.eval_shape(lambda *xs: run_replicated(body, xs, in_axes, out_axes, replicas, fdef.name),
+                       *(t.struct() for t in fdef.in_leaf_types))
+    except FragmentError:
+        raise FragcError(f"policy '{policy.name}' splits fragment '{fdef.name}' over agents, but a result it declares "
+                         "without an agent axis differs between agents (parameters the agents share): give each agent "
+                         "its own parameters (ippo/mappo shared_params=false), or place the role by environments") from None
 
 
 def _env_groups(fdef: FragmentDef, replicas: int, policy: Policy, in_region: bool) -> int:
