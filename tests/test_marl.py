@@ -152,7 +152,8 @@ def test_bad_multi_agent_input_is_one_line(capsys, argv, message):
      lambda: fragc.Policy("p", {"a": (0,)}, {"*": fragc.RolePlacement("a", 1, "jit", split="agent")}),
      "policy 'p': role '\\*' splits agents under jit"),
     ("agent axes of two lengths in one fragment",
-     lambda: fragc.fragment(role="learner", agent_axes=(0, 0))(lambda x, y: x + y[:1])(jnp.zeros(3), jnp.zeros(4)),
+     lambda: fragc.fragment(role="learner", in_axes=None, out_axes=None, agent_axes=(0, 0))(
+         lambda x, y: x + y[:1])(jnp.zeros(3), jnp.zeros(4)),
      "fragment 'learner': declared agent axes have different lengths"),
 ])
 def test_bad_multi_agent_declaration_is_one_line(case, make, message):
