@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import fragc
-from conftest import assert_trees_close
+from conftest import assert_trees_close, traced_module
 
 pytest.importorskip("jaxmarl", reason="jaxmarl is the optional extra fragc[marl]")
 
@@ -69,26 +69,32 @@ def test_trajectory_and_parameters_carry_agent_axes_in_the_ir():
     assert "kernel: f32[3@agent,18,16]" in text  # each agent's own parameters
 
 
-def test_agent_learners_equal_the_reference_and_jit():
+def test_agent_learners_equal_the_reference():
     """Each agent's learner on a device of its own equals the module run by the reference interpreter with one
-    replica, the interpreter's split=agent semantics on the placed module, and a plain jax.jit of the iteration."""
+    replica (the agents' learners share nothing), and the IR says so and parses back."""
     prog, state, out, history = agent_learners_run()
     text = prog.ir()
     assert "@learn_agents role=learner on @learners shard_map replicas=3 split=agent" in text
     ref = state
-    module = fragc.trace(per_agent_ippo())
     for i in range(ITERATIONS):
-        ref, metrics = fragc.interpret(module, ref, replicas=1)
+        ref, metrics = fragc.interpret(traced_module(prog), ref, replicas=1)
         np.testing.assert_allclose(history["loss"][i], metrics["loss"], rtol=1e-4, atol=1e-5)
     assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
-    assert_trees_close(out, jit_iterations(per_agent_ippo(), state)[0], rtol=2e-4, atol=2e-5)
-    placed = prog.pipeline.after("place")
-    split, _ = fragc.interpret(placed, state, replicas={"actor": 1, "learner": 3})
-    one, _ = fragc.interpret(module, state, replicas=1)
-    assert_trees_close(split, one, rtol=2e-4, atol=2e-5)
     assert str(fragc.ir.parse(text, bodies=prog.module)) == text
 
 
+@pytest.mark.slow
+def test_agent_learners_equal_jit_and_the_split_semantics():
+    """The same run against a plain jax.jit of the iteration, and the interpreter's split=agent semantics on the
+    placed module (3 replicas, each one agent) against one replica."""
+    prog, state, out, _ = agent_learners_run()
+    assert_trees_close(out, jit_iterations(per_agent_ippo(), state)[0], rtol=2e-4, atol=2e-5)
+    split, _ = fragc.interpret(prog.pipeline.after("place"), state, replicas={"actor": 1, "learner": 3})
+    one, _ = fragc.interpret(traced_module(prog), state, replicas=1)
+    assert_trees_close(split, one, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.slow
 def test_mappo_smax_equals_the_reference_and_jit():
     """MAPPO's centralised critic on SMAX 3m (available actions masked), shared parameters: `single` against the
     interpreter and jax.jit."""
