@@ -326,7 +326,7 @@ class PPO(NetworkChoice):
             return learner.replace(params=params, opt_state=opt_state), metrics
 
         key, perm_key = jax.random.split(learner.key)
-        perm = jax.random.permutation(perm_key, advantages.size)
+        perm = jax.random.permutation(perm_key, advantages.shape[0] * advantages.shape[1])  # T x N steps (of all agents)
         shuffled = jax.tree.map(lambda x: x[perm].reshape((c.num_minibatches, -1) + x.shape[1:]), batch)
         learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled, unroll=self.unroll)
         metrics = fragc.pmean(jax.tree.map(jnp.mean, metrics))
