@@ -35,6 +35,9 @@ ALGOS = {
     "pqn": ("fragc.algos.pqn:PQN", "PQN: Q(lambda) with a LayerNorm Q network, no replay buffer, no target network"),
     "ppo_rnn": ("fragc.algos.ppo_rnn:PPORNN", "recurrent PPO: a GRU policy, hidden state reset at episode ends"),
     "impala": ("fragc.algos.impala:IMPALA", "actor-critic with V-trace off-policy correction"),
+    "ippo": ("fragc.algos.ippo:IPPO", "independent PPO on JaxMARL's multi-agent environments (jaxmarl:MPE_*, SMAX_*), "
+                                      "shared or per-agent parameters"),
+    "mappo": ("fragc.algos.mappo:MAPPO", "multi-agent PPO: IPPO with a centralised critic over the world state"),
 }
 
 

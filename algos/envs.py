@@ -5,7 +5,9 @@ A name is `BACKEND:ID` or a bare gymnax id (`BACKENDS` lists the backends, `frag
 - `CartPole-v1` (or `gymnax:CartPole-v1`): a gymnax environment, stepped on the device inside the rollout;
 - `gymnasium:CartPole-v1`: a Gymnasium vector environment stepped on the host (algos/host_envs.py);
   `gymnasium_async:CartPole-v1` the same with a worker process per environment;
-- `envpool:Pong-v5`: an EnvPool pool stepped on the host (`pip install 'fragc[host]'`).
+- `envpool:Pong-v5`: an EnvPool pool stepped on the host (`pip install 'fragc[host]'`);
+- `jaxmarl:MPE_simple_spread_v3`, `jaxmarl:SMAX_3m`: JaxMARL's multi-agent environments on the device, an agent
+  axis after the environment axis (algos/marl_envs.py; `pip install 'fragc[marl]'`).
 
 Every backend auto-resets and keeps episode statistics the same way: `VecEnv.step` returns the
 observation after an automatic reset together with the true next observation (`final_obs`), so an
@@ -27,6 +29,7 @@ import numpy as np
 from fragc.ir.errors import FragcError
 
 from . import host_envs  # its host pools register their backends in IMPLEMENTATIONS  # noqa: F401
+from . import marl_envs  # registers the jaxmarl backend (jaxmarl itself is imported when an environment is made)  # noqa: F401
 from .vec_env import (BACKENDS, IMPLEMENTATIONS, Runner, Step, VecEnv, backend_summary, split_env_name,  # noqa: F401
                       to_gymnax_space)
 
@@ -142,10 +145,18 @@ class GymnaxVecEnv(VecEnv):
 IMPLEMENTATIONS["gymnax"] = GymnaxVecEnv
 
 
-def discrete_env(name: str, algo: str, hint: str = "") -> "VecEnv":
-    """`VecEnv(name)` for an algorithm that needs discrete actions; another action space is refused in one
-    line naming `algo` (and `hint`, e.g. the algorithm to use instead)."""
+def single_agent_env(name: str, algo: str) -> "VecEnv":
+    """`VecEnv(name)` for a single-agent algorithm; a multi-agent environment (jaxmarl:) is refused in one line."""
     env = VecEnv(name)
+    if getattr(env, "multi_agent", False):
+        raise FragcError(f"{algo} is a single-agent algorithm; {name} has {env.num_agents} agents (use ippo or mappo)")
+    return env
+
+
+def discrete_env(name: str, algo: str, hint: str = "") -> "VecEnv":
+    """`VecEnv(name)` for a single-agent algorithm that needs discrete actions; another action space is refused
+    in one line naming `algo` (and `hint`, e.g. the algorithm to use instead)."""
+    env = single_agent_env(name, algo)
     if not env.is_discrete():
         raise FragcError(f"{algo} supports discrete action spaces; {name} has {type(env.action_space).__name__}{hint}")
     return env

@@ -241,10 +241,13 @@ class PPO(NetworkChoice):
 
     def init(self, key: jax.Array) -> State:
         k_params, k_env, k_learn = jax.random.split(key, 3)
-        params = self.network.init(k_params, self.observations.zeros(1))
+        params = self.init_params(k_params)
         learner = Learner(params, self.optimizer.init(params), k_learn)
         state = State(learner, self.env.reset(k_env, self.config.num_envs))
         return self.evaluator.init(key, state, EvalState)
+
+    def init_params(self, key: jax.Array) -> Any:
+        return self.network.init(key, self.observations.zeros(1))
 
     def iteration(self, state: State) -> tuple[State, dict]:
         state, eval_metrics = self.evaluator.maybe_evaluate(state, self.policy_params(state))  # when due
@@ -255,9 +258,18 @@ class PPO(NetworkChoice):
     def update(self, learner: Learner, traj: Transition) -> tuple[Learner, dict]:
         """`update_epochs` passes over the rollout, one `learn` call each: a `for` region of the IR, so the
         trajectory moves to the learner once and the cost model counts every epoch's gradient all-reduce."""
-        learner, metrics = jax.lax.scan(lambda learner, _: self.learn(learner, traj), learner, None,
+        learn = self.epoch_fragment()
+        learner, metrics = jax.lax.scan(lambda learner, _: learn(learner, traj), learner, None,
                                         self.config.update_epochs, unroll=self.unroll)
         return learner, jax.tree.map(jnp.mean, metrics)
+
+    def epoch_fragment(self) -> Any:
+        """The fragment of one epoch over the rollout (IPPO's agents with parameters of their own have another)."""
+        return self.learn
+
+    def episode_metrics(self, runner: Runner) -> dict:
+        """The rollout's episode statistics (IPPO's add the agents' own)."""
+        return episode_metrics(runner)
 
     # POLICY: a categorical distribution over the network's logits
     def act(self, params: Any, obs: jax.Array, keys: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -312,7 +324,7 @@ class PPO(NetworkChoice):
         if not self.learner_reads_next_obs():  # the learner needs V(s_{t+1}) only: frames cross once
             next_obs = None
         traj = Transition(obs, action, log_prob, value, next_obs, next_value, reward, terminated, done)
-        metrics = {**episode_metrics(runner), "episodes": fragc.psum(jnp.sum(traj.done))}
+        metrics = {**self.episode_metrics(runner), "episodes": fragc.psum(jnp.sum(traj.done))}
         return traj, runner, metrics
 
     # UPDATE NETWORK: one epoch, a pass over the rollout in shuffled minibatches
@@ -331,7 +343,7 @@ class PPO(NetworkChoice):
             return learner.replace(params=params, opt_state=opt_state), metrics
 
         key, perm_key = jax.random.split(learner.key)
-        perm = jax.random.permutation(perm_key, advantages.size)
+        perm = jax.random.permutation(perm_key, advantages.shape[0] * advantages.shape[1])  # T x N steps (of all agents)
         shuffled = jax.tree.map(lambda x: x[perm].reshape((c.num_minibatches, -1) + x.shape[1:]), batch)
         learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled, unroll=self.unroll)
         metrics = fragc.pmean(jax.tree.map(jnp.mean, metrics))

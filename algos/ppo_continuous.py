@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fragc.algos import ppo
+from fragc.algos.envs import single_agent_env
 from fragc.ir.errors import FragcError
 
 
@@ -88,7 +89,7 @@ class PPOContinuous(ppo.PPO):
 
     @functools.cached_property
     def env(self) -> Any:
-        env = ppo.VecEnv(self.config.env)
+        env = single_agent_env(self.config.env, "ppo_continuous")
         if env.is_discrete():
             raise FragcError(f"ppo_continuous supports continuous (Box) action spaces; {self.config.env} is discrete; "
                              "use ppo")

@@ -40,7 +40,7 @@ from flax import struct
 
 import fragc
 from fragc.algos.diagnostics import episode_metrics
-from fragc.algos.envs import Runner, VecEnv
+from fragc.algos.envs import Runner, VecEnv, single_agent_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
 from fragc.algos.replay import Buffer, ReplayBuffer, Transition
 from fragc.algos.run_length import RunLength
@@ -199,7 +199,7 @@ class SAC(ReplayBuffer):
 
     @functools.cached_property
     def env(self) -> VecEnv:
-        env = VecEnv(self.config.env)
+        env = single_agent_env(self.config.env, "sac")
         if env.is_discrete():
             raise FragcError(f"sac supports continuous (Box) action spaces; {self.config.env} is discrete "
                              "(use dqn, pqn or ppo)")

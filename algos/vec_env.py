@@ -24,9 +24,12 @@ BACKENDS = {
     "gymnasium": "any Gymnasium id, a vector env stepped on the host CPU (synchronous, autoreset SAME_STEP)",
     "gymnasium_async": "the same with one worker process per env, shared memory (AsyncVectorEnv, spawned workers)",
     "envpool": "EnvPool's C++ pool stepped on the host CPU (synchronous)",
+    "jaxmarl": "JaxMARL's multi-agent environments (MPE_*, SMAX_<map>) stepped on the device, agents stacked over an "
+               "axis after the environment axis (ippo, mappo)",
 }
 
-_EXTRAS = {"envpool": "envpool"}  # backend -> the module it needs beyond fragc's dependencies
+_EXTRAS = {"envpool": ("envpool", "host"), "jaxmarl": ("jaxmarl", "marl")}
+"""Backend -> (the module it needs beyond fragc's dependencies, fragc's extra that installs it)."""
 
 IMPLEMENTATIONS: dict[str, type] = {}
 """Backend -> the `VecEnv` subclass that steps its environments (envs.py registers gymnax's, host_envs.py each host
@@ -35,9 +38,9 @@ pool's: `VecEnv(name)` chooses from here)."""
 
 def backend_summary(backend: str) -> str:
     """What `fragc envs` says of a backend, and whether it can be used here."""
-    module = _EXTRAS.get(backend)
+    module, extra = _EXTRAS.get(backend, (None, None))
     if module is not None and importlib.util.find_spec(module) is None:
-        return f"{BACKENDS[backend]}; not installed: pip install 'fragc[host]'"
+        return f"{BACKENDS[backend]}; not installed: pip install 'fragc[{extra}]'"
     return BACKENDS[backend]
 
 

@@ -56,7 +56,8 @@ fragment_call_p.def_abstract_eval(_fragment_call_abstract_eval)
 # ---------------------------------------------------------------- the decorator
 
 
-def fragment(*, role: str, in_axes: Any = 0, out_axes: Any = 0) -> Callable[[Callable[..., Any]], "Fragment"]:
+def fragment(*, role: str, in_axes: Any = 0, out_axes: Any = 0,
+             agent_axes: Any = None) -> Callable[[Callable[..., Any]], "Fragment"]:
     """Declare a fragment of an algorithm's iteration.
 
     role: which part of the algorithm this is (`actor`, `learner`, `buffer`, ...);
@@ -65,6 +66,10 @@ def fragment(*, role: str, in_axes: Any = 0, out_axes: Any = 0) -> Callable[[Cal
       environment (batch) axis, `None` for replicated values, or a pytree prefix.
       Axes count from the front (no negative axes: one entry may cover leaves of
       different ranks).
+    agent_axes: `(in, out)`, declared like in_axes and out_axes: each argument's (result's) agent
+      axis (multi-agent algorithms: agents stacked in a value, or parameters one per agent), `None`
+      where it has none. A policy may split a fragment's replicas over its agent axes instead of
+      its environment axes (`split="agent"`: independent agents' learners on devices of their own).
 
     Arguments are arrays; Python and NumPy numbers are taken as arrays, as `jax.jit`
     takes them. Any other value (a string, an enum member, a function, one in a dict)
@@ -73,26 +78,32 @@ def fragment(*, role: str, in_axes: Any = 0, out_axes: Any = 0) -> Callable[[Cal
     """
     if not isinstance(role, str) or not role:
         raise FragmentError(f"fragment role must be a non-empty string, got {role!r}")
-    for what, axes in (("in_axes", in_axes), ("out_axes", out_axes)):
+    if agent_axes is not None and not (isinstance(agent_axes, tuple) and len(agent_axes) == 2):
+        raise FragmentError(f"fragment agent_axes is a pair (in, out) declared like in_axes and out_axes, got "
+                            f"{agent_axes!r}")
+    agent_in, agent_out = agent_axes if agent_axes is not None else (None, None)
+    for what, axes in (("in_axes", in_axes), ("out_axes", out_axes), ("agent_axes", agent_in),
+                       ("agent_axes", agent_out)):
         for axis in jax.tree.leaves(axes):
             if not isinstance(axis, int) or isinstance(axis, bool) or axis < 0:
                 raise FragmentError(f"fragment {what} entries are axis indices from 0 (counted from the front: one "
                                     f"entry may cover leaves of different ranks) or None, got {axis!r}")
-    return lambda fn: Fragment(fn, role, in_axes, out_axes)
+    return lambda fn: Fragment(fn, role, in_axes, out_axes, agent_axes)
 
 
 class Fragment:
     """A function with a role and axis declarations; see `fragment`."""
 
-    def __init__(self, fn: Callable[..., Any], role: str, in_axes: Any, out_axes: Any):
+    def __init__(self, fn: Callable[..., Any], role: str, in_axes: Any, out_axes: Any, agent_axes: Any = None):
         functools.update_wrapper(self, fn)
         self.fn, self.role, self.in_axes, self.out_axes = fn, role, in_axes, out_axes
+        self.agent_axes = agent_axes
         self.name = _name(fn, role)
 
     def __get__(self, obj: Any, objtype: Any = None) -> "Fragment":
         if obj is None or not hasattr(self.fn, "__get__"):  # a functools.partial binds no `self`
             return self
-        return Fragment(self.fn.__get__(obj, objtype), self.role, self.in_axes, self.out_axes)
+        return Fragment(self.fn.__get__(obj, objtype), self.role, self.in_axes, self.out_axes, self.agent_axes)
 
     def __repr__(self) -> str:
         return f"<fragment {self.name} role={self.role}>"
@@ -188,7 +199,11 @@ class SweptFragment(Fragment):
                 return frag.fn(*args[:-1])
 
         in_axes = frag.in_axes if isinstance(frag.in_axes, tuple) else (frag.in_axes,) * nargs
-        super().__init__(body, frag.role, in_axes + (None,), frag.out_axes)
+        agent_axes = frag.agent_axes
+        if agent_axes is not None:
+            agent_in = agent_axes[0] if isinstance(agent_axes[0], tuple) else (agent_axes[0],) * nargs
+            agent_axes = (agent_in + (None,), agent_axes[1])
+        super().__init__(body, frag.role, in_axes + (None,), frag.out_axes, agent_axes)
         self.name, self.original = frag.name, frag
 
     def _bind(self, args: tuple, kwargs: dict) -> tuple:
@@ -243,15 +258,21 @@ ad.primitive_jvps[fragment_call_p] = _refuse_differentiation
 def define(frag: Fragment, args: tuple, name: str | None = None) -> FragmentDef:
     """Check a call's arguments against the declarations and trace the body."""
     names = frag.arg_names(len(args))
+    agent_in, agent_out = frag.agent_axes if frag.agent_axes is not None else (None, None)
     in_axes = _flat_axes(frag, frag.in_axes, args, names, "in_axes", "argument")
+    in_agents = (_flat_axes(frag, agent_in, args, names, "agent_axes", "argument") if frag.agent_axes is not None
+                 else [None] * len(in_axes))
     leaves, in_tree = jax.tree.flatten(args)
-    in_leaf_types = [LeafType.of(x, a) for x, a in zip(leaves, in_axes)]
+    in_leaf_types = [LeafType.of(x, a, g) for x, a, g in zip(leaves, in_axes, in_agents)]
     _check_axes(frag, in_leaf_types, args, names)
     body, out_tree, flat_fn = _trace_body(frag, in_tree, in_leaf_types)
     outs = jax.tree.unflatten(out_tree, list(body.out_avals))
     out_names = _result_names(outs)
     out_axes = _flat_axes(frag, frag.out_axes, _as_results(frag, outs), out_names, "out_axes", "result")
-    out_leaf_types = [LeafType.of(a, ax) for a, ax in zip(body.out_avals, out_axes)]
+    out_agents = (_flat_axes(frag, agent_out, _as_results(frag, outs), out_names, "agent_axes", "result")
+                  if frag.agent_axes is not None else [None] * len(out_axes))
+    out_leaf_types = [LeafType.of(a, ax, g) for a, ax, g in zip(body.out_avals, out_axes, out_agents)]
+    _check_agent_axes(frag, in_leaf_types + out_leaf_types)
     out_types = (_split_types(out_tree, out_leaf_types) if isinstance(outs, tuple)
                  else (TreeType(out_tree, tuple(out_leaf_types)),))
     passed = [i for i, arg in enumerate(args) if not isinstance(arg, Static)]  # a static argument is in the body
@@ -306,8 +327,8 @@ def _result_names(outs: Any) -> tuple[str, ...]:
 def _flat_axes(frag: Fragment, axes: Any, values: tuple, names: tuple[str, ...], what: str, kind: str) -> list[int | None]:
     """Broadcast an axes declaration over values; one entry per leaf."""
     if not isinstance(axes, tuple):
-        axes = (axes,) * len(values) if what == "in_axes" else (axes,)
-    if what == "out_axes" and len(values) == 1 and len(axes) != 1:
+        axes = (axes,) * len(values) if kind == "argument" else (axes,)
+    if kind == "result" and len(values) == 1 and len(axes) != 1:
         values = values[0] if isinstance(values[0], tuple) else values
         names = tuple(f"result {i}" for i in range(len(values)))
     if len(axes) != len(values):
@@ -353,6 +374,17 @@ def _check_axes(frag: Fragment, leaf_types: list[LeafType], args: tuple, names: 
                 f"fragment '{frag.name}': declared axes have different lengths: argument "
                 f"'{declared[0][1]}' has {declared[0][0]}, argument '{owner}' has {length}"
             )
+
+
+def _check_agent_axes(frag: Fragment, leaf_types: list[LeafType]) -> None:
+    """Every declared agent axis has one length (the agent count), and is not a leaf's environment axis too."""
+    lengths = sorted({t.shape[t.agent] for t in leaf_types if t.agent is not None})
+    if len(lengths) > 1:
+        raise FragmentError(f"fragment '{frag.name}': declared agent axes have different lengths {lengths}; an agent "
+                            "axis holds one entry per agent")
+    if any(t.agent is not None and t.agent == t.axis for t in leaf_types):
+        raise FragmentError(f"fragment '{frag.name}': a leaf's agent axis is its environment axis too; declare them "
+                            "on different dimensions")
 
 
 def _trace_body(frag: Fragment, in_tree: Any, leaf_types: list[LeafType]) -> tuple[jex.ClosedJaxpr, Any, Callable]:
@@ -476,6 +508,20 @@ def _explain_python_value(algo: Any, function: str, state: Any, err: TypeError) 
         "with lax.cond, lax.switch or jnp.where on it, or keep what picks code in the algorithm (self.config)", swept)
 
 
+def _check_agent_count(algo: Any, defs: dict[str, FragmentDef]) -> None:
+    """An algorithm that says how many agents its environment has (`num_agents`) declares agent axes of that
+    length."""
+    agents = getattr(algo, "num_agents", None)
+    if not isinstance(agents, int):
+        return
+    for fdef in defs.values():
+        n = fdef.agent_count()
+        if n is not None and n != agents:
+            raise FragcError(f"fragment '{fdef.name}' declares an agent axis of length {n}, but "
+                             f"{type(algo).__name__}'s environment has {agents} agents (num_agents); agent_axes name "
+                             "the axis that holds one entry per agent")
+
+
 def trace(algo: Any, name: str | None = None) -> Module:
     """Trace `algo.iteration` into a module of fragments and glue."""
     for attr in ("init", "iteration"):
@@ -507,6 +553,7 @@ def trace(algo: Any, name: str | None = None) -> Module:
         fields = sorted(algo.sweep.fields)
         sweep.check_reads(closed.jaxpr, closed.jaxpr.invars[-len(fields) - 1:-1], fields, ctx.defs_by_name,
                           fragment_call_p, type(algo).__name__, sweep.init_reads(algo))
+    _check_agent_count(algo, ctx.defs_by_name)
     traps.check_state_round_trip(algo, state_tree, out_tree_cell[0], state_leaves, closed)
     traps.refuse_effects_outside_fragments(algo, closed.jaxpr, fragment_call_p)
     graph = build_graph(closed, fragment_call_p, TreeType.of(state), out_tree_cell[0], ctx.defs_by_name)

@@ -32,6 +32,9 @@ from .traps import short_location
 from .module import FragmentDef, For, Glue, Graph, If, Run, Use, Value, While
 from .types import LeafType, TreeType
 
+Axes = tuple  # (batch axis, agent axis) of a leaf, each an int or None
+NO_AXES: Axes = (None, None)
+
 INLINED = ("pjit", "jit", "closed_call", "core_call")
 """Calls of a jaxpr (the user's own `jax.jit`): their equations are the enclosing graph's."""
 
@@ -81,7 +84,7 @@ def _inherit_axes(state_type: TreeType, jaxpr: jex.Jaxpr, builder: "_Builder") -
     has the one its next value has where a fragment makes it (a leaf the iteration only writes). The state's
     leaves come first among the iteration's results, in the same order."""
     read, made = builder.declared_axes(jaxpr), builder.produced_axes(jaxpr)
-    leaves = [t.replace(axis=read[v] if v in read else made.get(out))
+    leaves = [_with_axes(t, read[v] if v in read else made.get(out, NO_AXES))
               for v, out, t in zip(jaxpr.invars, jaxpr.outvars, state_type.leaves)]
     return state_type.with_leaves(tuple(leaves))
 
@@ -169,15 +172,15 @@ class _Builder:
                                  f"(at {call_site(eqn)})")
         flush(len(jaxpr.eqns))
 
-    def declared_axes(self, jaxpr: jex.Jaxpr) -> dict[Any, int | None]:
-        """For each var of `jaxpr` read by a fragment (in a region or inlined call too), the batch axis the
-        first such fragment declares for it."""
-        axes: dict[Any, int | None] = {}
+    def declared_axes(self, jaxpr: jex.Jaxpr) -> dict[Any, Axes]:
+        """For each var of `jaxpr` read by a fragment (in a region or inlined call too), the batch and agent axes
+        the first such fragment declares for it."""
+        axes: dict[Any, Axes] = {}
         for eqn in jaxpr.eqns:
             if eqn.primitive is self.call_p:
                 for v, leaf in zip(eqn.invars, self.defs[eqn.params["fragment"]].in_leaf_types):
                     if isinstance(v, jex.Var):
-                        axes.setdefault(v, leaf.axis)
+                        axes.setdefault(v, (leaf.axis, leaf.agent))
             elif calls_fragments(eqn, self.call_p):
                 for sub in jex.jaxprs_in_params(eqn.params):
                     inner = self.declared_axes(sub)
@@ -186,21 +189,22 @@ class _Builder:
                             axes.setdefault(v, _outer_axis(eqn, sub, w, inner[w]))
         return axes
 
-    def produced_axes(self, jaxpr: jex.Jaxpr) -> dict[Any, int | None]:
-        """For each var of `jaxpr` that a fragment called at its top level returns, the batch axis declared for it."""
-        axes: dict[Any, int | None] = {}
+    def produced_axes(self, jaxpr: jex.Jaxpr) -> dict[Any, Axes]:
+        """For each var of `jaxpr` that a fragment called at its top level returns, the axes declared for it."""
+        axes: dict[Any, Axes] = {}
         for eqn in jaxpr.eqns:
             if eqn.primitive is self.call_p:
                 for v, leaf in zip(eqn.outvars, self.defs[eqn.params["fragment"]].out_leaf_types):
-                    axes[v] = leaf.axis
+                    axes[v] = (leaf.axis, leaf.agent)
         return axes
 
     # ---------------------------------------------------------------- operands
 
-    def use(self, v: Any, env: dict[Any, Use], consts: dict[Any, Any], nodes: list[Any], axis: int | None = None
+    def use(self, v: Any, env: dict[Any, Use], consts: dict[Any, Any], nodes: list[Any], axis: Axes = NO_AXES
             ) -> Use:
         """The leaf a var or literal is; a literal or closed-over constant becomes a `const` glue node, with the
-        batch `axis` its reader declares (a NumPy array of one value per environment passed to a fragment)."""
+        batch and agent `axis` its reader declares (a NumPy array of one value per environment passed to a
+        fragment)."""
         if isinstance(v, jex.Var) and v in env:
             return env[v]
         value = v.val if isinstance(v, jex.Literal) else consts[v]
@@ -211,19 +215,20 @@ class _Builder:
             env[v] = use
         return use
 
-    def constant(self, aval: Any, value: Any, axis: int | None = None) -> Glue:
+    def constant(self, aval: Any, value: Any, axis: Axes = NO_AXES) -> Glue:
         var = jex.Var(aval)
         if not jax.dtypes.issubdtype(aval.dtype, jax.dtypes.prng_key):
             value = np.asarray(value, dtype=aval.dtype)  # Python scalars as arrays: one type in every branch
         jaxpr = jex.Jaxpr(constvars=[var], invars=[], outvars=[var], eqns=[], debug_info=glue_debug_info(0, 1))
-        out = Value(self.names.fresh("c"), TreeType.of((LeafType.of(aval).struct(),), (axis,)))
+        out = Value(self.names.fresh("c"), _flat_type((LeafType.of(aval, *axis),)))
         return Glue(body=jex.ClosedJaxpr(jaxpr, [value]), inputs=(), outputs=(out,))
 
     # ---------------------------------------------------------------- nodes
 
     def run(self, eqn: Any, env: dict[Any, Use], consts: dict[Any, Any], nodes: list[Any]) -> Run:
         fdef = self.defs[eqn.params["fragment"]]
-        inputs = tuple(self.use(v, env, consts, nodes, leaf.axis) for v, leaf in zip(eqn.invars, fdef.in_leaf_types))
+        inputs = tuple(self.use(v, env, consts, nodes, (leaf.axis, leaf.agent))
+                       for v, leaf in zip(eqn.invars, fdef.in_leaf_types))
         outputs, offset = [], 0
         for i, out_type in enumerate(fdef.out_types):
             base = (out_type.class_name or "").lower() or f"{fdef.name}_{i}"
@@ -235,7 +240,7 @@ class _Builder:
         return Run(fragment=fdef.name, inputs=inputs, outputs=tuple(outputs))
 
     def glue(self, eqns: list[Any], env: dict[Any, Use], consts: dict[Any, Any], used_after: dict[Any, int],
-             end: int, nodes: list[Any], declared: dict[Any, int | None] | None = None) -> Glue:
+             end: int, nodes: list[Any], declared: dict[Any, Axes] | None = None) -> Glue:
         """Glue of `eqns`; an output that a fragment reads has the batch axis that fragment declares for it
         (`declared`), as a state leaf has: a per-environment value the iteration computes between fragments."""
         defined = {v for e in eqns for v in e.outvars}
@@ -252,8 +257,8 @@ class _Builder:
         jaxpr = jex.Jaxpr(constvars=constvars, invars=inputs, outvars=outputs, eqns=eqns, effects=effects,
                           debug_info=glue_debug_info(len(inputs), len(outputs)))
         body = jex.ClosedJaxpr(jaxpr, [consts[v] for v in constvars])
-        axes = tuple((declared or {}).get(v) for v in outputs)
-        value = Value(self.names.fresh("g"), TreeType.of(tuple(_struct(v) for v in outputs), axes))
+        leaves = tuple(LeafType.of(_struct(v), *(declared or {}).get(v, NO_AXES)) for v in outputs)
+        value = Value(self.names.fresh("g"), _flat_type(leaves))
         node = Glue(body=body, inputs=tuple(env[v] for v in inputs), outputs=(value,))
         for j, v in enumerate(outputs):
             env[v] = Use(value, j)
@@ -335,9 +340,10 @@ class _Builder:
             out_tree = jax.tree.structure(tuple(closed.jaxpr.outvars))
             branches.append(self.graph(closed.jaxpr, dict(zip(closed.jaxpr.constvars, closed.consts)), (ops,),
                                        ops.uses(), out_tree))
-        axes = [next((b.outputs[k].type.axis for b in branches if b.outputs[k].type.axis is not None), None)
+        axes = [(next((b.outputs[k].type.axis for b in branches if b.outputs[k].type.axis is not None), None),
+                 next((b.outputs[k].type.agent for b in branches if b.outputs[k].type.agent is not None), None))
                 for k in range(len(eqn.outvars))]
-        leaves = tuple(LeafType.of(v.aval, a) for v, a in zip(eqn.outvars, axes))
+        leaves = tuple(LeafType.of(v.aval, *a) for v, a in zip(eqn.outvars, axes))
         out = Value(self.names.fresh("branch"), _flat_type(leaves))
         for var, use in zip(eqn.outvars, out.uses()):
             env[var] = use
@@ -358,24 +364,24 @@ def _operands_of(eqn: Any, sub: jex.Jaxpr) -> list[Any]:
     return list(eqn.invars)
 
 
-def _outer_axis(eqn: Any, sub: jex.Jaxpr, w: Any, axis: int | None) -> int | None:
-    """The axis of a scan's operand whose per-trip slice has batch axis `axis` (others keep theirs)."""
-    if eqn.primitive.name == "scan" and axis is not None:
-        if sub.invars.index(w) >= sum(scan_counts(eqn)):
-            return axis + 1
-    return axis
+def _outer_axis(eqn: Any, sub: jex.Jaxpr, w: Any, axes: Axes) -> Axes:
+    """The axes of a scan's operand whose per-trip slice has axes `axes` (others keep theirs)."""
+    if eqn.primitive.name == "scan" and sub.invars.index(w) >= sum(scan_counts(eqn)):
+        return tuple(None if a is None else a + 1 for a in axes)
+    return axes
 
 
-def _leaf(var: Any, inner_axes: dict[Any, int | None], outer: Use, sliced: bool) -> LeafType:
-    """A region parameter's type: its aval, the batch axis a fragment inside declares (else the operand's,
-    less the scanned axis), on the operand's group."""
+def _leaf(var: Any, inner_axes: dict[Any, Axes], outer: Use, sliced: bool) -> LeafType:
+    """A region parameter's type: its aval, the batch and agent axes a fragment inside declares (else the
+    operand's, less the scanned axis), on the operand's group."""
     if var in inner_axes:
-        axis = inner_axes[var]
-    elif outer.type.axis is None or (sliced and outer.type.axis == 0):
-        axis = None
-    else:
-        axis = outer.type.axis - 1 if sliced else outer.type.axis
-    return LeafType.of(var.aval, axis)
+        return LeafType.of(var.aval, *inner_axes[var])
+    less = lambda a: None if a is None or (sliced and a == 0) else a - 1 if sliced else a  # noqa: E731
+    return LeafType.of(var.aval, less(outer.type.axis), less(outer.type.agent))
+
+
+def _with_axes(leaf: LeafType, axes: Axes) -> LeafType:
+    return leaf.replace(axis=axes[0], agent=axes[1])
 
 
 def _structured_type(uses: tuple[Use, ...], leaves: tuple[LeafType, ...]) -> TreeType:

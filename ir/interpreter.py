@@ -28,7 +28,8 @@ from .module import (
     HOST, REPLICA, Delay, For, FragmentDef, Glue, Graph, HostLoop, If, Module, Run, Stage, Transfer, Use, While,
     walk_graphs,
 )
-from .replicas import check_divides, merge_axis, replicated_output_differs, run_replicated, split_axis
+from .replicas import (check_divides, merge_axis, replica_body, replicated_output_differs, run_replicated, split_axes,
+                       split_axis, splits_agents)
 from .types import as_arrays
 
 _COMPILED: "weakref.WeakKeyDictionary[FragmentDef, dict[int, Any]]" = weakref.WeakKeyDictionary()
@@ -54,7 +55,7 @@ def replica_counts(module: Module, replicas: int | Mapping[str, int]) -> dict[st
             raise FragcError(f"replica count for fragment '{name}' must be a positive int, got {r!r}")
         fdef = module.fragments[name]
         if not fdef.part_of:  # a host loop's parts are one replica's, cut for their loop's count
-            check_divides(name, fdef.arg_names, fdef.in_types, r)
+            check_divides(name, fdef.arg_names, fdef.in_types, r, agents=splits_agents(fdef))
     return counts
 
 
@@ -62,9 +63,9 @@ def fragment_runner(fdef: FragmentDef, replicas: int) -> Any:
     """A jitted `leaves -> leaves` for `fdef` with `replicas` replicas (cached)."""
     per_def = _COMPILED.setdefault(fdef, {})
     if replicas not in per_def:
-        body = fdef.body_for(replicas)
+        in_axes, out_axes = split_axes(fdef)
         fn = functools.partial(
-            run_replicated, jex.jaxpr_as_fun(body), in_axes=fdef.in_axes, out_axes=fdef.out_axes,
+            run_replicated, jex.jaxpr_as_fun(replica_body(fdef, replicas)), in_axes=in_axes, out_axes=out_axes,
             replicas=replicas, name=fdef.name,
         )
         per_def[replicas] = jax.jit(lambda *leaves: fn(leaves))

@@ -44,14 +44,18 @@ class Placement:
     env_fleet: str = ""
     """For a fragment that steps host environments: the remote environment workers they step on (`ray:2x4`,
     `ir.host.EnvFleet`; algos/ray_envs.py), "" for this process's pools."""
+    split: str = "env"
+    """The declared axes the replicas split: `env` (in_axes/out_axes) or `agent` (agent_axes: each replica a
+    share of the agents, whose learners are independent; printed `split=agent`)."""
 
     def where(self) -> str:
         """The printed placement (`on @actors shard_map replicas=4 host_loop(groups=2) env_workers=2
-        env_fleet=ray:2x4`)."""
+        env_fleet=ray:2x4`, or `... replicas=3 split=agent`)."""
+        split = " split=agent" if self.split == "agent" else ""
         loop = f" host_loop(groups={self.env_groups})" if self.env_groups else ""
         workers = f" env_workers={self.env_workers}" if self.env_workers else ""
         fleet = f" env_fleet={self.env_fleet}" if self.env_fleet else ""
-        return f"on @{self.group} {self.lowering} replicas={self.replicas}{loop}{workers}{fleet}"
+        return f"on @{self.group} {self.lowering} replicas={self.replicas}{split}{loop}{workers}{fleet}"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -105,11 +109,23 @@ class FragmentDef:
                 return leaf.shape[leaf.axis]
         return None
 
-    def body_for(self, replicas: int) -> jex.ClosedJaxpr:
+    def agent_count(self) -> int | None:
+        """The length of every declared agent axis (`None` if none is declared)."""
+        for leaf in self.in_leaf_types + self.out_leaf_types:
+            if leaf.agent is not None:
+                return leaf.shape[leaf.agent]
+        return None
+
+    def body_for(self, replicas: int, agents: bool = False) -> jex.ClosedJaxpr:
         """The body at per-replica shapes, with `REPLICA` of size `replicas` (for a host loop's part: the body
-        one of `replicas` environment groups runs, which `lower_host_loops` cut for its own group count)."""
+        one of `replicas` environment groups runs, which `lower_host_loops` cut for its own group count). With
+        `agents`, the replicas split the agent axes: the body at 1/`replicas` of the agents, `REPLICA` of size 1."""
         if replicas == 1:
             return self.body
+        if agents:
+            if ("agents", replicas) not in self._bodies:
+                self._bodies["agents", replicas] = _trace_per_replica(self, replicas, agents=True)
+            return self._bodies["agents", replicas]
         if self.part_of:
             cut = dict(self.group_bodies)
             if replicas not in cut:
@@ -121,15 +137,15 @@ class FragmentDef:
         return self._bodies[replicas]
 
 
-def _trace_per_replica(fdef: FragmentDef, replicas: int) -> jex.ClosedJaxpr:
+def _trace_per_replica(fdef: FragmentDef, replicas: int, agents: bool = False) -> jex.ClosedJaxpr:
     """Trace `fdef.fn` at the shapes one of `replicas` replicas sees; check its results' shapes.
 
     A body that takes a batch size from the config instead of its arguments, or axes declared
     on the wrong dimension, trace fine with one replica and fail here: the error says so.
     """
-    structs = [local_struct(leaf, replicas) for leaf in fdef.in_leaf_types]
+    structs = [local_struct(leaf, replicas, agents) for leaf in fdef.in_leaf_types]
     try:
-        body = jax.make_jaxpr(fdef.fn, axis_env=[(REPLICA, replicas)])(*structs)
+        body = jax.make_jaxpr(fdef.fn, axis_env=[(REPLICA, 1 if agents else replicas)])(*structs)
     except FragcError:
         raise
     except Exception as err:  # JAX's shape errors come as TypeError, ValueError, IndexError, ...
@@ -138,7 +154,7 @@ def _trace_per_replica(fdef: FragmentDef, replicas: int) -> jex.ClosedJaxpr:
         raise FragmentError(_per_replica_message(fdef, replicas, f"its body fails: {text}")) from err
     out_names = [f"result {i}{'.' + p if p else ''}" for i, t in enumerate(fdef.out_types) for p in t.paths]
     for name, leaf, got in zip(out_names, fdef.out_leaf_types, body.out_avals):
-        want = local_struct(leaf, replicas)
+        want = local_struct(leaf, replicas, agents)
         if (tuple(got.shape), got.dtype) != (want.shape, want.dtype):
             axis = "replicated (out_axes None)" if leaf.axis is None else f"out_axes {leaf.axis}"
             raise FragmentError(_per_replica_message(
@@ -160,11 +176,12 @@ def _per_replica_message(fdef: FragmentDef, replicas: int, what: str) -> str:
             "and check that in_axes/out_axes name each value's environment axis")
 
 
-def local_struct(leaf: LeafType, replicas: int) -> jax.ShapeDtypeStruct:
-    """The shape one replica sees of a (global) leaf."""
+def local_struct(leaf: LeafType, replicas: int, agents: bool = False) -> jax.ShapeDtypeStruct:
+    """The shape one replica sees of a (global) leaf (with `agents`: replicas split the agent axis)."""
     shape = list(leaf.shape)
-    if leaf.axis is not None:
-        shape[leaf.axis] //= replicas
+    axis = leaf.agent if agents else leaf.axis
+    if axis is not None:
+        shape[axis] //= replicas
     return jax.ShapeDtypeStruct(tuple(shape), leaf.dtype)
 
 

@@ -70,12 +70,14 @@ def parse_leaf(text: str) -> LeafType:
     m = _LEAF.match(text.strip())
     if not m:
         raise ParseError(f"not a leaf type: {text!r}")
-    shape, axis = [], None
+    shape, axis, agent = [], None, None
     for i, dim in enumerate(d for d in m["dims"].split(",") if d):
         if dim.endswith("@env"):
             dim, axis = dim[: -len("@env")], i
+        elif dim.endswith("@agent"):
+            dim, agent = dim[: -len("@agent")], i
         shape.append(int(dim))
-    return LeafType(tuple(shape), _dtype(m["dtype"]), axis, m["group"])
+    return LeafType(tuple(shape), _dtype(m["dtype"]), axis, m["group"], agent)
 
 
 def _dtype(name: str) -> Any:
@@ -344,11 +346,12 @@ class _Parser:
         return next(self.lines)
 
     def fragment(self, line: str) -> str:
-        m = re.match(r"^fragment @([\w.]+) role=(\w+)(?: on @(\w+) (\w+) replicas=(\d+)"
-                     r"(?: host_loop\(groups=(\d+)\))?(?: env_workers=(\d+))?(?: env_fleet=(\S+))?)? eqns=\S+   // (.*)$", line)
+        m = re.match(r"^fragment @([\w.]+) role=(\w+)(?: on @(\w+) (\w+) replicas=(\d+)(?: split=(agent))?"
+                     r"(?: host_loop\(groups=(\d+)\))?(?: env_workers=(\d+))?(?: env_fleet=(\S+))?)? eqns=\S+   // (.*)$",
+                     line)
         if not m:
             raise ParseError(f"not a fragment line: {line!r}")
-        name, role, group, lowering, replicas, env_groups, env_workers, env_fleet, source = m.groups()
+        name, role, group, lowering, replicas, split, env_groups, env_workers, env_fleet, source = m.groups()
         sig = re.match(r"^    \((.*)\) -> \((.*)\)$", next(self.lines))
         if not sig:
             raise ParseError(f"fragment @{name}: no signature line")
@@ -357,7 +360,7 @@ class _Parser:
         in_types = tuple(self.types.type(a[2]) for a in args)
         out_types = tuple(self.types.type(t) for t in split_top(sig[2]))
         placement = Placement(group, int(replicas), lowering, int(env_groups or 0),
-                              int(env_workers or 0), env_fleet or "") if group else None
+                              int(env_workers or 0), env_fleet or "", split or "env") if group else None
         like = self.bodies.fragments.get(name) if self.bodies is not None else None
         if like is not None:  # its body (and the function it traces), with the types as read
             fdef = like.replace(in_types=in_types, out_types=out_types, placement=placement)

@@ -4,6 +4,11 @@ Split every declared axis into R equal contiguous parts, run the body on each
 part as `jax.vmap(body, axis_name=REPLICA)`, concatenate the declared outputs;
 a `None` output must be equal on every replica (vmap refuses a batched value
 with `out_axes=None`, which is how the semantics check it).
+
+A fragment placed `split=agent` splits its declared agent axes instead: each
+replica runs the one-replica body (its reductions over one replica dropped, so
+`fragc.pmean` reduces over no one) on its share of the agents and every
+environment; an output without an agent axis must be equal on every replica.
 """
 
 from __future__ import annotations
@@ -12,8 +17,9 @@ from typing import Any, Callable, Sequence
 
 import jax
 
+from .collectives import without_unit_reductions
 from .errors import FragmentError
-from .module import REPLICA
+from .module import REPLICA, FragmentDef
 
 
 def split_axis(x: jax.Array, axis: int, replicas: int) -> jax.Array:
@@ -59,13 +65,35 @@ def replicated_output_differs(name: str) -> FragmentError:
                          "replicas; reduce it with fragc.pmean/psum or declare its batch axis")
 
 
-def check_divides(name: str, arg_names: Sequence[str], types: Sequence[Any], replicas: int) -> None:
-    """A clear error when `replicas` does not divide a declared axis."""
+def check_divides(name: str, arg_names: Sequence[str], types: Sequence[Any], replicas: int,
+                  agents: bool = False) -> None:
+    """A clear error when `replicas` does not divide a declared axis (with `agents`, a declared agent axis)."""
     for arg, tree_type in zip(arg_names, types):
         for path, leaf in zip(tree_type.paths, tree_type.leaves):
-            if leaf.axis is not None and leaf.shape[leaf.axis] % replicas:
+            axis = leaf.agent if agents else leaf.axis
+            if axis is not None and leaf.shape[axis] % replicas:
                 where = f"{arg}.{path}" if path else arg
                 raise FragmentError(
-                    f"fragment '{name}', argument '{where}': axis {leaf.axis} has length "
-                    f"{leaf.shape[leaf.axis]}, which {replicas} replicas do not divide"
+                    f"fragment '{name}', argument '{where}': {'agent ' if agents else ''}axis {axis} has length "
+                    f"{leaf.shape[axis]}, which {replicas} replicas do not divide"
                 )
+
+
+def splits_agents(fdef: FragmentDef) -> bool:
+    return fdef.placement is not None and fdef.placement.split == "agent"
+
+
+def split_axes(fdef: FragmentDef) -> tuple[tuple[int | None, ...], tuple[int | None, ...]]:
+    """The axes a fragment's replicas split, flat per leaf: its environment axes, or under `split=agent` its agent
+    axes."""
+    if splits_agents(fdef):
+        return (tuple(t.agent for t in fdef.in_leaf_types), tuple(t.agent for t in fdef.out_leaf_types))
+    return fdef.in_axes, fdef.out_axes
+
+
+def replica_body(fdef: FragmentDef, replicas: int) -> Any:
+    """What each of `replicas` replicas runs: the body at per-replica shapes, or under `split=agent` the one-replica
+    body without its reductions over one replica (the agents' learners exchange nothing)."""
+    if splits_agents(fdef):
+        return without_unit_reductions(fdef.body_for(replicas, agents=True))
+    return fdef.body_for(replicas)

@@ -31,21 +31,24 @@ def short_dtype(dtype: Any) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class LeafType:
-    """One array: shape, dtype, batch axis (`None`: replicated) and placement.
+    """One array: shape, dtype, batch axis (`None`: replicated), agent axis and placement.
 
-    Printed `f32[8@env,3]@actors`: the batch axis marked `@env`, then the device
-    group; the batch axis is split over the group's devices.
+    Printed `f32[8@env,3@agent,18]@actors`: the batch axis marked `@env`, the agent
+    axis `@agent`, then the device group. A group splits the batch axis over its
+    devices, or the agent axis where its fragments are placed `split=agent`.
     """
 
     shape: tuple[int, ...]
     dtype: Any
     axis: int | None = None
     group: str | None = None
+    agent: int | None = None
+    """The agent axis (multi-agent algorithms): agents of one environment, or parameters stacked per agent."""
 
     @staticmethod
-    def of(x: Any, axis: int | None = None) -> "LeafType":
+    def of(x: Any, axis: int | None = None, agent: int | None = None) -> "LeafType":
         """The type of anything with `.shape` and `.dtype`: arrays, tracers, avals."""
-        return LeafType(tuple(int(d) for d in x.shape), x.dtype, axis)
+        return LeafType(tuple(int(d) for d in x.shape), x.dtype, axis, agent=agent)
 
     def replace(self, **changes: Any) -> "LeafType":
         return dataclasses.replace(self, **changes)
@@ -56,13 +59,15 @@ class LeafType:
 
     def stacked(self, n: int) -> "LeafType":
         """`n` of these stacked along a new leading axis (a loop's per-trip output over its trips)."""
-        return self.replace(shape=(n,) + tuple(self.shape), axis=None if self.axis is None else self.axis + 1)
+        return self.replace(shape=(n,) + tuple(self.shape), axis=None if self.axis is None else self.axis + 1,
+                            agent=None if self.agent is None else self.agent + 1)
 
     def struct(self) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct(self.shape, self.dtype)
 
     def __str__(self) -> str:
-        dims = [f"{d}@env" if i == self.axis else str(d) for i, d in enumerate(self.shape)]
+        dims = [f"{d}@env" if i == self.axis else f"{d}@agent" if i == self.agent else str(d)
+                for i, d in enumerate(self.shape)]
         where = f"@{self.group}" if self.group is not None else ""
         return f"{short_dtype(self.dtype)}[{','.join(dims)}]{where}"
 

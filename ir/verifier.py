@@ -86,9 +86,10 @@ def describe(node: object) -> str:
 
 
 def same_type(a: LeafType, b: LeafType) -> bool:
-    """Shape, dtype and batch axis agree; groups too where both are placed."""
+    """Shape, dtype, batch and agent axes agree; groups too where both are placed."""
     groups_agree = a.group is None or b.group is None or a.group == b.group
-    return (tuple(a.shape), str(a.dtype), a.axis) == (tuple(b.shape), str(b.dtype), b.axis) and groups_agree
+    return ((tuple(a.shape), str(a.dtype), a.axis, a.agent) == (tuple(b.shape), str(b.dtype), b.axis, b.agent)
+            and groups_agree)
 
 
 def _first(messages: Iterable["str | None"]) -> str | None:
@@ -175,8 +176,27 @@ def batch_axes_divide_by_replicas(site: Site) -> str | None:
     """A declared axis splits into equal parts, one per replica."""
     fdef = site.module.fragments[site.node.fragment]
     n = fdef.batch_length()
-    if fdef.placement and n is not None and n % fdef.placement.replicas:
+    if fdef.placement and fdef.placement.split == "env" and n is not None and n % fdef.placement.replicas:
         return f"batch axis of length {n} does not divide by {fdef.placement.replicas} replicas"
+    return None
+
+
+def agent_split_splits_agent_axes(site: Site) -> str | None:
+    """A fragment whose replicas split the agents (`split=agent`) declares agent axes, which divide by its replicas,
+    runs under shard_map (GSPMD runs one replica), and steps no host environments."""
+    fdef = site.module.fragments[site.node.fragment]
+    p = fdef.placement
+    if p is None or p.split == "env":
+        return None
+    n = fdef.agent_count()
+    if p.split != "agent":
+        return f"@{fdef.name} splits '{p.split}'; replicas split the env or the agent axes"
+    if n is None:
+        return f"@{fdef.name} is placed split=agent but declares no agent axis (agent_axes)"
+    if p.lowering != "shard_map" or fdef.host_steps:
+        return f"@{fdef.name} is placed split=agent under {p.lowering}; agents split under shard_map, on the device"
+    if n % p.replicas:
+        return f"agent axis of length {n} does not divide by {p.replicas} replicas"
     return None
 
 
@@ -527,7 +547,8 @@ def region_holds_no_delay_or_host_loop(site: Site) -> str | None:
 
 
 RUN_RULES = (fragment_is_defined, operands_match_the_arguments, results_match_the_fragment, placed_on_a_mesh,
-             replicas_fill_the_group, batch_axes_divide_by_replicas, host_loop_splits_the_environments,
+             replicas_fill_the_group, batch_axes_divide_by_replicas, agent_split_splits_agent_axes,
+             host_loop_splits_the_environments,
              env_workers_only_for_host_environments, operands_live_on_the_fragments_group)
 """What a run of a fragment, and a host loop of one, promise about the fragment they run."""
 
@@ -656,6 +677,30 @@ def schedule_fits_the_graph(site: Site) -> str | None:
     return None
 
 
+def agent_axes_agree(site: Site) -> str | None:
+    """Every agent axis the fragments declare has one length: the environment's agent count."""
+    lengths = {}
+    for fdef in site.module.fragments.values():
+        n = fdef.agent_count()
+        if n is not None:
+            lengths.setdefault(n, fdef.name)
+    if len(lengths) > 1:
+        return "agent axes differ in length: " + ", ".join(f"{n} in @{name}" for n, name in sorted(lengths.items()))
+    return None
+
+
+def one_split_per_group(site: Site) -> str | None:
+    """The fragments of one device group split the same axes (a value there is sharded one way)."""
+    split: dict[str, tuple[str, str]] = {}
+    for fdef in site.module.fragments.values():
+        p = fdef.placement
+        if p is not None and split.setdefault(p.group, (p.split, fdef.name))[0] != p.split:
+            return (f"@{p.group} runs @{split[p.group][1]} split={split[p.group][0]} and @{fdef.name} "
+                    f"split={p.split}; a group splits one kind of axis")
+    return None
+
+
 MODULE_RULES: tuple[Rule, ...] = (returned_leaves_are_defined, returned_state_has_the_input_state_type,
-                                  stages_close_over_the_graph, schedule_fits_the_graph)
+                                  stages_close_over_the_graph, schedule_fits_the_graph, agent_axes_agree,
+                                  one_split_per_group)
 """The rules of the module as a whole, checked after every node's."""

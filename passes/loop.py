@@ -73,6 +73,8 @@ def spmd_unsupported(module: Module) -> str | None:
         p = fdef.placement
         if p is not None and (p.lowering != "shard_map" or p.replicas != len(module.meshes[0].devices)):
             return f"fragment '{fdef.name}' is not one shard_map replica per device of its group"
+        if p is not None and p.split == "agent":  # the program's specs split environment axes only
+            return f"fragment '{fdef.name}' splits agents (split=agent); use transfers='device_put'"
     for node in walk(module.graph.nodes):
         if isinstance(node, Glue) and any(u.type.axis is not None for u in node.inputs):
             return "glue between fragments reads a value split over devices"

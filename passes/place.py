@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from typing import Any
 
-from fragc.ir.errors import FragcError
+import jax
+from jax.extend import core as jex
+
+from fragc.ir.errors import FragcError, FragmentError
 from fragc.ir.host import EnvFleet, env_fleet_error, env_workers_error
 from fragc.ir.module import FragmentDef, Glue, Graph, Mesh, Module, Placement, RegionNode, Run, Use, Value, walk
-from fragc.ir.replicas import check_divides
+from fragc.ir.replicas import check_divides, replica_body, run_replicated, split_axes
 from fragc.ir.time_loop import time_loop_error
 
 from .pipeline import Pass
@@ -41,19 +45,46 @@ class Place(Pass):
         for name, fdef in module.fragments.items():
             role = policy.placement(fdef.role)
             replicas = policy.replicas(fdef.role)
-            check_divides(name, fdef.arg_names, fdef.in_types, replicas)
+            _check_agent_split(policy, fdef, role, replicas)
+            check_divides(name, fdef.arg_names, fdef.in_types, replicas, agents=role.split == "agent")
             workers = policy.env_workers if fdef.host_steps else 0
             if reason := env_workers_error(fdef, workers):
                 raise FragcError(reason)
             groups = _env_groups(fdef, replicas, policy, name in in_regions)
             fleet = _env_fleet(fdef, policy, replicas * max(groups, 1)) if fdef.host_steps else ""
             fragments[name] = fdef.replace(placement=Placement(role.group, replicas, role.lowering, groups, workers,
-                                                               fleet))
+                                                               fleet, role.split))
         meshes = tuple(Mesh(g, tuple(d)) for g, d in policy.groups.items())
         module = module.replace(fragments=fragments, meshes=meshes, population=tuple(policy.population),
                                 hyperparameters=tuple(policy.hyperparameters),
                                 member_loop=policy.member_loop, pbt=policy.pbt)
         return module.replace(graph=_place_values(module))
+
+
+def _check_agent_split(policy: Policy, fdef: FragmentDef, role: Any, replicas: int) -> None:
+    """A role split over agents runs fragments that declare agent axes the replicas divide (agents with parameters
+    of their own: their learners are independent); one line otherwise."""
+    if role.split != "agent":
+        return
+    n = fdef.agent_count()
+    if n is None:
+        raise FragcError(f"policy '{policy.name}' splits role '{fdef.role}' over agents, but fragment '{fdef.name}' "
+                         "declares no agent axis (agents that share parameters learn together: give them their own, "
+                         "ippo/mappo shared_params=false, or place the role by environments)")
+    if n % replicas:
+        raise FragcError(f"policy '{policy.name}' splits fragment '{fdef.name}' over {replicas} devices, and its "
+                         f"{n} agents' parameters do not divide among them: give role '{fdef.role}' a group whose "
+                         f"size divides {n} (agent_learners(learners=K))")
+    placed = fdef.replace(placement=Placement(role.group, replicas, role.lowering, split="agent"))
+    in_axes, out_axes = split_axes(placed)
+    body = jex.jaxpr_as_fun(replica_body(placed, replicas))
+    try:  # the semantics, abstractly: a result without an agent axis must not vary between the agents' replicas
+        jax.eval_shape(lambda *xs: run_replicated(body, xs, in_axes, out_axes, replicas, fdef.name),
+                       *(t.struct() for t in fdef.in_leaf_types))
+    except FragmentError:
+        raise FragcError(f"policy '{policy.name}' splits fragment '{fdef.name}' over agents, but a result it declares "
+                         "without an agent axis differs between agents (parameters the agents share): give each agent "
+                         "its own parameters (ippo/mappo shared_params=false), or place the role by environments") from None
 
 
 def _env_groups(fdef: FragmentDef, replicas: int, policy: Policy, in_region: bool) -> int:

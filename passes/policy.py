@@ -18,6 +18,8 @@ from fragc.ir.host import EnvFleet
 from fragc.ir.population import PBT, grid_members
 
 LOWERINGS = ("shard_map", "jit")
+SPLITS = ("env", "agent")
+"""What a role's replicas split: the environment axes, or the agent axes (`RolePlacement.split`)."""
 
 EVALUATOR = "evaluator"
 """The role of evaluation episodes (algos/evaluation.py). Host environments stepped by an evaluator inside an
@@ -39,6 +41,9 @@ class RolePlacement:
     """Replica count; `None` means one per device of the group."""
     lowering: str = "shard_map"
     """`shard_map` (replica-parallel) or `jit` (GSPMD shardings)."""
+    split: str = "env"
+    """The axes the replicas split: `env` (the environment axes), or `agent` (the agent axes a fragment declares:
+    agents with parameters of their own learn on devices of their own, MSRL's fragment per agent)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +123,11 @@ def check_policy(policy: Policy) -> None:
             raise FragcError(f"policy '{name}': role '{role}' names unknown device group '{placement.group}'")
         if placement.lowering not in LOWERINGS:
             raise FragcError(f"policy '{name}': lowering '{placement.lowering}' is not one of {LOWERINGS}")
+        if placement.split not in SPLITS:
+            raise FragcError(f"policy '{name}': role '{role}' splits '{placement.split}'; one of {SPLITS}")
+        if placement.split == "agent" and placement.lowering != "shard_map":
+            raise FragcError(f"policy '{name}': role '{role}' splits agents under {placement.lowering}; agents' "
+                             "learners split over devices under shard_map")
         replicas = placement.replicas
         if replicas is not None and not _is_count(replicas, 1):
             raise FragcError(f"policy '{name}': role '{role}' has replicas={replicas!r}; replicas are a positive "
@@ -178,6 +188,23 @@ def actor_learner(num_devices: int, actors: int | None = None, staleness: int = 
     groups["learner"] = tuple(range(actors + evaluators, num_devices))
     name = f"{base}(evaluators={evaluators})" if evaluators else base
     return Policy(name, groups, roles, staleness=staleness)
+
+
+def agent_learners(num_devices: int, actors: int | None = None, learners: int | None = None) -> Policy:
+    """Actors on the first devices (environments split), and each agent's learner on devices of its own: the
+    learner's replicas split the agent axis (MSRL's fragment per agent) of an algorithm whose agents hold their own
+    parameters (ippo/mappo shared_params=false). `learners` devices (default: the rest) must divide the agents."""
+    if num_devices < 2:
+        raise FragcError("agent_learners needs at least 2 devices (actors and learners on different ones)")
+    actors = num_devices // 2 if actors is None else actors
+    learners = num_devices - actors if learners is None else learners
+    if not _is_count(actors, 1) or not _is_count(learners, 1) or actors + learners > num_devices:
+        raise FragcError(f"agent_learners: actors ({actors}) and learners ({learners}) are at least 1 each and "
+                         f"together at most the {num_devices} devices")
+    groups = {"actors": tuple(range(actors)), "learners": tuple(range(actors, actors + learners))}
+    roles = {"actor": RolePlacement("actors"), EVALUATOR: RolePlacement("actors"),
+             "*": RolePlacement("learners", split="agent")}
+    return Policy("agent_learners", groups, roles)
 
 
 def actor_learner_async(num_devices: int, actors: int | None = None, evaluators: int = 0) -> Policy:
@@ -254,6 +281,7 @@ BUILTIN: dict[str, Callable[[int], Policy]] = {
     "gspmd": gspmd,
     "actor_learner": actor_learner,
     "actor_learner_async": actor_learner_async,
+    "agent_learners": agent_learners,
 }
 _POPULATION = re.compile(r"^population\((\w+),\s*(\d+)\)$")
 _WITH_PARAMETERS = re.compile(r"^(\w+)\((.*)\)$")

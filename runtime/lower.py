@@ -4,6 +4,8 @@
   the mesh axis `replica`. `check_vma=False` keeps `fragc.pmean` of a gradient
   a plain mean, so the program computes what the reference interpreter's
   `vmap` computes (JAX_NOTES.md, section 3).
+- `shard_map` of a fragment placed `split=agent`: its agent axes split over the
+  mesh instead, each device running the one-replica body on its agents.
 - `jit`: one replica (single-device maths) with the declared axes sharded
   over the group; XLA's GSPMD partitioner inserts the collectives.
 - populations: one replica, no mesh, so the iteration can be vmapped over seeds.
@@ -22,7 +24,7 @@ from fragc.ir.collectives import without_unit_reductions
 from fragc.ir.errors import FragcError
 from fragc.ir.interpreter import Interpreter
 from fragc.ir.module import REPLICA, FragmentDef, Module
-from fragc.ir.replicas import run_replicated
+from fragc.ir.replicas import replica_body, run_replicated, split_axes, splits_agents
 from fragc.ir.types import LeafType
 
 
@@ -39,8 +41,10 @@ def group_mesh(module: Module, group: str, devices: Sequence[jax.Device]) -> Mes
 
 
 def leaf_sharding(leaf: LeafType, module: Module, devices: Sequence[jax.Device]) -> NamedSharding:
-    """Where a placed leaf lives: its group's mesh, split along its batch axis."""
-    return NamedSharding(group_mesh(module, leaf.group, devices), spec(leaf.axis))
+    """Where a placed leaf lives: its group's mesh, split along its batch axis (its agent axis on a group whose
+    fragments split the agents)."""
+    agents = any(splits_agents(f) and f.placement.group == leaf.group for f in module.fragments.values())
+    return NamedSharding(group_mesh(module, leaf.group, devices), spec(leaf.agent if agents else leaf.axis))
 
 
 def lower_fragment(fdef: FragmentDef, mesh: Mesh | None) -> Callable[..., Any]:
@@ -55,13 +59,14 @@ def lower_fragment(fdef: FragmentDef, mesh: Mesh | None) -> Callable[..., Any]:
             f"fragment '{fdef.name}': {placement.replicas} replicas on a group of {mesh.size} devices; "
             "shard_map lowering runs one replica per device"
         )
-    body = fdef.body_for(placement.replicas)
+    body = replica_body(fdef, placement.replicas)
     body = jex.jaxpr_as_fun(without_unit_reductions(body) if placement.replicas == 1 else body)
+    in_axes, out_axes = split_axes(fdef)
     return jax.shard_map(
         lambda *xs: tuple(body(*xs)),
         mesh=mesh,
-        in_specs=tuple(spec(a) for a in fdef.in_axes),
-        out_specs=tuple(spec(a) for a in fdef.out_axes),
+        in_specs=tuple(spec(a) for a in in_axes),
+        out_specs=tuple(spec(a) for a in out_axes),
         check_vma=False,
     )
 

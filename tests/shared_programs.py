@@ -6,6 +6,9 @@ per test session (PPO programs are run once from seed 0).
 """
 
 import functools
+import importlib.util
+
+import pytest
 
 import fragc
 from fragc.algos import a2c, dqn, impala, ppo, ppo_continuous
@@ -19,6 +22,23 @@ ALGOS = {
         ppo_continuous.Config(num_envs=8, num_steps=8, num_minibatches=2, update_epochs=1)),
 }
 """Every algorithm, small enough for 2-iteration tests on 8 devices."""
+
+if importlib.util.find_spec("jaxmarl") is not None:  # the optional extra fragc[marl]
+    from fragc.algos import ippo, mappo
+
+    ALGOS["ippo"] = lambda: ippo.IPPO(ippo.Config(num_envs=8, num_steps=4, num_minibatches=2, update_epochs=1,
+                                                  hidden=16, shared_params=False))
+    ALGOS["mappo"] = lambda: mappo.MAPPO(mappo.Config(env="jaxmarl:SMAX_3m", num_envs=8, num_steps=4,
+                                                      num_minibatches=2, update_epochs=1, hidden=16))
+
+MARL = frozenset({"ippo", "mappo"})
+"""The multi-agent algorithms: their cells of the passes-only tables (test_parser.py, test_schedule.py) run in -m slow,
+where tracing them would add seconds to the default suite; test_marl.py checks their IR in the default suite."""
+
+
+def algo_params():
+    """`ALGOS`' names as pytest params, the multi-agent ones marked slow."""
+    return [pytest.param(name, marks=pytest.mark.slow) if name in MARL else name for name in sorted(ALGOS)]
 
 
 @functools.cache

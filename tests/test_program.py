@@ -89,7 +89,7 @@ def test_print_after_all_and_dump_dir(tmp_path):
 
 
 def test_unknown_policy_lists_the_known_ones():
-    with pytest.raises(fragc.FragcError, match=r"unknown policy 'singel' \(did you mean 'single'\?\); known policies: single, anakin, gspmd, actor_learner, actor_learner_async, population\(POLICY,SEEDS\)"):
+    with pytest.raises(fragc.FragcError, match=r"unknown policy 'singel' \(did you mean 'single'\?\); known policies: single, anakin, gspmd, actor_learner, actor_learner_async, agent_learners, population\(POLICY,SEEDS\)"):
         fragc.compile(Regression(), "singel")
 
 

@@ -6,7 +6,7 @@ import pytest
 
 import fragc
 from fragc.passes import BUILTIN, default_passes, resolve, run_pipeline
-from shared_programs import ALGOS, traced
+from shared_programs import algo_params, traced
 from toy_algos import Regression
 
 DEVICES = 8
@@ -20,13 +20,15 @@ STAGED = {
     "a2c": ((2, 2), (2, 2)),
     "impala": ((2, 2), (2, 2)),
     "ppo_continuous": ((2, 2), (2, 2)),
+    "ippo": ((2, 2), (2, 2)),
+    "mappo": ((2, 2), (2, 2)),
     # params and env step count to the actors (one move each), transitions to the buffer on the learner;
     # the learner's key split stays on the learner.  Async: params and env steps are delayed together.
     "dqn": ((2, 3), (2, 2)),
 }
 
 
-@pytest.fixture(scope="module", params=sorted(ALGOS))
+@pytest.fixture(scope="module", params=algo_params())
 def algo_module(request):
     return request.param, traced(request.param)
 
@@ -42,6 +44,12 @@ def counts(module):
 @pytest.mark.parametrize("policy", sorted(BUILTIN))
 def test_stages_and_transfers_of_every_algorithm_under_every_builtin_policy(algo_module, policy):
     name, module = algo_module
+    if policy == "agent_learners":  # for agents with parameters of their own (3 agents: 3 learner devices)
+        if not any(f.agent_count() and f.role == "learner" for f in module.fragments.values()) or name == "mappo":
+            pytest.skip("agent_learners places the learners of agents with parameters of their own")
+        module = final(module, "agent_learners(actors=4,learners=3)")
+        assert counts(module) == (2, 2) and [s.group for s in module.stages] == ["actors", "learners"]
+        return
     module = final(module, policy)
     if policy.startswith("actor_learner"):
         expected = STAGED[name][policy == "actor_learner_async"]

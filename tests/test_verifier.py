@@ -196,6 +196,38 @@ def workers_for_learn(m):
     return replace_placement(m, "learn", env_workers=2)
 
 
+def split_learn_over_agents(m):
+    return replace_placement(m, "learn", split="agent")
+
+
+def with_agent_axis(fdef, name, arg, k):
+    """A copy of `fdef` named `name` whose argument `arg`'s leaf `k` declares its axis 0 an agent axis."""
+    types = list(fdef.in_types)
+    leaves = list(types[arg].leaves)
+    leaves[k] = leaves[k].replace(agent=0, axis=None)
+    types[arg] = types[arg].with_leaves(tuple(leaves))
+    return fdef.replace(name=name, in_types=tuple(types))
+
+
+def agent_axes_of_two_lengths(m):
+    learn = m.fragments["learn"]
+    first = {}  # length -> (argument, leaf) of a leaf with axis 0 of that length
+    for arg, t in enumerate(learn.in_types):
+        for k, leaf in enumerate(t.leaves):
+            if leaf.shape:
+                first.setdefault(leaf.shape[0], (arg, k))
+    (a, i), (b, j) = list(first.values())[:2]
+    return m.replace(fragments={**m.fragments, "agents_a": with_agent_axis(learn, "agents_a", a, i),
+                                "agents_b": with_agent_axis(learn, "agents_b", b, j)})
+
+
+def two_splits_on_one_group(m):
+    learn = m.fragments["learn"]
+    arg, k = next((a, k) for a, t in enumerate(learn.in_types) for k, leaf in enumerate(t.leaves) if leaf.shape)
+    split = with_agent_axis(learn, "learn_agents", arg, k).replace(placement=dataclasses.replace(learn.placement, split="agent"))
+    return m.replace(fragments={**m.fragments, "learn_agents": split})
+
+
 def three_groups_of_eight_envs(m):
     return replace_placement(m, "rollout", env_groups=3)
 
@@ -387,6 +419,11 @@ CASES = [
     ("part_runs_only_in_its_loop", "hosted", run_a_part_outside_its_loop,
      r"\(run @rollout.env_step .*\): @rollout.env_step is a part of @rollout's host loop; it runs only in that "
      r"loop's step"),
+    ("agent_split_splits_agent_axes", "staged", split_learn_over_agents,
+     r"\(run @learn .*\): @learn is placed split=agent but declares no agent axis"),
+    ("agent_axes_agree", "staged", agent_axes_of_two_lengths, r"agent axes differ in length: "),
+    ("one_split_per_group", "staged", two_splits_on_one_group,
+     r"@learner runs @learn split=env and @learn_agents split=agent; a group splits one kind of axis"),
     ("env_workers_only_for_host_environments", "hosted", workers_for_learn,
      r"\(run @learn .*\): @learn has env_workers=2 but steps no host environments"),
     ("operands_live_on_the_fragments_group", "staged", read_a_leaf_of_another_group,
