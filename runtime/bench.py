@@ -29,12 +29,13 @@ def throughput(row: dict) -> dict:
 
 def format_table(rows: dict) -> str:
     unit = next(iter(rows.values()))["unit"] if rows else "env-steps/s"
-    lines = [f"{'policy':24}{'devices':>8}{unit:>13}{'(min - max)':>22}{'compile s':>11}"
+    w = max([24] + [len(name) + 2 for name in rows])  # a long policy (agent_learners(actors=4,learners=3)) widens it
+    lines = [f"{'policy':{w}}{'devices':>8}{unit:>13}{'(min - max)':>22}{'compile s':>11}"
              f"{'collective B/it':>17}{'transfer B/it':>15}{'return':>9}"]
     for name, r in rows.items():
         spread = f"({r['min']:,.0f} - {r['max']:,.0f})"
         ret = f"{r['final_return']:.1f}" if r["final_return"] is not None else "-"
-        lines.append(f"{name:24}{r['devices']:>8}{r['median']:>13,.0f}{spread:>22}"
+        lines.append(f"{name:{w}}{r['devices']:>8}{r['median']:>13,.0f}{spread:>22}"
                      f"{r['compile_s']:>11.1f}{r['collective_bytes_per_iteration']:>17,.0f}"
                      f"{r['transfer_bytes_per_iteration']:>15,.0f}{ret:>9}")
     return "\n".join(lines)
