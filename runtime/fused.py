@@ -96,12 +96,7 @@ class FusedProgram:
         """The dispatch program: k iterations (`static`), or n <= k with n an argument."""
         k = self.k
         structs = [t.struct() for t in self.module.graph.inputs[0].type.leaves]
-        if self.module.member_loop:  # its bodies need the replica axis: shapes from a vmap naming it
-            _, metrics_shape = jax.eval_shape(jax.vmap(self._iteration, in_axes=None, axis_name=REPLICA, axis_size=1),
-                                              structs)
-            metrics_shape = [jax.ShapeDtypeStruct(s.shape[1:], s.dtype) for s in metrics_shape]
-        else:
-            _, metrics_shape = jax.eval_shape(self._iteration, structs)
+        metrics_shape = [u.type.struct() for u in self.module.graph.outputs[len(structs):]]  # the graph's types
 
         def chunk(leaves: list[Any], n: jax.Array) -> tuple[list[Any], Any]:
             # A loop of n <= k iterations (n known at run time) writing each iteration's metrics into
