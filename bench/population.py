@@ -75,11 +75,35 @@ def fragc_side(config: ppo.Config, n: int, iterations: int):
     return run
 
 
+def plain_vmap_side(config: ppo.Config, n: int, iterations: int):
+    """fragc's own PPO outside fragc: `jax.jit(jax.vmap(lambda s: lax.scan(algo.iteration, s, None, iterations)))`
+    (a fragment called outside a trace is its plain function), from the population's init; -> a function of a
+    seed. Against `fragc` it isolates fragc's lowering and runtime, against `purejaxrl` the algorithm."""
+    algo = ppo.PPO(config)
+    prog = fragc.compile(algo, fragc.population("single", n), iterations_per_dispatch=iterations)
+    vmapped = jax.jit(jax.vmap(lambda state: jax.lax.scan(lambda s, _: algo.iteration(s), state, None, iterations)),
+                      donate_argnums=0)
+    vmapped = vmapped.lower(prog.init(0)).compile()
+
+    def run(seed: int) -> tuple[float, float]:
+        start = time.perf_counter()
+        state = jax.block_until_ready(prog.init(seed))
+        made = time.perf_counter()
+        state, metrics = vmapped(state)
+        jax.device_get(metrics)
+        jax.block_until_ready(state)
+        return time.perf_counter() - made, made - start
+
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="8,32,64,256")
     parser.add_argument("--iterations", type=int, default=8, help="PPO iterations a call, both sides")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--plain-vmap", action="store_true",
+                        help="also time fragc's PPO as jit(vmap(scan(iteration))) outside fragc (plain_vmap_side)")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     config = ppo.Config()
@@ -87,29 +111,34 @@ def main() -> None:
     for n in [int(s) for s in args.sizes.split(",")]:
         sides = {"fragc": fragc_side(config, n, args.iterations),
                  "purejaxrl": purejaxrl_side(config, n, args.iterations)}
+        if args.plain_vmap:
+            sides["plain_vmap"] = plain_vmap_side(config, n, args.iterations)
         for run in sides.values():  # warm up
             run(1)
         times: dict[str, list[float]] = {s: [] for s in sides}
         init_times: dict[str, list[float]] = {s: [] for s in sides}
         loads = []
         for r in range(args.repeats):
-            order = list(sides) if r % 2 == 0 else list(sides)[::-1]
+            order = list(sides)[r % len(sides):] + list(sides)[:r % len(sides)]
             for side in order:
                 t, made = sides[side](r + 2)
                 times[side].append(t)
                 init_times[side].append(made)
             loads.append(os.getloadavg()[0])
         ratios = [p / f for p, f in zip(times["purejaxrl"], times["fragc"])]
+        others = {f"{s}/fragc": statistics.median(a / f for a, f in zip(times[s], times["fragc"]))
+                  for s in sides if s not in ("fragc", "purejaxrl")}
         steps = n * args.iterations * config.steps_per_iteration
         row = {"members": n, "iterations": args.iterations, "seconds": times, "init_s": init_times,
-               "ratios": ratios, "ratio_median": statistics.median(ratios),
+               "ratios": ratios, "ratio_median": statistics.median(ratios), "other_ratio_medians": others,
                "env_steps_per_s": {s: steps / statistics.median(v) for s, v in times.items()},
                "loads": loads}
         rows.append(row)
         print(f"N={n:4}: purejaxrl/fragc median {row['ratio_median']:.3f} (min {min(ratios):.3f}, max "
               f"{max(ratios):.3f}); env-steps/s fragc {row['env_steps_per_s']['fragc']:,.0f}, purejaxrl "
               f"{row['env_steps_per_s']['purejaxrl']:,.0f}; init s fragc {statistics.median(init_times['fragc']):.3f}, "
-              f"purejaxrl {statistics.median(init_times['purejaxrl']):.3f}; load {min(loads):.1f}-{max(loads):.1f}", flush=True)
+              f"purejaxrl {statistics.median(init_times['purejaxrl']):.3f}; load {min(loads):.1f}-{max(loads):.1f}"
+              + "".join(f"; {k} median {v:.3f}" for k, v in others.items()), flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "population.json"), "w") as f:
         json.dump({"iterations": args.iterations, "repeats": args.repeats, "rows": rows,

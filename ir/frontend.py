@@ -494,7 +494,7 @@ def trace(algo: Any, name: str | None = None) -> Module:
         if not callable(getattr(algo, attr, None)):
             raise FragcError(f"{type(algo).__name__} is not an algorithm: it has no method '{attr}(...)'")
     init = seeded_init(algo)
-    state = jax.eval_shape(init, SEED)  # abstract: no key made on the device (three small compiles)
+    state = jax.eval_shape(init, SEED)  # abstract: no key made on the device (two small compiles)
     state_leaves, state_tree = jax.tree.flatten(state)
     out_tree_cell: list[Any] = []
 

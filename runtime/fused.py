@@ -30,7 +30,7 @@ from fragc.ir.module import REPLICA, Module
 from fragc.ir.errors import FragcError
 
 from . import pbt
-from .lower import LoweringInterpreter, leaf_sharding, lower_fragment, lower_fragments
+from .lower import LoweringInterpreter, leaf_sharding, lower_fragments, population_fragment
 from .stages import whole_iteration
 
 
@@ -46,7 +46,7 @@ class FusedProgram:
         if population and module.member_loop:  # the single run's bodies, under `_member_loop`'s replica axis
             frags = {name: _replica_body(f) for name, f in module.callable_fragments().items()}
         elif population:
-            frags = {name: lower_fragment(f, None) for name, f in module.callable_fragments().items()}
+            frags = {name: population_fragment(f) for name, f in module.callable_fragments().items()}
         else:
             frags = lower_fragments(module, devices)
         self.body = LoweringInterpreter(module, frags)
