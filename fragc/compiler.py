@@ -29,8 +29,9 @@ TRANSFERS = ("auto", "device_put", "collective")
 """What `CompileOptions.transfers` may say (`carrier`)."""
 
 
-def build(algo: Any, options: CompileOptions) -> Program:
-    """The compiled `Program` of `algo` under `options.policy` (a placement, not "auto")."""
+def build(algo: Any, options: CompileOptions, init_early: bool = True) -> Program:
+    """The compiled `Program` of `algo` under `options.policy` (a placement, not "auto"); `init_early`: compile
+    `init`'s program beside the iteration's (`Program`), not when `init` is first called."""
     pipeline, devs, resolved = run_passes(algo, options)
     # The 2-replica check is Python tracing and XLA compiles without the GIL: trace while XLA compiles, so
     # the check costs no start-up time. Not for a sweep: its fragment bodies swap the algorithm's config under a
@@ -38,10 +39,10 @@ def build(algo: Any, options: CompileOptions) -> Program:
     # each other; one thread cannot.
     if resolved.hyperparameters:
         warn_per_replica(pipeline.final)
-        return Program(algo, pipeline, devs, resolved)
+        return Program(algo, pipeline, devs, resolved, init_early)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fragc-check") as pool:
         checked = pool.submit(check_per_replica, pipeline.final)
-        program = Program(algo, pipeline, devs, resolved)
+        program = Program(algo, pipeline, devs, resolved, init_early)
         warn_per_replica(pipeline.final, checked.result())
     return program
 

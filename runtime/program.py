@@ -51,7 +51,8 @@ EXECUTORS = {"fused": FusedProgram, "staged": StagedProgram, "spmd": SpmdProgram
 class Program:
     """`fragc.compile`'s result: inspect the IR and stages, then `init` and `run`."""
 
-    def __init__(self, algo: Any, pipeline: PipelineResult, devices: Sequence[jax.Device], policy: Policy):
+    def __init__(self, algo: Any, pipeline: PipelineResult, devices: Sequence[jax.Device], policy: Policy,
+                 init_early: bool = True):
         self.algo, self.pipeline, self.policy = algo, pipeline, policy
         self.module = module = pipeline.final
         self.devices = list(devices)
@@ -61,7 +62,7 @@ class Program:
         self._host_envs = threading.Lock() if any(f.host_steps for f in module.fragments.values()) else None
         self._state_tree = module.graph.inputs[0].type.treedef
         t0 = time.perf_counter()
-        self._init = self._compile_init()
+        self._init = self._compile_init(init_early)
         self._executor = EXECUTORS[module.schedule.executor](module, self.devices)
         self._shardings = self._executor.state_shardings
         self.compile_seconds = time.perf_counter() - t0
@@ -287,13 +288,14 @@ class Program:
 
     # ------------------------------------------------------------ internals
 
-    def _compile_init(self) -> Callable[[], Any]:
+    def _compile_init(self, early: bool) -> Callable[[], Any]:
         """-> a function returning `init`'s compiled program, which compiles in a thread of its own while this
         one lowers and compiles the iteration's (XLA compiles without the GIL, and a first `init` waited ~2 s for
-        it on the CPU). Not for a sweep: its init reads the config under the sweep's lock (`build` says why no
-        thread traces it), so it compiles on first use."""
+        it on the CPU). Not `early=False` (the placement search, whose candidates share one initial state), nor for
+        a sweep: its init reads the config under the sweep's lock (`build` says why no thread traces it); those
+        compile on first use."""
         init = jax.jit(self._init_fn())
-        if self.module.hyperparameters:
+        if self.module.hyperparameters or not early:
             return functools.cache(lambda: init.lower(SEED).compile())
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fragc-init")
         compiled = pool.submit(lambda: init.lower(SEED).compile())
