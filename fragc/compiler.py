@@ -29,9 +29,8 @@ TRANSFERS = ("auto", "device_put", "collective")
 """What `CompileOptions.transfers` may say (`carrier`)."""
 
 
-def build(algo: Any, options: CompileOptions, init_early: bool = True) -> Program:
-    """The compiled `Program` of `algo` under `options.policy` (a placement, not "auto"); `init_early`: compile
-    `init`'s program beside the iteration's (`Program`), not when `init` is first called."""
+def build(algo: Any, options: CompileOptions) -> Program:
+    """The compiled `Program` of `algo` under `options.policy` (a placement, not "auto")."""
     pipeline, devs, resolved = run_passes(algo, options)
     # The 2-replica check is Python tracing and XLA compiles without the GIL: trace while XLA compiles, so
     # the check costs no start-up time. Not for a sweep: its fragment bodies swap the algorithm's config under a
@@ -39,10 +38,10 @@ def build(algo: Any, options: CompileOptions, init_early: bool = True) -> Progra
     # each other; one thread cannot.
     if resolved.hyperparameters:
         warn_per_replica(pipeline.final)
-        return Program(algo, pipeline, devs, resolved, init_early)
+        return Program(algo, pipeline, devs, resolved)
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fragc-check") as pool:
         checked = pool.submit(check_per_replica, pipeline.final)
-        program = Program(algo, pipeline, devs, resolved, init_early)
+        program = Program(algo, pipeline, devs, resolved)
         warn_per_replica(pipeline.final, checked.result())
     return program
 

@@ -14,8 +14,6 @@ Metrics of a dispatch are fetched only after the next one is queued.
 
 from __future__ import annotations
 
-import concurrent.futures
-import functools
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -26,7 +24,6 @@ import numpy as np
 
 from fragc.ir.host import apply_env_workers
 from fragc.ir.errors import FragcError
-from fragc.ir.frontend import SEED
 from fragc.ir.interpreter import Frame
 from fragc.ir.module import Delay, Transfer
 from fragc.ir.printer import format_module
@@ -51,8 +48,7 @@ EXECUTORS = {"fused": FusedProgram, "staged": StagedProgram, "spmd": SpmdProgram
 class Program:
     """`fragc.compile`'s result: inspect the IR and stages, then `init` and `run`."""
 
-    def __init__(self, algo: Any, pipeline: PipelineResult, devices: Sequence[jax.Device], policy: Policy,
-                 init_early: bool = True):
+    def __init__(self, algo: Any, pipeline: PipelineResult, devices: Sequence[jax.Device], policy: Policy):
         self.algo, self.pipeline, self.policy = algo, pipeline, policy
         self.module = module = pipeline.final
         self.devices = list(devices)
@@ -62,7 +58,7 @@ class Program:
         self._host_envs = threading.Lock() if any(f.host_steps for f in module.fragments.values()) else None
         self._state_tree = module.graph.inputs[0].type.treedef
         t0 = time.perf_counter()
-        self._init = self._compile_init(init_early)
+        self._init = jax.jit(self._init_fn())
         self._executor = EXECUTORS[module.schedule.executor](module, self.devices)
         self._shardings = self._executor.state_shardings
         self.compile_seconds = time.perf_counter() - t0
@@ -157,7 +153,7 @@ class Program:
         fields are new objects at each call of `init` (an optimizer built inside it) gets the
         ones the program was traced with, which are the ones the compiled program uses.
         """
-        state = self._init()(jnp.asarray(check_seed(seed), jnp.uint32))
+        state = self._init(jnp.asarray(check_seed(seed), jnp.uint32))
         if jax.tree.structure(state) != self._state_tree:
             diffs = list(differences(self._expected_state(), state))
             if not only_static(diffs):
@@ -287,20 +283,6 @@ class Program:
         return (state, delays), _metrics_dict(jax.tree.unflatten(metrics_tree, metrics))
 
     # ------------------------------------------------------------ internals
-
-    def _compile_init(self, early: bool) -> Callable[[], Any]:
-        """-> a function returning `init`'s compiled program, which compiles in a thread of its own while this
-        one lowers and compiles the iteration's (XLA compiles without the GIL, and a first `init` waited ~2 s for
-        it on the CPU). Not `early=False` (the placement search, whose candidates share one initial state), nor for
-        a sweep: its init reads the config under the sweep's lock (`build` says why no thread traces it); those
-        compile on first use."""
-        init = jax.jit(self._init_fn())
-        if self.module.hyperparameters or not early:
-            return functools.cache(lambda: init.lower(SEED).compile())
-        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fragc-init")
-        compiled = pool.submit(lambda: init.lower(SEED).compile())
-        pool.shutdown(wait=False)
-        return compiled.result
 
     def _init_fn(self) -> Callable[[jax.Array], Any]:
         """`seed` -> the initial state; a population's members one after another (`lax.map`), not vmapped.

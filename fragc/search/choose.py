@@ -193,7 +193,7 @@ def _compile_best(algo: Any, options: CompileOptions, devs: list[Any], live: lis
             return timed, compiled, True
         placements.add((c.policy, c.env_groups))
         try:
-            prog = build(algo, candidate_options(options, c, devs), init_early=False)  # most run from one state
+            prog = build(algo, candidate_options(options, c, devs))
         except FragcError as err:
             row.pruned = str(err)
             continue
