@@ -17,6 +17,7 @@ import inspect
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 from jax.extend import core as jex
 from jax.interpreters import ad, batching
 
@@ -522,12 +523,24 @@ def _check_agent_count(algo: Any, defs: dict[str, FragmentDef]) -> None:
                              "the axis that holds one entry per agent")
 
 
+SEED = jax.ShapeDtypeStruct((), jnp.uint32)
+"""The type of a seed (`Program.init(seed)`): `seeded_init`'s argument."""
+
+
+def seeded_init(algo: Any) -> Callable[[jax.Array], Any]:
+    """`seed -> algo.init(jax.random.key(seed))`. `trace` takes the state's type from it (`Module.init`) and
+    `Program.init` jits the same function object, so JAX's trace cache (keyed by the function) traces `init`
+    once for both."""
+    return lambda seed: algo.init(jax.random.key(seed))
+
+
 def trace(algo: Any, name: str | None = None) -> Module:
     """Trace `algo.iteration` into a module of fragments and glue."""
     for attr in ("init", "iteration"):
         if not callable(getattr(algo, attr, None)):
             raise FragcError(f"{type(algo).__name__} is not an algorithm: it has no method '{attr}(...)'")
-    state = jax.eval_shape(algo.init, jax.random.key(0))
+    init = seeded_init(algo)
+    state = jax.eval_shape(init, SEED)  # abstract: no key made on the device (two small compiles)
     state_leaves, state_tree = jax.tree.flatten(state)
     out_tree_cell: list[Any] = []
 
@@ -557,4 +570,4 @@ def trace(algo: Any, name: str | None = None) -> Module:
     traps.check_state_round_trip(algo, state_tree, out_tree_cell[0], state_leaves, closed)
     traps.refuse_effects_outside_fragments(algo, closed.jaxpr, fragment_call_p)
     graph = build_graph(closed, fragment_call_p, TreeType.of(state), out_tree_cell[0], ctx.defs_by_name)
-    return Module(name=name or type(algo).__name__.lower(), fragments=dict(ctx.defs_by_name), graph=graph)
+    return Module(name=name or type(algo).__name__.lower(), fragments=dict(ctx.defs_by_name), graph=graph, init=init)

@@ -260,6 +260,8 @@ class Module:
       `insert_transfers`, from when on every operand lives where it is read).
     schedule: how the iteration executes: its stages (set by `fuse`), the executor and the iterations a
       dispatch (set by `loop`).
+    init: `seed -> state`, the function `trace` took the state's type from (`frontend.seeded_init`), which
+      `Program.init` jits so that `init` is traced once; not printed (None in a parsed module).
     """
 
     name: str
@@ -273,6 +275,7 @@ class Module:
     member_loop: bool = False
     pbt: Any = None
     schedule: Schedule | None = None
+    init: Callable[[Any], Any] | None = dataclasses.field(default=None, repr=False)
 
     def replace(self, **changes: Any) -> "Module":
         return dataclasses.replace(self, **changes)

@@ -30,7 +30,7 @@ from fragc.ir.module import REPLICA, Module
 from fragc.ir.errors import FragcError
 
 from . import pbt
-from .lower import LoweringInterpreter, leaf_sharding, lower_fragment, lower_fragments
+from .lower import LoweringInterpreter, leaf_sharding, lower_fragments, population_fragment
 from .stages import whole_iteration
 
 
@@ -46,7 +46,7 @@ class FusedProgram:
         if population and module.member_loop:  # the single run's bodies, under `_member_loop`'s replica axis
             frags = {name: _replica_body(f) for name, f in module.callable_fragments().items()}
         elif population:
-            frags = {name: lower_fragment(f, None) for name, f in module.callable_fragments().items()}
+            frags = {name: population_fragment(f) for name, f in module.callable_fragments().items()}
         else:
             frags = lower_fragments(module, devices)
         self.body = LoweringInterpreter(module, frags)
@@ -96,12 +96,7 @@ class FusedProgram:
         """The dispatch program: k iterations (`static`), or n <= k with n an argument."""
         k = self.k
         structs = [t.struct() for t in self.module.graph.inputs[0].type.leaves]
-        if self.module.member_loop:  # its bodies need the replica axis: shapes from a vmap naming it
-            _, metrics_shape = jax.eval_shape(jax.vmap(self._iteration, in_axes=None, axis_name=REPLICA, axis_size=1),
-                                              structs)
-            metrics_shape = [jax.ShapeDtypeStruct(s.shape[1:], s.dtype) for s in metrics_shape]
-        else:
-            _, metrics_shape = jax.eval_shape(self._iteration, structs)
+        metrics_shape = [u.type.struct() for u in self.module.graph.outputs[len(structs):]]  # the graph's types
 
         def chunk(leaves: list[Any], n: jax.Array) -> tuple[list[Any], Any]:
             # A loop of n <= k iterations (n known at run time) writing each iteration's metrics into

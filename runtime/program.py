@@ -296,8 +296,8 @@ class Program:
         `jax::ParallelBatchMap` (gdb). Init runs once, so running the members in turn costs nothing that matters.
         """
         init = lambda seed: self.algo.init(jax.random.key(seed))  # noqa: E731
-        if not self.population:
-            return init
+        if not self.population:  # the function `trace` took the state type from: its trace is JAX's to reuse
+            return self.module.init or init
         offsets = jnp.asarray(self.population, jnp.uint32)
         if not self.module.hyperparameters:
             return lambda seed: jax.lax.map(init, seed + offsets)

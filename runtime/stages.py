@@ -17,6 +17,8 @@ the graph reads no more, handed back to it for reuse).
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
 from typing import Any, Sequence
 
 import jax
@@ -64,7 +66,9 @@ class StagedProgram(Interpreter):
         super().__init__(module)
         self.devices = devices
         body = LoweringInterpreter(module, lower_fragments(module, devices))
-        self.executables, self._programs, self._host_loops = [], {}, {}
+        self._programs, self._host_loops = {}, {}
+        executables: list[Any] = []  # in stage order; a device stage's index into `device_stages` until compiled
+        device_stages: list[tuple[Stage, Graph | None, int]] = []
         for s in module.stages:
             first = module.graph.nodes[s.nodes[0]]
             if is_host_loop(module, first):  # a stage of its own, driven step by step from the host
@@ -73,13 +77,16 @@ class StagedProgram(Interpreter):
                                      "a loop node: run the lower_host_loops pass last")
                 loop = HostLoopExecutor(module, s.nodes[0], first, group_mesh(module, s.group, devices), s.name)
                 self._host_loops[s.nodes[0]] = loop
-                self.executables += loop.executables
+                executables += loop.executables
             else:
-                self.executables.append(compile_stage(s, body, devices))
-                self._programs[s.name] = self.executables[-1].compiled
-        for s, graph, times in region_stages(module):  # the stages of loops and branches spanning groups
-            self.executables.append(compile_stage(s, body, devices, graph, times))
-            self._programs[s.name] = self.executables[-1].compiled
+                executables.append(len(device_stages))
+                device_stages.append((s, None, 1))
+        for region_stage in region_stages(module):  # the stages of loops and branches spanning groups
+            executables.append(len(device_stages))
+            device_stages.append(region_stage)
+        compiled = compile_stages(device_stages, body, devices)
+        self.executables = [compiled[e] if isinstance(e, int) else e for e in executables]
+        self._programs = {e.name: e.compiled for e in compiled}
         self.state_shardings = [self.leaf_sharding(t) for t in module.graph.inputs[0].type.leaves]
 
     def leaf_sharding(self, leaf: Any) -> Any:
@@ -171,11 +178,26 @@ def whole_iteration(module: Module, lowered: Any, iterations: int) -> Executable
 def compile_stage(stage: Stage, body: LoweringInterpreter, devices: Sequence[jax.Device], graph: Graph | None = None,
                   times: int = 1) -> Executable:
     """One stage's program; `graph`: the graph its nodes index (a region's, run `times` an iteration)."""
+    return compile_stages([(stage, graph, times)], body, devices)[0]
+
+
+def compile_stages(stages: Sequence[tuple[Stage, Graph | None, int]], body: LoweringInterpreter,
+                   devices: Sequence[jax.Device]) -> list[Executable]:
+    """`compile_stage` of each (stage, graph, times): lowered one after another (tracing holds the GIL), then
+    compiled at once, one thread each (XLA compiles without the GIL), where there are several."""
     module = body.module
-    structs = [jax.ShapeDtypeStruct(u.type.shape, u.type.dtype, sharding=leaf_sharding(u.type, module, devices))
-               for u in stage.inputs]
-    out_shardings = [leaf_sharding(u.type, module, devices) for u in stage.outputs]
-    lowered = jax.jit(lambda *leaves: body.stage(Frame(), stage, list(leaves)),
-                      out_shardings=out_shardings).lower(*structs)
-    return Executable(stage.name, (stage.name,), stage_fragments(graph or module.graph, stage.nodes, times),
-                      lowered, lowered.compile())
+    lowered = []
+    for stage, _, _ in stages:
+        structs = [jax.ShapeDtypeStruct(u.type.shape, u.type.dtype, sharding=leaf_sharding(u.type, module, devices))
+                   for u in stage.inputs]
+        out_shardings = [leaf_sharding(u.type, module, devices) for u in stage.outputs]
+        lowered.append(jax.jit(lambda *leaves, stage=stage: body.stage(Frame(), stage, list(leaves)),
+                               out_shardings=out_shardings).lower(*structs))
+    if len(lowered) > 1:
+        with concurrent.futures.ThreadPoolExecutor(min(len(lowered), os.cpu_count() or 1),
+                                                   thread_name_prefix="fragc-stage") as pool:
+            compiled = list(pool.map(lambda low: low.compile(), lowered))
+    else:
+        compiled = [low.compile() for low in lowered]
+    return [Executable(stage.name, (stage.name,), stage_fragments(graph or module.graph, stage.nodes, times), low, c)
+            for (stage, graph, times), low, c in zip(stages, lowered, compiled)]

@@ -107,10 +107,18 @@ def test_lowering(bench, tiny_configs):
 @pytest.mark.slow  # the default suite's 6 minutes: bench/ smoke tests over 10 s run with -m slow
 def test_ppo_single(bench, tiny_configs, capsys):
     result = json.loads((bench("ppo_single", "--repeats", "1", "--iterations", "16", "--k", "16", "--compile-repeats",
-                               "0") / "ppo_single.json").read_text())
-    assert set(result["env_steps_per_s"]) == {"fragc", "plain_jit", "purejaxrl"}
+                               "0", "--sides", "fragc,plain_jit,purejaxrl,fragc_no_trunc") / "ppo_single.json").read_text())
+    assert set(result["env_steps_per_s"]) == {"fragc", "plain_jit", "purejaxrl", "fragc_no_trunc"}
     bench("ppo_single", "--compile-only", "fragc", "--k", "16", out=False)  # what each cold-compile process runs
     assert float(capsys.readouterr().out.splitlines()[-1]) > 0
+
+
+@pytest.mark.slow  # the default suite's 6 minutes: bench/ smoke tests over 10 s run with -m slow
+def test_population(bench, tiny_configs):
+    result = json.loads((bench("population", "--sizes", "2", "--iterations", "1", "--repeats", "1")
+                         / "population.json").read_text())
+    [row] = result["rows"]
+    assert row["members"] == 2 and set(row["seconds"]) == {"fragc", "purejaxrl"} and len(row["ratios"]) == 1
 
 
 # slow, as it must be: 3 programs compiled, over the default suite's 6 minutes; the fragc calls it makes (compile,
