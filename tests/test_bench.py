@@ -182,6 +182,7 @@ def test_host_envs(bench, tiny_configs):
     assert [(r["env"], r["env_groups"]) for r in rows] == [("gymnasium:CartPole-v1", 1)] and rows[0]["train_ratio"]
 
 
+@pytest.mark.slow  # the default suite's 6 minutes: bench/ smoke tests over 10 s run with -m slow
 def test_host_loop_calls(bench):
     """The host loop's own time, at the smallest sizes."""
     row = json.loads((bench("host_loop_calls", "--groups", "2", "--num-envs", "4", "--num-steps", "4", "--calls", "2",
@@ -189,6 +190,7 @@ def test_host_loop_calls(bench):
     assert row["groups"] == 2 and 0 < row["rollout_call_ms"] and 0 < row["iteration_ms"]
 
 
+@pytest.mark.slow  # the default suite's 6 minutes: bench/ smoke tests over 10 s run with -m slow
 def test_auto(bench, monkeypatch, tmp_path):
     """The search against the exhaustive bench on 2 devices, for the toy regression."""
     monkeypatch.setenv("FRAGC_CACHE_DIR", str(tmp_path / "cache"))  # the machine constants of 2 devices: measured

@@ -46,7 +46,9 @@ def test_stages_and_transfers_of_every_algorithm_under_every_builtin_policy(algo
     name, module = algo_module
     if policy == "agent_learners":  # for agents with parameters of their own (3 agents: 3 learner devices)
         if not any(f.agent_count() and f.role == "learner" for f in module.fragments.values()) or name == "mappo":
-            pytest.skip("agent_learners places the learners of agents with parameters of their own")
+            with pytest.raises(fragc.FragcError, match="splits .* over agents"):  # agents that share parameters
+                final(module, "agent_learners(actors=4,learners=3)")
+            return
         module = final(module, "agent_learners(actors=4,learners=3)")
         assert counts(module) == (2, 2) and [s.group for s in module.stages] == ["actors", "learners"]
         return
