@@ -97,6 +97,8 @@ def test_bench_times_an_algorithm_that_says_neither_its_steps_nor_a_return():
     assert line.split()[:2] == ["single", "1"] and line.split()[-1] == "-", line
 
 
+@pytest.mark.slow  # the default suite's 6 minutes: bench/ smoke tests over 10 s run with -m slow (7-8 s; the suite
+# was at 349 s of its 360)
 def test_lowering(bench, tiny_configs):
     """purejaxrl_ppo.FragcPort (PureJaxRL's PPO as two fragments) compiles under `single` and runs beside jit."""
     result = json.loads((bench("lowering", "--repeats", "1", "--iterations", "2", "--k", "2")
