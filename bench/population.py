@@ -35,6 +35,21 @@ import fragc  # noqa: E402
 from fragc.algos import ppo  # noqa: E402
 
 
+def timed(make_state, train):
+    """-> run(seed) -> (seconds training, seconds making the state): `make_state(seed)`, then `train(state)` ->
+    (state, metrics), the metrics fetched and the state waited for: each side timed the same way."""
+    def run(seed: int) -> tuple[float, float]:
+        start = time.perf_counter()
+        state = jax.block_until_ready(make_state(seed))
+        made = time.perf_counter()
+        state, metrics = train(state)
+        jax.device_get(metrics)
+        jax.block_until_ready(state)
+        return time.perf_counter() - made, made - start
+
+    return run
+
+
 def purejaxrl_side(config: ppo.Config, n: int, iterations: int):
     """PureJaxRL's `jax.jit(jax.vmap(train))`, its members' init mapped (`lax.map`) before it; -> a function of a
     seed. PureJaxRL's own `jax.jit(jax.vmap(make_train(config)))(keys)` vmaps init too, whose orthogonal
@@ -47,16 +62,7 @@ def purejaxrl_side(config: ppo.Config, n: int, iterations: int):
                       donate_argnums=0)
     vmapped = vmapped.lower(init(keys)).compile()
 
-    def run(seed: int) -> tuple[float, float]:
-        start = time.perf_counter()
-        state = jax.block_until_ready(init(jax.random.split(jax.random.key(seed), n)))
-        made = time.perf_counter()
-        state, metrics = vmapped(state)
-        jax.device_get(metrics)
-        jax.block_until_ready(state)
-        return time.perf_counter() - made, made - start
-
-    return run
+    return timed(lambda seed: init(jax.random.split(jax.random.key(seed), n)), vmapped)
 
 
 def fragc_side(config: ppo.Config, n: int, iterations: int):
@@ -64,15 +70,7 @@ def fragc_side(config: ppo.Config, n: int, iterations: int):
     prog = fragc.compile(ppo.PPO(config), fragc.population("single", n), iterations_per_dispatch=iterations)
     prog.run(prog.init(0), iterations)  # compiles what a run compiles on first use
 
-    def run(seed: int) -> tuple[float, float]:
-        start = time.perf_counter()
-        state = jax.block_until_ready(prog.init(seed))
-        made = time.perf_counter()
-        state, _ = prog.run(state, iterations)
-        jax.block_until_ready(state)
-        return time.perf_counter() - made, made - start
-
-    return run
+    return timed(prog.init, lambda state: prog.run(state, iterations))
 
 
 def plain_vmap_side(config: ppo.Config, n: int, iterations: int):
@@ -85,16 +83,7 @@ def plain_vmap_side(config: ppo.Config, n: int, iterations: int):
                       donate_argnums=0)
     vmapped = vmapped.lower(prog.init(0)).compile()
 
-    def run(seed: int) -> tuple[float, float]:
-        start = time.perf_counter()
-        state = jax.block_until_ready(prog.init(seed))
-        made = time.perf_counter()
-        state, metrics = vmapped(state)
-        jax.device_get(metrics)
-        jax.block_until_ready(state)
-        return time.perf_counter() - made, made - start
-
-    return run
+    return timed(prog.init, vmapped)
 
 
 def main() -> None:
