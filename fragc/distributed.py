@@ -52,6 +52,10 @@ EXIT_LOST = 3
 EXIT_NOT_JOINED = 4
 """Exit code of a process whose run did not start: not every process joined within the timeout."""
 JOIN_MARGIN_S = 30
+
+PEER_ERROR_GRACE_S = 5.0
+"""How long a process whose peer reported an error keeps going before it stops for it: an error every process
+hits (a bad option) reaches a slower process a moment later, and each should report it as its own."""
 """JAX's own join deadline is this much later than fragc's, which stops the process with one line first."""
 
 
@@ -256,8 +260,8 @@ def fail(message: str) -> None:
     except Exception:  # noqa: BLE001 - stopping anyway
         return
     _watchdog.stop()  # this process's own error is the one to report, not the others'
-    if jax.process_index() == 0:
-        deadline = time.monotonic() + 3 * _watchdog.interval_s
+    if jax.process_index() == 0:  # the others' grace, and a beat to read the message in
+        deadline = time.monotonic() + PEER_ERROR_GRACE_S + 2 * _watchdog.interval_s
         while time.monotonic() < deadline and not _watchdog.others_stopped():
             time.sleep(0.05)
 
@@ -296,6 +300,7 @@ class _Watchdog(threading.Thread):
     def run(self) -> None:
         started = time.monotonic()
         seen = {q: ("", started) for q in range(self.n) if q != self.me}
+        failed_since: dict[int, float] = {}
         beat = 0
         while not self._done.wait(self.interval_s):
             beat += 1
@@ -306,7 +311,9 @@ class _Watchdog(threading.Thread):
             now = time.monotonic()
             for q, (value, since) in list(seen.items()):
                 if failed := self._get(f"fragc/failed/{q}"):
-                    self._lost(q, f"it stopped with: {failed}")
+                    if now - failed_since.setdefault(q, now) >= PEER_ERROR_GRACE_S:  # this one did not hit it
+                        self._lost(q, f"it stopped with: {failed}")
+                    continue
                 current = self._get(f"fragc/beat/{q}")
                 if current != value:
                     seen[q] = (current, now)
