@@ -27,6 +27,8 @@ from __future__ import annotations
 import os
 import pickle
 import socket
+import sys
+import threading
 import time
 import warnings
 from typing import Any
@@ -38,6 +40,13 @@ from fragc.ir.host import EnvFleet
 
 MAX_RESTARTS = 4
 """How many times Ray restarts a lost worker before the run fails."""
+
+HEAD_LOST_AFTER_S = 15.0
+"""How long the Ray head's GCS may go unanswering before the run stops in one line (Ray's own core worker ends
+the process after `RAY_gcs_rpc_server_reconnect_timeout_s`, 60 s by default, from C++, in Ray's words)."""
+
+EXIT_HEAD_LOST = 3
+"""Exit code of a run that stops because the Ray head was lost (the code of a lost process, fragc.distributed's)."""
 
 START_TIMEOUT_S = 120.0
 """How long the workers may take to start (Ray places them, each makes its environments) before the run is
@@ -130,6 +139,7 @@ class RayFleet:
         self.restarts = [0] * spec.workers
         self.episodes_cut = 0  # environments whose episode a lost worker cut short, since the fleet started
         self.step_seconds = 0.0  # the workers' own stepping time (summed over calls), for the latency split
+        self.watched = False  # counted among the fleets whose head `watch_head` watches
 
     def start(self) -> None:
         """Connect to Ray, check that the cluster has what the workers ask for, make them and wait until each has
@@ -161,9 +171,14 @@ class RayFleet:
                 self.stop()
                 raise FragcError(f"env fleet {spec}: worker {pending[ref]} cannot make "
                                  f"'{self.name}': {_cause(err)}") from err
+        watch_head(ray.get_runtime_context().gcs_address, str(spec))
+        self.watched = True
 
     def stop(self) -> None:
+        global _fleets_running
         ray = import_ray()
+        if self.watched:
+            _fleets_running, self.watched = _fleets_running - 1, False
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
         self.actors = []
@@ -263,6 +278,53 @@ class RayPool:
         no, zeros = np.zeros(self.e, bool), np.zeros(self.e, np.float32)
         game = (zeros, ~no) if fleet.game_stats else ()
         return (obs, zeros, no, ~no, obs) + game + (0.0,)
+
+
+_head_watch: threading.Thread | None = None
+_fleets_running = 0  # fleets started and not stopped: the head is watched while there is one
+
+
+def watch_head(gcs_address: str, fleet: str, lost_after_s: float = HEAD_LOST_AFTER_S,
+               interval_s: float = 1.0) -> None:
+    """Watch the Ray head's GCS (a TCP connect each `interval_s`) from a daemon thread, once per process; after
+    `lost_after_s` without an answer, end the process with one fragc line. The workers on other nodes go on
+    stepping without the head (actor calls do not pass through it), so no call fails to tell the run; Ray's own
+    core worker would end the process a minute later from C++. Checkpoints are written whole or not at all
+    (orbax renames a finished one into place), so the last one written is what `--resume` continues from."""
+    global _head_watch, _fleets_running
+    _fleets_running += 1
+    if _head_watch is not None and _head_watch.is_alive():
+        return
+    host, _, port = gcs_address.rpartition(":")
+
+    def watch() -> None:
+        silent_since = None
+        while True:
+            time.sleep(interval_s)
+            if not _fleets_running or not import_ray().is_initialized():  # nothing to watch for
+                silent_since = None
+                continue
+            try:
+                socket.create_connection((host, int(port)), timeout=interval_s).close()
+                silent_since = None
+            except OSError:
+                silent_since = silent_since or time.monotonic()
+                if time.monotonic() - silent_since >= lost_after_s:
+                    _say_and_exit(f"fragc: error: env fleet {fleet}: lost the Ray cluster's head (its GCS at "
+                                  f"{gcs_address} has not answered for {lost_after_s:g} s); the run stops here, its "
+                                  "last checkpoint kept (continue with --resume once the cluster is back)")
+
+    _head_watch = threading.Thread(target=watch, name="fragc-ray-head-watch", daemon=True)
+    _head_watch.start()
+
+
+def _say_and_exit(line: str, code: int = EXIT_HEAD_LOST) -> None:
+    """Exit at once with `code` from the watching thread (the main thread may wait in a Ray call that never
+    returns), after `line` on stderr."""
+    sys.stdout.flush()
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def pack(*arrays: np.ndarray) -> bytes:

@@ -9,6 +9,7 @@ and a run resumes on a fleet.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import signal
@@ -151,6 +152,36 @@ def test_bad_fleet_input_is_one_line_writing_nothing(capsys, monkeypatch, tmp_pa
     assert os.listdir(tmp_path) == []
 
 
+HEAD_WATCH = """
+import socket, sys, time
+from fragc.algos import ray_envs
+head = socket.socket()
+head.bind(("127.0.0.1", 0))
+head.listen()
+port = head.getsockname()[1]
+ray_envs.import_ray = lambda: type("Ray", (), {"is_initialized": staticmethod(lambda: True)})  # a joined Ray
+ray_envs.watch_head(f"127.0.0.1:{port}", "ray:2x4", lost_after_s=1.0, interval_s=0.2)
+time.sleep(1.0)  # answering
+print("closing", flush=True)
+head.close()
+time.sleep(60)
+"""
+
+
+def test_a_head_that_stops_answering_ends_the_run_in_one_line():
+    """The head watch without a cluster: a socket stands for the head's GCS, answering, then closed."""
+    import subprocess
+    import time
+
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", HEAD_WATCH], capture_output=True, text=True, timeout=60)
+    assert done.returncode == ray_envs.EXIT_HEAD_LOST and done.stdout == "closing\n", done.stderr[-3000:]
+    assert re.fullmatch(r"fragc: error: env fleet ray:2x4: lost the Ray cluster's head \(its GCS at 127\.0\.0\.1:"
+                        r"\d+ has not answered for 1 s\); the run stops here, its last checkpoint kept \(continue "
+                        r"with --resume once the cluster is back\)\n", done.stderr), done.stderr[-3000:]
+    assert time.monotonic() - started < 30
+
+
 # ---------------------------------------------------------------- on a local Ray
 
 
@@ -286,3 +317,55 @@ def test_a_fleet_the_cluster_cannot_hold_or_whose_workers_cannot_make_the_env_is
     algo = ppo.PPO(dataclasses.replace(tiny_ppo().config, env="gymnasium:LocalOnlyCartPole-v0"))
     with pytest.raises(FragcError, match=r"worker \d cannot make 'gymnasium:LocalOnlyCartPole-v0'"):
         fragc.compile(algo, "single", env_fleet="ray:2x4")
+
+
+HEAD_LOSS_RUN = ["run", "ppo", "--env", CARTPOLE, "--env-fleet", "ray:2x4", "--num-envs", "8", "--num-steps", "8",
+                 "--num-minibatches", "2", "--update-epochs", "1", "--iterations-per-dispatch", "1",
+                 "--total-steps", "64000000", "--checkpoint-every", "2", "--quiet"]
+
+
+@pytest.mark.slow
+def test_losing_the_ray_head_is_one_line_and_the_last_checkpoint_is_kept(tmp_path):
+    """A cluster of its own (a head with no CPUs, a node with 2, as `ray start` would make them): once the run has
+    checkpointed, the head's GCS is killed. The workers on the node go on stepping, so nothing fails in the run;
+    the head watch says so in one line within `HEAD_LOST_AFTER_S` and the process exits with 3 (Ray's own core
+    worker would end it after 60 s, in C++), and the checkpoints written are whole: `--resume` reads them."""
+    import subprocess
+    import time
+
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 0})
+    try:
+        cluster.add_node(num_cpus=2)
+        ckpt = tmp_path / "ckpt"
+        proc = subprocess.Popen([sys.executable, "-m", "fragc.cli", *HEAD_LOSS_RUN, "--ray-address", cluster.address,
+                                 "--checkpoint-dir", str(ckpt)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + 300
+        while not (ckpt.is_dir() and [d for d in os.listdir(ckpt) if d.isdigit()]) and proc.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        killed = time.monotonic()
+        cluster.head_node.kill_gcs_server()
+        out, err = proc.communicate(timeout=ray_envs.HEAD_LOST_AFTER_S + 60)
+        took = time.monotonic() - killed
+    finally:
+        if "proc" in locals() and proc.poll() is None:
+            proc.kill()
+        cluster.shutdown()
+    assert proc.returncode == ray_envs.EXIT_HEAD_LOST, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith(
+        "fragc: error: env fleet ray:2x4: lost the Ray cluster's head (its GCS at "), err[-3000:]
+    assert "last checkpoint kept (continue with --resume once the cluster is back)" in err
+    assert ray_envs.HEAD_LOST_AFTER_S <= took < ray_envs.HEAD_LOST_AFTER_S + 30  # before Ray's own 60 s
+    saved = sorted(int(d) for d in os.listdir(ckpt) if d.isdigit())
+    assert saved and saved[-1] % 2 == 0
+    # the latest reads back whole: the run resumes from it (on this machine's own pools: the cluster is gone)
+    local = [a for a in HEAD_LOSS_RUN if a not in ("--env-fleet", "ray:2x4")]
+    resumed = subprocess.run([sys.executable, "-m", "fragc.cli", *local, "--checkpoint-dir", str(ckpt), "--resume",
+                              "--stop-after", "2", "--json"], capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads(resumed.stdout)["resumed_from"] == saved[-1]
