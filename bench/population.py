@@ -13,7 +13,11 @@ ratio); each side's init is timed apart (`init_s`).
 Both compile first (not timed); then the sides alternate, `--repeats` rounds per N, and the ratio
 purejaxrl s / fragc s (> 1: fragc is faster) is taken per round, then the median.
 
-    python bench/population.py [--sizes 8,32,64,256] [--iterations 8] [--repeats 5] [--out bench/results]
+- `fragc_no_trunc` (`--no-trunc`): fragc's PPO without truncation bootstrapping (bench/ppo_single.py's
+  `PPONoTruncation`), as a population: the purejaxrl side's maths on fragc.
+
+    python bench/population.py [--sizes 8,32,64,256] [--iterations 8] [--repeats 5] [--plain-vmap] [--no-trunc]
+        [--out bench/results]
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import purejaxrl_ppo  # noqa: E402
+from ppo_single import PPONoTruncation  # noqa: E402
 
 import fragc  # noqa: E402
 from fragc.algos import ppo  # noqa: E402
@@ -65,9 +70,10 @@ def purejaxrl_side(config: ppo.Config, n: int, iterations: int):
     return timed(lambda seed: init(jax.random.split(jax.random.key(seed), n)), vmapped)
 
 
-def fragc_side(config: ppo.Config, n: int, iterations: int):
-    """fragc's PPO as a population of `n`, one dispatch of `iterations`; -> a function of a seed."""
-    prog = fragc.compile(ppo.PPO(config), fragc.population("single", n), iterations_per_dispatch=iterations)
+def fragc_side(config: ppo.Config, n: int, iterations: int, algorithm: type = ppo.PPO):
+    """fragc's PPO (or `algorithm`) as a population of `n`, one dispatch of `iterations`; -> a function of a
+    seed."""
+    prog = fragc.compile(algorithm(config), fragc.population("single", n), iterations_per_dispatch=iterations)
     prog.run(prog.init(0), iterations)  # compiles what a run compiles on first use
 
     return timed(prog.init, lambda state: prog.run(state, iterations))
@@ -93,6 +99,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--plain-vmap", action="store_true",
                         help="also time fragc's PPO as jit(vmap(scan(iteration))) outside fragc (plain_vmap_side)")
+    parser.add_argument("--no-trunc", action="store_true",
+                        help="also time fragc's PPO without truncation bootstrapping (ppo_single.PPONoTruncation: "
+                             "PureJaxRL's GAE, the maths of the purejaxrl side) as a population")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     config = ppo.Config()
@@ -102,6 +111,8 @@ def main() -> None:
                  "purejaxrl": purejaxrl_side(config, n, args.iterations)}
         if args.plain_vmap:
             sides["plain_vmap"] = plain_vmap_side(config, n, args.iterations)
+        if args.no_trunc:
+            sides["fragc_no_trunc"] = fragc_side(config, n, args.iterations, PPONoTruncation)
         for run in sides.values():  # warm up
             run(1)
         times: dict[str, list[float]] = {s: [] for s in sides}
@@ -117,6 +128,9 @@ def main() -> None:
         ratios = [p / f for p, f in zip(times["purejaxrl"], times["fragc"])]
         others = {f"{s}/fragc": statistics.median(a / f for a, f in zip(times[s], times["fragc"]))
                   for s in sides if s not in ("fragc", "purejaxrl")}
+        if "fragc_no_trunc" in sides:  # the same maths on both sides
+            others["purejaxrl/fragc_no_trunc"] = statistics.median(
+                p / f for p, f in zip(times["purejaxrl"], times["fragc_no_trunc"]))
         steps = n * args.iterations * config.steps_per_iteration
         row = {"members": n, "iterations": args.iterations, "seconds": times, "init_s": init_times,
                "ratios": ratios, "ratio_median": statistics.median(ratios), "other_ratio_medians": others,

@@ -145,6 +145,13 @@ CLEANRL_PPO_ATARI = {  # CleanRL's ppo_atari_envpool.py: 8 envs x 128 steps, 4 e
 RUNS += [(f"ppo_{game.lower()}_envpool", "ppo", "single", 1, None, {"env": f"envpool:{game}-v5", **CLEANRL_PPO_ATARI})
          for game in ("Breakout", "Pong")]
 """Atari rows: a bench against a random policy's score (bench/random_policy.py), run with `--only` and `--steps`."""
+RUNS += [  # JaxMARL's baselines (ippo's defaults: ippo_ff_mpe.yaml, 16 envs x 128 steps, 1e7 steps; mappo's: the
+    # same, docs/marl.md; SMAX maps take JaxMARL's SMAX values, preset=auto): benches with no threshold, --only
+    ("ippo_mpe_simple_spread", "ippo", "single", 1, None, {}),
+    ("mappo_mpe_simple_spread", "mappo", "single", 1, None, {}),
+    ("mappo_smax_3m", "mappo", "single", 1, None, {"env": "jaxmarl:SMAX_3m"}),
+]
+"""Multi-agent rows: run with `--only` (and `--steps`: 1e7 steps of ten seeds are hours on this CPU)."""
 DEFAULT = ("ppo", "a2c", "dqn", "impala", "ppo_continuous", "pqn")
 """pqn's ten seeds took 473 s here (as ppo_continuous' 477 s); the masked-CartPole rows run with --only, as a pair
 (ppo_rnn_masked_cartpole took 1,616 s, its feed-forward baseline 67 s, the zoo configuration 580 s)."""

@@ -152,34 +152,39 @@ def test_bad_fleet_input_is_one_line_writing_nothing(capsys, monkeypatch, tmp_pa
     assert os.listdir(tmp_path) == []
 
 
-HEAD_WATCH = """
-import socket, sys, time
-from fragc.algos import ray_envs
-head = socket.socket()
-head.bind(("127.0.0.1", 0))
-head.listen()
-port = head.getsockname()[1]
-ray_envs.import_ray = lambda: type("Ray", (), {"is_initialized": staticmethod(lambda: True)})  # a joined Ray
-ray_envs.watch_head(f"127.0.0.1:{port}", "ray:2x4", lost_after_s=1.0, interval_s=0.2)
-time.sleep(1.0)  # answering
-print("closing", flush=True)
-head.close()
-time.sleep(60)
-"""
-
-
-def test_a_head_that_stops_answering_ends_the_run_in_one_line():
-    """The head watch without a cluster: a socket stands for the head's GCS, answering, then closed."""
-    import subprocess
+def test_a_head_that_stops_answering_ends_the_run_in_one_line(monkeypatch):
+    """The head watch without a cluster: a socket stands for the head's GCS, answering, then closed; the watch
+    says so once it has not answered for `lost_after_s` (its exit recorded here instead of ending the process)."""
+    import socket
+    import threading
     import time
 
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", HEAD_WATCH], capture_output=True, text=True, timeout=60)
-    assert done.returncode == ray_envs.EXIT_HEAD_LOST and done.stdout == "closing\n", done.stderr[-3000:]
-    assert re.fullmatch(r"fragc: error: env fleet ray:2x4: lost the Ray cluster's head \(its GCS at 127\.0\.0\.1:"
-                        r"\d+ has not answered for 1 s\); the run stops here, its last checkpoint kept \(continue "
-                        r"with --resume once the cluster is back\)\n", done.stderr), done.stderr[-3000:]
-    assert time.monotonic() - started < 30
+    said, stopped = [], threading.Event()
+
+    def say_and_exit(line, code=ray_envs.EXIT_HEAD_LOST):
+        said.append((line, code, time.monotonic()))
+        stopped.set()
+        threading.Event().wait()  # the watching thread stops here for good, as os._exit would end the process
+
+    monkeypatch.setattr(ray_envs, "_say_and_exit", say_and_exit)
+    monkeypatch.setattr(ray_envs, "import_ray", lambda: type("Ray", (), {"is_initialized": staticmethod(lambda: True)}))
+    monkeypatch.setattr(ray_envs, "_head_watch", None)
+    monkeypatch.setattr(ray_envs, "_fleets_running", 0)
+    head = socket.socket()
+    head.bind(("127.0.0.1", 0))
+    head.listen()
+    port = head.getsockname()[1]
+    ray_envs.watch_head(f"127.0.0.1:{port}", "ray:2x4", lost_after_s=0.6, interval_s=0.1)
+    time.sleep(0.5)
+    assert not said  # answering
+    closed = time.monotonic()
+    head.close()
+    assert stopped.wait(10)
+    (line, code, when), = said
+    assert code == ray_envs.EXIT_HEAD_LOST and 0.6 <= when - closed < 5
+    assert line == (f"fragc: error: env fleet ray:2x4: lost the Ray cluster's head (its GCS at 127.0.0.1:{port} has "
+                    "not answered for 0.6 s); the run stops here, its last checkpoint kept (continue with --resume "
+                    "once the cluster is back)")
 
 
 # ---------------------------------------------------------------- on a local Ray
