@@ -2,7 +2,8 @@
 on this machine (`ray.cluster_utils.Cluster`, as Ray tests itself).
 
     python bench/ray_envs.py [--env gymnasium:HalfCheetah-v5] [--raylets 2] [--seconds 3]
-                             [--train-steps 64] [--out bench/results]
+                             [--train-steps 64] [--train-repeats 7] [--train-only]
+                             [--out bench/results]
 
 Measures, for the environment's vector of E environments stepped with random actions (no inference):
 
@@ -37,6 +38,8 @@ def main() -> None:
     parser.add_argument("--raylets", type=int, default=2, help="raylets of the local cluster (one CPU each)")
     parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
     parser.add_argument("--train-steps", type=int, default=64, help="PPO's num_steps (0: no training rows)")
+    parser.add_argument("--train-repeats", type=int, default=7, help="alternating rounds of the training rows")
+    parser.add_argument("--train-only", action="store_true", help="the training rows alone (no pool rows)")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
 
@@ -78,12 +81,13 @@ def main() -> None:
         return calls * n / dt, dt / calls
 
     E = args.num_envs
-    local = pool_type(env_id, E)
-    local.reset(keys(E))
-    sps, per = timed(lambda: local.step(actions(E), keys(E)), E)
-    rows.append({"what": "pool", "where": "local", "workers": 0, "envs_per_worker": E, "sps": sps,
-                 "step_ms": per * 1e3})
-    print(f"local pool {E} envs: {sps:,.0f} env-steps/s, {per * 1e3:.2f} ms a vector step", file=sys.stderr)
+    if not args.train_only:
+        local = pool_type(env_id, E)
+        local.reset(keys(E))
+        sps, per = timed(lambda: local.step(actions(E), keys(E)), E)
+        rows.append({"what": "pool", "where": "local", "workers": 0, "envs_per_worker": E, "sps": sps,
+                     "step_ms": per * 1e3})
+        print(f"local pool {E} envs: {sps:,.0f} env-steps/s, {per * 1e3:.2f} ms a vector step", file=sys.stderr)
 
     def fleet_of(n: int, e: int) -> RayFleet:
         cpus = min(1.0, args.raylets / n)
@@ -91,7 +95,7 @@ def main() -> None:
         fleet.start()
         return fleet
 
-    for n, e in ((1, E), (2, E // 2), (1, E // 2), (1, 1), (2, 1), (4, E // 4)):
+    for n, e in () if args.train_only else ((1, E), (2, E // 2), (1, E // 2), (1, 1), (2, 1), (4, E // 4)):
         fleet = fleet_of(n, e)
         pool = fleet.pool(tuple(range(n * e)))
         pool.reset(keys(n * e))
@@ -145,29 +149,38 @@ def main() -> None:
 
 
 def train_rows(args: argparse.Namespace, E: int) -> list[dict]:
-    """fragc PPO (ppo_continuous) env-steps/s: local host loop against the fleet, medians of 3 timed runs."""
+    """fragc PPO (ppo_continuous) env-steps/s: the local host loop against the fleet (`ray:2`), with G = 1 and then
+    with G = 2 environment groups; in each pair the two programs alternate, `--train-repeats` rounds of 2
+    iterations, and the ratio is the median of the per-round ratios (the fleet's workers idle while the local
+    loop runs; both fleets at once would need 4 CPUs)."""
     import fragc
     from fragc.algos import ppo_continuous
 
     config = ppo_continuous.Config(env=args.env, num_envs=E, num_steps=args.train_steps, num_minibatches=4,
                                    update_epochs=1)
     rows = []
-    for label, groups, fleet in (("local G=1", 1, None), ("local G=2", 2, None), ("ray:2 G=1", 1, "ray:2"),
-                                 ("ray:2 G=2", 2, "ray:2")):
-        prog = fragc.compile(ppo_continuous.PPOContinuous(config), "single", env_groups=groups, env_fleet=fleet,
-                             iterations_per_dispatch=1)
-        state = prog.init(0)
-        state, _ = prog.run(state, 1)  # warm
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            state, _ = prog.run(state, 2)
-            times.append(time.perf_counter() - t0)
-        sps = 2 * E * args.train_steps / statistics.median(times)
-        rows.append({"what": "train", "where": label, "sps": sps})
-        print(f"train {label}: {sps:,.0f} env-steps/s", file=sys.stderr)
-        if prog.algo.env.fleet is not None:
-            prog.algo.env.fleet.stop()
+    for groups in (1, 2):
+        sides = {}
+        for label, fleet in ((f"local G={groups}", None), (f"ray:2 G={groups}", "ray:2")):
+            prog = fragc.compile(ppo_continuous.PPOContinuous(config), "single", env_groups=groups, env_fleet=fleet,
+                                 iterations_per_dispatch=1)
+            state, _ = prog.run(prog.init(0), 1)  # warm
+            sides[label] = [prog, state, []]
+        for r in range(args.train_repeats):
+            for label in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+                prog, state, times = sides[label]
+                t0 = time.perf_counter()
+                sides[label][1], _ = prog.run(state, 2)
+                times.append(time.perf_counter() - t0)
+        (local, (_, _, local_times)), (remote, (prog, _, remote_times)) = sides.items()
+        ratio = statistics.median(a / b for a, b in zip(local_times, remote_times))
+        for label, times in ((local, local_times), (remote, remote_times)):
+            sps = 2 * E * args.train_steps / statistics.median(times)
+            rows.append({"what": "train", "where": label, "sps": sps, "seconds": times,
+                         **({"ratio_to_local": ratio} if label == remote else {})})
+            print(f"train {label}: {sps:,.0f} env-steps/s" + (f"; / local (median of {args.train_repeats} "
+                  f"alternating rounds) {ratio:.2f}" if label == remote else ""), file=sys.stderr)
+        prog.algo.env.fleet.stop()
     return rows
 
 
