@@ -132,6 +132,7 @@ class IPPO(ppo.PPO):
     rollout_agents = agents_fragment(ppo.PPO.rollout, ((0, AGENT_RUNNER), (2, AGENT_RUNNER, None)))
     # UPDATE NETWORK: PPO's epoch on the agents' steps (shared parameters)
     learn = agents_fragment(ppo.PPO.learn, ((None, 2), (None, None)))
+    learner_skips_next_obs = True  # both learners are PPO's epoch, which reads V(s_{t+1}) only: no s_{t+1} to shuffle
 
     @functools.cached_property
     def env(self) -> VecEnv:

@@ -184,3 +184,10 @@ def test_learns_mpe_simple_spread(algo):
     returns = train_returns(algo)
     early, late = returns[:10].mean(), returns[-10:].mean()
     assert early < -24 and late > -22 and late > early + 3, (early, late)
+
+
+def test_the_agents_trajectories_carry_no_next_observations():
+    """IPPO's and MAPPO's learners are PPO's epoch (shared or per-agent parameters), which reads V(s_{t+1}) only:
+    the reached observations ([T, N, A, D]) are not shuffled with every epoch's minibatches."""
+    for algo in (ippo.IPPO(), ippo.IPPO(ippo.Config(shared_params=False)), mappo.MAPPO()):
+        assert not algo.learner_reads_next_obs(), type(algo).__name__
