@@ -206,7 +206,7 @@ class PPO(NetworkChoice):
 
     @functools.cached_property
     def env(self) -> VecEnv:
-        return discrete_env(self.config.env, algo_name(self.config))
+        return discrete_env(self.config.env, algo_name(self.config), " (for continuous actions: ppo_continuous or sac)")
 
     @functools.cached_property
     def network(self) -> nn.Module:

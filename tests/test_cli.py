@@ -49,7 +49,8 @@ def test_ir_dot(capsys):
 @pytest.mark.parametrize("argv,message", [
     (["run", "ppx"], "unknown algorithm 'ppx' (did you mean 'ppo'?)"),
     (["run", "ppo", "--env", "CartPole"], "unknown environment 'CartPole'; did you mean 'CartPole-v1'?"),
-    (["run", "ppo", "--env", "Pendulum-v1"], "ppo supports discrete action spaces; Pendulum-v1 has Box"),
+    (["run", "ppo", "--env", "Pendulum-v1"], "ppo supports discrete action spaces; Pendulum-v1 has Box (for continuous "
+                                             "actions: ppo_continuous or sac)"),
     (["run", "ppo", "--policy", "nope"], "unknown policy 'nope'"),
     (["run", "ppo", "--num-envs", "6", "--num-minibatches", "4", "--num-steps", "3"], "must divide by num_minibatches"),
     (["ir", "ppo", "--after", "lower-everything"], "no pass named 'lower-everything'"),
