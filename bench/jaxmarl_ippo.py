@@ -6,9 +6,10 @@ dicts batchified into one [A*N, ...] batch of actors, a flax `TrainState`, every
 and minibatches of whole actor trajectories. Both sides run JaxMARL's MPE configuration (ippo_ff_mpe.yaml:
 16 envs x 128 steps, 4 epochs x 4 minibatches, lr 2.5e-4 annealed, 64 tanh units, shared parameters), scan the same
 iterations per dispatch and fetch their metrics after each; repeats alternate (J F J F ...), so drift on a shared
-machine hits both alike. Prints the median env steps/s of each and their ratio; writes JSON.
+machine hits both alike. Prints the median env steps/s of each and their ratio; writes JSON. With `--seeds N`,
+N seeds at once: JaxMARL's `jax.vmap` of its training over seeds (its NUM_SEEDS) against a fragc population of N.
 
-    python bench/jaxmarl_ippo.py [--repeats 7] [--iterations 8] [--out bench/results]
+    python bench/jaxmarl_ippo.py [--repeats 7] [--iterations 8] [--seeds 1] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -156,16 +157,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--iterations", type=int, default=8, help="iterations per timed dispatch")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="N > 1: N seeds at once, JaxMARL's `vmap` over seeds against a fragc population")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     config = ippo.Config()  # JaxMARL's ippo_ff_mpe.yaml
     k = args.iterations
     steps = k * config.num_envs * config.num_steps
 
+    n = args.seeds
+    steps *= n
     init, update_step = make_train(jaxmarl_config(config))
-    scanned = jax.jit(lambda s: jax.lax.scan(update_step, s, None, k), donate_argnums=0)
-    jm_state = jax.jit(init)(jax.random.key(0))
-    prog = fragc.compile(ippo.IPPO(config), "single", iterations_per_dispatch=k)
+    if n == 1:
+        scanned = jax.jit(lambda s: jax.lax.scan(update_step, s, None, k), donate_argnums=0)
+        jm_state = jax.jit(init)(jax.random.key(0))
+        prog = fragc.compile(ippo.IPPO(config), "single", iterations_per_dispatch=k)
+    else:  # JaxMARL's NUM_SEEDS: `jax.vmap` of the training over seeds; the members' init mapped (`lax.map`), as
+        # bench/population.py maps PureJaxRL's (a vmapped orthogonal init deadlocked XLA's CPU pool there)
+        scanned = jax.jit(jax.vmap(lambda s: jax.lax.scan(update_step, s, None, k)), donate_argnums=0)
+        jm_state = jax.jit(lambda keys: jax.lax.map(init, keys))(jax.random.split(jax.random.key(0), n))
+        prog = fragc.compile(ippo.IPPO(config), fragc.population("single", n), iterations_per_dispatch=k)
     fr_state = prog.init(0)
 
     def run_jaxmarl() -> None:
@@ -191,13 +202,13 @@ def main() -> None:
     ratio = rates["fragc"] / rates["jaxmarl"]
     for name, rate in rates.items():
         print(f"{name:8s} {rate:12,.0f} env steps/s (median of {args.repeats}; {k} iterations of "
-              f"{config.num_envs}x{config.num_steps} a repeat)")
+              f"{config.num_envs}x{config.num_steps} a repeat" + (f", {n} seeds at once)" if n > 1 else ")"))
     print(f"fragc / jaxmarl: {ratio:.2f}x  per-repeat ratios: "
           f"{[round(j / f, 2) for f, j in zip(times['fragc'], times['jaxmarl'])]}")
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "jaxmarl_ippo.json")
+    path = os.path.join(args.out, "jaxmarl_ippo.json" if n == 1 else f"jaxmarl_ippo_{n}_seeds.json")
     with open(path, "w") as f:
-        json.dump({"backend": jax.default_backend(), "iterations": k, "repeats": args.repeats, "seconds": times,
+        json.dump({"backend": jax.default_backend(), "iterations": k, "repeats": args.repeats, "seeds": n, "seconds": times,
                    "env_steps_per_s": rates, "ratio": ratio}, f, indent=1)
     print(f"wrote {path}")
 
