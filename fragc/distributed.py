@@ -52,11 +52,10 @@ EXIT_LOST = 3
 EXIT_NOT_JOINED = 4
 """Exit code of a process whose run did not start: not every process joined within the timeout."""
 JOIN_MARGIN_S = 30
-
+"""JAX's own join deadline is this much later than fragc's, which stops the process with one line first."""
 PEER_ERROR_GRACE_S = 5.0
 """How long a process whose peer reported an error keeps going before it stops for it: an error every process
 hits (a bad option) reaches a slower process a moment later, and each should report it as its own."""
-"""JAX's own join deadline is this much later than fragc's, which stops the process with one line first."""
 
 
 _watchdog: "_Watchdog | None" = None
