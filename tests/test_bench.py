@@ -117,10 +117,11 @@ def test_ppo_single(bench, tiny_configs, capsys):
 
 @pytest.mark.slow  # the default suite's 6 minutes: bench/ smoke tests over 10 s run with -m slow
 def test_population(bench, tiny_configs):
-    result = json.loads((bench("population", "--sizes", "2", "--iterations", "1", "--repeats", "1")
+    result = json.loads((bench("population", "--sizes", "2", "--iterations", "1", "--repeats", "1", "--no-trunc")
                          / "population.json").read_text())
     [row] = result["rows"]
-    assert row["members"] == 2 and set(row["seconds"]) == {"fragc", "purejaxrl"} and len(row["ratios"]) == 1
+    assert row["members"] == 2 and set(row["seconds"]) == {"fragc", "purejaxrl", "fragc_no_trunc"}
+    assert len(row["ratios"]) == 1 and "purejaxrl/fragc_no_trunc" in row["other_ratio_medians"]
 
 
 # slow, as it must be: 3 programs compiled, over the default suite's 6 minutes; the fragc calls it makes (compile,
