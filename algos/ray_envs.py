@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import pickle
 import socket
-import sys
 import threading
 import time
 import warnings
@@ -35,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from fragc.distributed import EXIT_LOST, say_and_exit
 from fragc.ir.errors import FragcError
 from fragc.ir.host import EnvFleet
 
@@ -45,8 +45,8 @@ HEAD_LOST_AFTER_S = 15.0
 """How long the Ray head's GCS may go unanswering before the run stops in one line (Ray's own core worker ends
 the process after `RAY_gcs_rpc_server_reconnect_timeout_s`, 60 s by default, from C++, in Ray's words)."""
 
-EXIT_HEAD_LOST = 3
-"""Exit code of a run that stops because the Ray head was lost (the code of a lost process, fragc.distributed's)."""
+EXIT_HEAD_LOST = EXIT_LOST
+"""Exit code of a run that stops because the Ray head was lost: a lost process's (fragc.distributed)."""
 
 START_TIMEOUT_S = 120.0
 """How long the workers may take to start (Ray places them, each makes its environments) before the run is
@@ -84,11 +84,15 @@ def connect(address: str | None = None) -> Any:
     return ray
 
 
-def _check_reachable(address: str) -> None:
+def _connect(address: str, timeout_s: float) -> None:
+    """Open and close a TCP connection to HOST:PORT (an empty host: this machine); OSError where none answers."""
     host, _, port = address.rpartition(":")
+    socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+
+
+def _check_reachable(address: str) -> None:
     try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=5):
-            pass
+        _connect(address, 5)
     except (OSError, ValueError) as err:
         raise FragcError(f"no Ray cluster answers at '{address}' (--ray-address / RAY_ADDRESS; HOST:PORT of the "
                          f"head's GCS, `ray start --head` prints it): {err}") from err
@@ -295,7 +299,6 @@ def watch_head(gcs_address: str, fleet: str, lost_after_s: float = HEAD_LOST_AFT
     _fleets_running += 1
     if _head_watch is not None and _head_watch.is_alive():
         return
-    host, _, port = gcs_address.rpartition(":")
 
     def watch() -> None:
         silent_since = None
@@ -305,26 +308,18 @@ def watch_head(gcs_address: str, fleet: str, lost_after_s: float = HEAD_LOST_AFT
                 silent_since = None
                 continue
             try:
-                socket.create_connection((host, int(port)), timeout=interval_s).close()
+                _connect(gcs_address, interval_s)
                 silent_since = None
             except OSError:
                 silent_since = silent_since or time.monotonic()
                 if time.monotonic() - silent_since >= lost_after_s:
-                    _say_and_exit(f"fragc: error: env fleet {fleet}: lost the Ray cluster's head (its GCS at "
-                                  f"{gcs_address} has not answered for {lost_after_s:g} s); the run stops here, its "
-                                  "last checkpoint kept (continue with --resume once the cluster is back)")
+                    say_and_exit(f"fragc: error: env fleet {fleet}: lost the Ray cluster's head (its GCS at "
+                                 f"{gcs_address} has not answered for {lost_after_s:g} s); the run stops here, its "
+                                 "last checkpoint kept (continue with --resume once the cluster is back)",
+                                 EXIT_HEAD_LOST)
 
     _head_watch = threading.Thread(target=watch, name="fragc-ray-head-watch", daemon=True)
     _head_watch.start()
-
-
-def _say_and_exit(line: str, code: int = EXIT_HEAD_LOST) -> None:
-    """Exit at once with `code` from the watching thread (the main thread may wait in a Ray call that never
-    returns), after `line` on stderr."""
-    sys.stdout.flush()
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def pack(*arrays: np.ndarray) -> bytes:

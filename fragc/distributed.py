@@ -110,7 +110,7 @@ def _watch_join(address: str | None, num_processes: int | None, process_id: int 
 
     def watch() -> None:
         if not joined.wait(timeout_s):
-            _say_and_exit(f"fragc: error: {not_joined(address, num_processes, process_id, timeout_s)}", EXIT_NOT_JOINED)
+            say_and_exit(f"fragc: error: {not_joined(address, num_processes, process_id, timeout_s)}", EXIT_NOT_JOINED)
 
     threading.Thread(target=watch, name="fragc-join-watch", daemon=True).start()
     return joined
@@ -153,13 +153,13 @@ def _watch_launcher() -> None:
                 pass
         except OSError:  # not the launcher's pipe (an inherited environment): nothing to watch
             return
-        _say_and_exit(f"fragc: error: the launcher is gone; process {os.environ.get(ENV_PROCESS_ID, '?')} "
+        say_and_exit(f"fragc: error: the launcher is gone; process {os.environ.get(ENV_PROCESS_ID, '?')} "
                       "is stopping")
 
     threading.Thread(target=watch, name="fragc-launcher-watch", daemon=True).start()
 
 
-def _say_and_exit(line: str, code: int = EXIT_LOST) -> None:
+def say_and_exit(line: str, code: int = EXIT_LOST) -> None:
     """Exit at once with `code` (from any thread), after `line` on stderr."""
     try:
         sys.stdout.flush()
@@ -341,4 +341,4 @@ class _Watchdog(threading.Thread):
 
     def _lost(self, process: int, why: str) -> None:
         if not self._done.is_set():
-            _say_and_exit(f"fragc: error: lost process {process} of {self.n} ({why}); process {self.me} is stopping")
+            say_and_exit(f"fragc: error: lost process {process} of {self.n} ({why}); process {self.me} is stopping")

@@ -166,7 +166,7 @@ def test_a_head_that_stops_answering_ends_the_run_in_one_line(monkeypatch):
         stopped.set()
         threading.Event().wait()  # the watching thread stops here for good, as os._exit would end the process
 
-    monkeypatch.setattr(ray_envs, "_say_and_exit", say_and_exit)
+    monkeypatch.setattr(ray_envs, "say_and_exit", say_and_exit)
     monkeypatch.setattr(ray_envs, "import_ray", lambda: type("Ray", (), {"is_initialized": staticmethod(lambda: True)}))
     monkeypatch.setattr(ray_envs, "_head_watch", None)
     monkeypatch.setattr(ray_envs, "_fleets_running", 0)
