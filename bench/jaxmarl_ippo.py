@@ -1,9 +1,14 @@
 """IPPO written the way JaxMARL's baselines write it (baselines/IPPO/ippo_ff_mpe.py), against fragc's `ippo` under
 `single`, timed alternately in one process.
 
-The JaxMARL side is written here independently, in their style: one `make_train(config)` closure, the agents'
-dicts batchified into one [A*N, ...] batch of actors, a flax `TrainState`, every `done` terminal (no bootstrap),
-and minibatches of whole actor trajectories. Both sides run JaxMARL's MPE configuration (ippo_ff_mpe.yaml:
+The JaxMARL side is written here independently, in the style of JaxMARL's baselines/IPPO/ippo_ff_mpe.py: one
+`make_train(config)` closure, the environment in JaxMARL's `MPELogWrapper` (its episode statistics ride in each
+transition's `info` and are averaged every update), the agents' dicts batchified into one [A*N, ...] batch of
+actors, a flax `TrainState`, every `done` terminal (no bootstrap), GAE scanned with `unroll=8`, and each epoch's
+minibatches drawn from one permutation of all T x A*N steps (as the script does; JaxMARL's recurrent scripts
+permute whole actor trajectories instead, which an earlier version of this bench did here: a cheaper shuffle than
+the script this side stands for). Its per-update `io_callback` to wandb is left out: both sides fetch their
+metrics after each dispatch instead. Both sides run JaxMARL's MPE configuration (ippo_ff_mpe.yaml:
 16 envs x 128 steps, 4 epochs x 4 minibatches, lr 2.5e-4 annealed, 64 tanh units, shared parameters), scan the same
 iterations per dispatch and fetch their metrics after each; repeats alternate (J F J F ...), so drift on a shared
 machine hits both alike. Prints the median env steps/s of each and their ratio; writes JSON. With `--seeds N`,
@@ -54,14 +59,17 @@ class Transition(NamedTuple):
     reward: jax.Array
     log_prob: jax.Array
     obs: jax.Array
+    info: dict
 
 
 def make_train(config: dict) -> Any:
     """JaxMARL's shape: `init(rng)` the runner state, `update_step(runner_state, _)` one update for `lax.scan`."""
-    env = make_marl(config["ENV_NAME"])
+    from jaxmarl.wrappers.baselines import MPELogWrapper
+
+    env = MPELogWrapper(make_marl(config["ENV_NAME"]))
     agents = env.agents
     num_actors = env.num_agents * config["NUM_ENVS"]
-    minibatch = num_actors // config["NUM_MINIBATCHES"]
+    batch_size = config["NUM_STEPS"] * num_actors  # every step of every actor, permuted each epoch
     updates = config["TOTAL_TIMESTEPS"] // config["NUM_STEPS"] // config["NUM_ENVS"]
     network = ActorCritic(env.action_space(agents[0]).n)
 
@@ -77,24 +85,27 @@ def make_train(config: dict) -> Any:
         return config["LR"] * frac
 
     def init(rng: jax.Array) -> tuple:
-        rng, net_rng, env_rng = jax.random.split(rng, 3)
+        rng, net_rng = jax.random.split(rng)
         params = network.init(net_rng, jnp.zeros(env.observation_space(agents[0]).shape))
         tx = optax.chain(optax.clip_by_global_norm(config["MAX_GRAD_NORM"]), optax.adam(schedule, eps=1e-5))
+        rng, env_rng = jax.random.split(rng)
         obs, env_state = jax.vmap(env.reset)(jax.random.split(env_rng, config["NUM_ENVS"]))
         return TrainState.create(apply_fn=network.apply, params=params, tx=tx), env_state, obs, rng
 
     def update_step(runner_state: tuple, unused: Any) -> tuple:
         def env_step(state: tuple, unused: Any) -> tuple:
             train_state, env_state, last_obs, rng = state
-            rng, act_rng, step_rng = jax.random.split(rng, 3)
             obs_batch = batchify(last_obs)
+            rng, act_rng = jax.random.split(rng)
             logits, value = network.apply(train_state.params, obs_batch)
             action = jax.random.categorical(act_rng, logits)
             log_prob = jnp.take_along_axis(jax.nn.log_softmax(logits), action[:, None], -1)[:, 0]
-            obsv, env_state, reward, done, _ = jax.vmap(env.step)(
+            rng, step_rng = jax.random.split(rng)
+            obsv, env_state, reward, done, info = jax.vmap(env.step)(
                 jax.random.split(step_rng, config["NUM_ENVS"]), env_state, unbatchify(action))
+            info = jax.tree.map(lambda x: x.reshape((num_actors,)), info)
             transition = Transition(batchify(done).squeeze(-1), action, value, batchify(reward).squeeze(-1),
-                                    log_prob, obs_batch)
+                                    log_prob, obs_batch, info)
             return (train_state, env_state, obsv, rng), transition
 
         runner_state, traj = jax.lax.scan(env_step, runner_state, None, config["NUM_STEPS"])
@@ -107,14 +118,14 @@ def make_train(config: dict) -> Any:
             gae = delta + config["GAMMA"] * config["GAE_LAMBDA"] * (1 - t.done) * gae
             return (gae, t.value), gae
 
-        _, advantages = jax.lax.scan(gae_step, (jnp.zeros_like(last_val), last_val), traj, reverse=True)
+        _, advantages = jax.lax.scan(gae_step, (jnp.zeros_like(last_val), last_val), traj, reverse=True, unroll=8)
         targets = advantages + traj.value
 
         def update_epoch(state: tuple, unused: Any) -> tuple:
             def update_minibatch(train_state: TrainState, batch: tuple) -> tuple:
                 t, gae, target = batch
 
-                def loss_fn(params: Any) -> jax.Array:
+                def loss_fn(params: Any) -> tuple:
                     logits, value = network.apply(params, t.obs)
                     log_probs = jax.nn.log_softmax(logits)
                     log_prob = jnp.take_along_axis(log_probs, t.action[..., None], -1)[..., 0]
@@ -125,23 +136,28 @@ def make_train(config: dict) -> Any:
                     actor_loss = -jnp.minimum(ratio * norm, jnp.clip(ratio, 1 - config["CLIP_EPS"],
                                                                      1 + config["CLIP_EPS"]) * norm).mean()
                     entropy = -(jnp.exp(log_probs) * log_probs).sum(-1).mean()
-                    return actor_loss + config["VF_COEF"] * value_loss - config["ENT_COEF"] * entropy
+                    total = actor_loss + config["VF_COEF"] * value_loss - config["ENT_COEF"] * entropy
+                    return total, (value_loss, actor_loss, entropy, ratio)
 
-                loss, grads = jax.value_and_grad(loss_fn)(train_state.params)
-                return train_state.apply_gradients(grads=grads), loss
+                (total, (value_loss, actor_loss, entropy, ratio)), grads = jax.value_and_grad(
+                    loss_fn, has_aux=True)(train_state.params)
+                return train_state.apply_gradients(grads=grads), {
+                    "total_loss": total, "actor_loss": actor_loss, "critic_loss": value_loss, "entropy": entropy,
+                    "ratio": ratio}
 
             train_state, rng = state
             rng, perm_rng = jax.random.split(rng)
-            perm = jax.random.permutation(perm_rng, num_actors)  # whole trajectories of actors, JaxMARL's way
-            batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1)[perm], (traj, advantages, targets))
-            minibatches = jax.tree.map(lambda x: x.reshape((config["NUM_MINIBATCHES"], minibatch) + x.shape[1:]),
-                                       batch)
-            minibatches = jax.tree.map(lambda x: x.reshape(x.shape[:1] + (-1,) + x.shape[3:]), minibatches)
-            train_state, losses = jax.lax.scan(update_minibatch, train_state, minibatches)
-            return (train_state, rng), losses
+            perm = jax.random.permutation(perm_rng, batch_size)
+            batch = jax.tree.map(lambda x: x.reshape((batch_size,) + x.shape[2:]), (traj, advantages, targets))
+            shuffled = jax.tree.map(lambda x: jnp.take(x, perm, axis=0), batch)
+            minibatches = jax.tree.map(lambda x: x.reshape((config["NUM_MINIBATCHES"], -1) + x.shape[1:]), shuffled)
+            train_state, loss_info = jax.lax.scan(update_minibatch, train_state, minibatches)
+            return (train_state, rng), loss_info
 
-        (train_state, rng), losses = jax.lax.scan(update_epoch, (train_state, rng), None, config["UPDATE_EPOCHS"])
-        return (train_state, env_state, last_obs, rng), {"loss": losses.mean(), "reward": traj.reward.mean()}
+        (train_state, rng), loss_info = jax.lax.scan(update_epoch, (train_state, rng), None, config["UPDATE_EPOCHS"])
+        r0 = {"ratio0": loss_info["ratio"][0, 0].mean()}
+        metric = {**jax.tree.map(jnp.mean, traj.info), **jax.tree.map(jnp.mean, loss_info), **r0}
+        return (train_state, env_state, last_obs, rng), metric
 
     return init, update_step
 
