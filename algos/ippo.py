@@ -189,6 +189,11 @@ class IPPO(ppo.PPO):
                                    / jnp.maximum(fragc.psum(jnp.sum(finished)), 1))
         return metrics
 
+    def episodes_ended(self, done: jax.Array) -> jax.Array:
+        """The environments' episodes that ended ([T, N, A] `done`): an episode ends for every agent at once
+        (an agent's own `done` comes earlier where it dies, on SMAX), so where all agents are done."""
+        return fragc.psum(jnp.sum(jnp.all(done, -1)))
+
     # UPDATE NETWORKS: each agent's own, PPO's epoch vmapped over the agent axis
     @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None),
                     agent_axes=((AGENT_LEARNER, 2), (AGENT_LEARNER, 0)))

@@ -271,6 +271,10 @@ class PPO(NetworkChoice):
         """The rollout's episode statistics (IPPO's add the agents' own)."""
         return episode_metrics(runner)
 
+    def episodes_ended(self, done: jax.Array) -> jax.Array:
+        """How many episodes the rollout's steps ended (`done` [T, N]; IPPO's count environments', not agents')."""
+        return fragc.psum(jnp.sum(done))
+
     # POLICY: a categorical distribution over the network's logits
     def act(self, params: Any, obs: jax.Array, keys: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Sample one action per observation (one key each) -> (action, log-probability, value)."""
@@ -324,7 +328,7 @@ class PPO(NetworkChoice):
         if not self.learner_reads_next_obs():  # the learner needs V(s_{t+1}) only: frames cross once
             next_obs = None
         traj = Transition(obs, action, log_prob, value, next_obs, next_value, reward, terminated, done)
-        metrics = {**self.episode_metrics(runner), "episodes": fragc.psum(jnp.sum(traj.done))}
+        metrics = {**self.episode_metrics(runner), "episodes": self.episodes_ended(traj.done)}
         return traj, runner, metrics
 
     # UPDATE NETWORK: one epoch, a pass over the rollout in shuffled minibatches

@@ -215,8 +215,9 @@ def run_length(algo, max_steps: int | None) -> int:
     return iterations if max_steps is None else min(iterations, max(1, max_steps // algo.steps_per_iteration))
 
 
-CURVES = ("episode_return", "eval_return")
-"""The metrics kept at every iteration: the training return, and the greedy evaluation's where there is one."""
+CURVES = ("episode_return", "eval_return", "win_rate")
+"""The metrics kept at every iteration: the training return, the greedy evaluation's where there is one, and on SMAX
+the fraction of environments whose last episode was won (JaxMARL's win rate)."""
 
 
 def learning_curves(algo, policy: str, devices: int, seeds: list[int], iterations: int,
@@ -238,15 +239,15 @@ def learning_curves(algo, policy: str, devices: int, seeds: list[int], iteration
     return {m: np.stack([np.asarray(h[m], np.float64) for h in histories]) for m in CURVES if m in histories[0]}
 
 
-def summary(name: str, returns: np.ndarray, threshold: float | None) -> dict:
+def summary(name: str, returns: np.ndarray, threshold: float | None, digits: int = 1) -> dict:
     """Each seed's final value of a metric, how many seeds reach `threshold` (None without one), their IQM and
-    its 95% confidence interval (`fragc.sinks.stats`)."""
+    its 95% confidence interval (`fragc.sinks.stats`), rounded to `digits`."""
     from fragc.sinks import stats
 
     point, lo, hi = stats.interval_estimates({name: returns})[name]
-    return {"final_returns": [round(float(r), 1) for r in returns],
+    return {"final_returns": [round(float(r), digits) for r in returns],
             "at_threshold": None if threshold is None else stats.seeds_at_threshold(returns, threshold),
-            "iqm": round(point, 1), "iqm_ci95": [round(lo, 1), round(hi, 1)]}
+            "iqm": round(point, digits), "iqm_ci95": [round(lo, digits), round(hi, digits)]}
 
 
 def main() -> None:
@@ -287,12 +288,14 @@ def main() -> None:
         if "eval_return" in all_curves:  # each seed's last evaluation of the greedy policy
             row["greedy_eval"] = lines[f"{name} (greedy eval)"] = summary(name, all_curves["eval_return"][:, -1],
                                                                          threshold)
+        if "win_rate" in all_curves:  # SMAX: each seed's final win rate (of the environments' last episodes)
+            row["win_rate"] = lines[f"{name} (win rate)"] = summary(name, all_curves["win_rate"][:, -1], None, 2)
         rows.append(row)
         partial = "" if steps == configured_steps else f"PARTIAL: {steps:,} of {configured_steps:,} steps  "
         for label, line in lines.items():
             check = "" if threshold is None else f"{line['at_threshold']}/{len(seeds)} >= {threshold:g}  "
             lo, hi = line["iqm_ci95"]
-            print(f"{label:22} {policy:20} {partial}{check}IQM {line['iqm']:.1f} [{lo:.1f}, {hi:.1f}]  {wall:.0f} s  "
+            print(f"{label:22} {policy:20} {partial}{check}IQM {line['iqm']:g} [{lo:g}, {hi:g}]  {wall:.0f} s  "
                   f"returns {line['final_returns']}", flush=True)
         os.makedirs(args.out, exist_ok=True)
         stats.curves_png({name: curves}, (np.arange(curves.shape[1]) + 1) * algorithm.steps_per_iteration,

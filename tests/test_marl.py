@@ -191,3 +191,13 @@ def test_the_agents_trajectories_carry_no_next_observations():
     the reached observations ([T, N, A, D]) are not shuffled with every epoch's minibatches."""
     for algo in (ippo.IPPO(), ippo.IPPO(ippo.Config(shared_params=False)), mappo.MAPPO()):
         assert not algo.learner_reads_next_obs(), type(algo).__name__
+
+
+def test_episodes_count_the_environments_episodes_not_the_agents():
+    """MPE's episodes last 26 steps (its max_steps 25, +1 as test_mpe_stacks_agents_after_the_environment_axis
+    finds): 52 steps of 4 environments end 8 episodes, not 8 x 3 agents'."""
+    algo = ippo.IPPO(ippo.Config(**{**SMALL, "num_steps": 52}))
+    state = jax.jit(algo.init)(jax.random.key(0))
+    traj, _, metrics = jax.jit(algo.rollout)(state.learner.params, state.runner)
+    assert algo.env.max_episode_steps == 25 and traj.done.shape == (52, 4, 3)
+    assert int(metrics["episodes"]) == 8 and int(jnp.sum(traj.done)) == 24
