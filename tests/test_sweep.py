@@ -259,6 +259,9 @@ SWEEP = ["sweep", "ppo", "--lr", "1e-3,3e-4", "--ent-coef", "0,0.01", "--seeds",
          "--json"]
 
 
+pytestmark = pytest.mark.usefixtures("commands_compile_each_configuration_once")  # SWEEP compiled once by main()
+
+
 def sweep(capsys, tmp_path, *extra):
     from fragc.cli import main
 
