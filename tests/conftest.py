@@ -113,13 +113,16 @@ def _run_in_a_child(item):
 
 @pytest.fixture(scope="module")
 def commands_compile_each_configuration_once():
-    """`fragc run` and `fragc sweep`, called in this process (`fragc.cli.main`) several times on one configuration,
-    compile it the first time only and reuse that program after (a file's tests stop, resume and damage runs of
-    one configuration: each call traced, lowered and read XLA's cache again, about 1 s). Each configuration is
-    still compiled by the command itself, and the tests check what the commands do with a program; a test that
-    patches `compile_with` itself (refused before compiling) patches over this. `--policy auto` compiles as ever."""
+    """`fragc run` and `fragc sweep` called in this process (`fragc.cli.main`), and `fragc.compile`, compile each
+    configuration (the algorithm's class and config, the compile options) once in the module and reuse that
+    program after: a file's tests stop, resume and damage runs of one configuration, and each call traced, lowered
+    and read XLA's cache again (about 1 s). The tests check what the commands do with a program, and a command
+    given the configuration of a program the module compiled in Python gets that program (the dict this yields
+    shows what was compiled). A test that patches `compile_with` itself (refused before compiling) patches over
+    this; `--policy auto` compiles as ever."""
     import dataclasses
 
+    from fragc import api
     from fragc.cli import algorithm, sweep
     from fragc.options import SearchOptions, search_seeds
 
@@ -140,6 +143,7 @@ def commands_compile_each_configuration_once():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(algorithm, "compile_with", once(algorithm.compile_with))
         patch.setattr(sweep, "compile_with", once(sweep.compile_with))
+        patch.setattr(api, "compile_with", once(api.compile_with))
         yield programs
 
 
