@@ -111,6 +111,42 @@ def _run_in_a_child(item):
         pytest.skip(f"in a process with XLA_FLAGS={flags!r}: {summary}")
 
 
+@pytest.fixture(scope="module")
+def commands_compile_each_configuration_once():
+    """`fragc run` and `fragc sweep` called in this process (`fragc.cli.main`), and `fragc.compile`, compile each
+    configuration (the algorithm's class and config, the compile options) once in the module and reuse that
+    program after: a file's tests stop, resume and damage runs of one configuration, and each call traced, lowered
+    and read XLA's cache again (about 1 s). The tests check what the commands do with a program, and a command
+    given the configuration of a program the module compiled in Python gets that program (the dict this yields
+    shows what was compiled). A test that patches `compile_with` itself (refused before compiling) patches over
+    this; `--policy auto` compiles as ever."""
+    import dataclasses
+
+    from fragc import api
+    from fragc.cli import algorithm, sweep
+    from fragc.options import SearchOptions, search_seeds
+
+    programs = {}
+
+    def once(compile_with):
+        def compile_once(algo, options):
+            config = getattr(algo, "config", None)
+            if not dataclasses.is_dataclass(config) or search_seeds(options.policy) is not None:
+                return compile_with(algo, options)
+            key = (type(algo), repr(config), repr(dataclasses.replace(options, search=SearchOptions(), printer=print)))
+            if key not in programs:
+                programs[key] = compile_with(algo, options)
+            return programs[key]
+
+        return compile_once
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(algorithm, "compile_with", once(algorithm.compile_with))
+        patch.setattr(sweep, "compile_with", once(sweep.compile_with))
+        patch.setattr(api, "compile_with", once(api.compile_with))
+        yield programs
+
+
 def as_numbers(tree):
     """Leaves as float64 numpy arrays (typed PRNG keys through their key data)."""
     def conv(x):

@@ -1,6 +1,7 @@
 """Atari through EnvPool (issue 43): CleanRL's preprocessing as EnvPool's options, a lost life that continues the
 game, and episode statistics over whole games at their unclipped score."""
 
+import importlib.util
 import os
 import sys
 
@@ -11,13 +12,17 @@ import pytest
 from fragc.algos.host_envs import ATARI_OPTIONS, EnvPoolPool, HostVecEnv
 from fragc.algos.vec_env import Runner, VecEnv
 
-envpool = pytest.importorskip("envpool", reason="envpool is in the test extra; this runs wherever it is installed")
+# found, not imported: importing envpool (its registrations, 2 s) here cost each xdist worker that collects this file
+if importlib.util.find_spec("envpool") is None:
+    pytest.skip("envpool is in the test extra; this runs wherever it is installed", allow_module_level=True)
 
 
 def test_atari_is_made_with_cleanrls_preprocessing():
     obs_space, action_space = EnvPoolPool.spaces("Breakout-v5")
     assert obs_space.shape == (4, 84, 84) and obs_space.dtype == np.uint8  # 4 stacked 84x84 grey frames
     assert action_space.n == 4  # the minimal action set
+    import envpool
+
     config = envpool.make_spec("Breakout-v5", **EnvPoolPool.options("Breakout-v5")).config
     assert config.episodic_life and config.reward_clip and config.noop_max == 30 and not config.full_action_space
     assert EnvPoolPool.options("CartPole-v1") == {} and not EnvPoolPool.game_stats("CartPole-v1")
@@ -31,6 +36,8 @@ def test_the_pool_steps_as_envpool_itself_with_a_lost_life_continuing_the_game()
     pool = EnvPoolPool("Breakout-v5", n)
     keys = np.array([[0, 7], [0, 8]], np.uint32)
     obs = pool.reset(keys)
+    import envpool
+
     from fragc.algos.host_envs import seeds_of
     reference = envpool.make_gymnasium("Breakout-v5", num_envs=n, seed=seeds_of(keys)[0] % 2**31, **ATARI_OPTIONS)
     ref_obs, _ = reference.reset()

@@ -20,6 +20,7 @@ SMALL = ["--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1"]
 """A smaller PPO iteration (4 envs x 32 steps, 2 minibatch updates): these tests check stopping and resuming, not
 learning, so they keep their iteration counts (256, 48) at a fraction of the default iteration's work."""
 RUN = ["run", "ppo", *SMALL, "--total-steps", "32768", "--iterations-per-dispatch", "4", "--json", "--quiet"]
+pytestmark = pytest.mark.usefixtures("commands_compile_each_configuration_once")  # RUN compiled once in this process
 
 
 def fragc_subprocess(*argv):

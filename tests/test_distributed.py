@@ -203,8 +203,8 @@ def test_launch_without_a_command_is_a_usage_error():
 def test_unreachable_coordinator_is_a_clear_error():
     port = free_port()  # nothing listens there
     with pytest.raises(fragc.FragcError, match=rf"cannot reach the coordinator 127.0.0.1:{port} \(process 0\) "
-                                               r"within 2 s"):
-        fragc.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=1, timeout_s=2)
+                                               r"within 1 s"):
+        fragc.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=1, timeout_s=1)
 
 
 def test_a_peer_that_never_joins_is_named_in_one_line_within_the_join_timeout():

@@ -238,9 +238,10 @@ def test_an_edited_step_runs_as_its_text_says(groups, round_trip):
     ref_state, ref_history = run_iterations(module, prog.init(0), 2)
     assert_trees_close(state.learner, ref_state.learner, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(metrics["episode_return"], [h["episode_return"] for h in ref_history], rtol=1e-5)
-    plain = Program(algo, pipeline, devices, policy)
-    _, plain_metrics = plain.run(plain.init(0), 2)
-    assert not np.allclose(metrics["episode_return"], plain_metrics["episode_return"])
+    # the unedited numbers: the device program's, which the host path's equal to 1e-5 (two groups: test_two_groups_...
+    # above; in the program: test_host_envs.py); compiled for those tests, not again for this one
+    _, _, _, plain_metrics = shared_programs.ppo_run("single", 1)
+    assert not np.allclose(metrics["episode_return"], plain_metrics["episode_return"][:2])
 
 
 @pytest.mark.parametrize("policy,devices", [("single", 1), ("anakin", 2), ("actor_learner_async", 4)])

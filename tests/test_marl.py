@@ -5,6 +5,7 @@ The wider matrix (IPPO with per-agent parameters under anakin, actor_learner_asy
 test_algorithms_x_policies.py's, in -m slow; learning is test_learning.py's (-m slow)."""
 
 import functools
+import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +15,9 @@ import pytest
 import fragc
 from conftest import assert_trees_close, traced_module
 
-pytest.importorskip("jaxmarl", reason="jaxmarl is the optional extra fragc[marl]")
+# found, not imported: importing jaxmarl (its environments, 2.6 s) here cost each xdist worker that collects this file
+if importlib.util.find_spec("jaxmarl") is None:
+    pytest.skip("jaxmarl is the optional extra fragc[marl]", allow_module_level=True)
 
 from fragc.algos import ippo, mappo, ppo  # noqa: E402
 from fragc.algos.envs import VecEnv  # noqa: E402

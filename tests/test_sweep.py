@@ -259,6 +259,9 @@ SWEEP = ["sweep", "ppo", "--lr", "1e-3,3e-4", "--ent-coef", "0,0.01", "--seeds",
          "--json"]
 
 
+pytestmark = pytest.mark.usefixtures("commands_compile_each_configuration_once")  # SWEEP compiled once by main()
+
+
 def sweep(capsys, tmp_path, *extra):
     from fragc.cli import main
 
@@ -316,8 +319,12 @@ def test_the_search_refuses_a_population_of_no_seeds_in_one_line():
     assert search_seeds("population(auto, 4)") == 4 and search_seeds("auto") == 0 and search_seeds("single") is None
 
 
-def test_sweep_reports_every_configuration_and_resumes_to_the_same_numbers(capsys, tmp_path):
+def test_sweep_reports_every_configuration_and_resumes_to_the_same_numbers(capsys, tmp_path,
+                                                                         commands_compile_each_configuration_once):
+    prog = pbt_program()  # the same sweep in Python (below: the same final returns)
+    compiled = len(commands_compile_each_configuration_once)
     whole = sweep(capsys, tmp_path / "whole")
+    assert len(commands_compile_each_configuration_once) == compiled  # SWEEP is pbt_program's configuration
     labels = ["lr=0.001 ent_coef=0", "lr=0.001 ent_coef=0.01", "lr=0.0003 ent_coef=0", "lr=0.0003 ent_coef=0.01"]
     assert [c["label"] for c in whole["configurations"]] == labels
     assert whole["best"] in labels and whole["iterations"] == 8
@@ -328,7 +335,6 @@ def test_sweep_reports_every_configuration_and_resumes_to_the_same_numbers(capsy
     finals = {r["member"]: r["episode_return"] for r in lines if r["iteration"] == 8}
     for c, row in enumerate(whole["configurations"]):  # the table's numbers are the members' last lines
         assert row["final"] == [finals[2 * c], finals[2 * c + 1]]
-    prog = pbt_program()  # the same sweep in Python: the same final returns
     state, history = prog.run(prog.init(0), 8)
     np.testing.assert_allclose([finals[m] for m in range(8)], history["episode_return"][:, -2:].reshape(8, -1).mean(1),
                                rtol=1e-6)
