@@ -374,3 +374,16 @@ def test_losing_the_ray_head_is_one_line_and_the_last_checkpoint_is_kept(tmp_pat
                              timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads(resumed.stdout)["resumed_from"] == saved[-1]
+
+
+@pytest.mark.slow  # starts a Ray of its own (10-20 s here), in a process of its own: this module's Ray may be up
+def test_the_compiled_graph_bench_times_both_calls():
+    """bench/ray_compiled_graph.py (docs/distributed.md): each call's milliseconds, plain and compiled, are numbers."""
+    import subprocess
+
+    script = os.path.join(os.path.dirname(__file__), os.pardir, "bench", "ray_compiled_graph.py")
+    done = subprocess.run([sys.executable, script, "--envs", "2", "--calls", "5", "--rounds", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = re.findall(r"^round 0 (noop|step): plain ([0-9.]+) ms, compiled ([0-9.]+) ms$", done.stdout, re.M)
+    assert [r[0] for r in rows] == ["noop", "step"] and all(float(p) > 0 and float(c) > 0 for _, p, c in rows)
