@@ -75,3 +75,16 @@ def test_a_sweeps_lines_name_its_best_member_at_the_dispatchs_last_iteration():
                         [[30.0, 30.0], [80.0, 90.0]]])  # iteration 2: member 0 30, member 1 85
     assert best_member({"episode_return": returns}) == "  best member 85.0"
     assert best_member({"loss": returns}) == ""
+
+
+def test_a_run_that_reports_a_win_rate_shows_it_after_the_return():
+    out = io.StringIO()
+    progress = LogProgress(10, out, every_s=3600)
+    run = a_run(stop_at=10)
+    progress.on_start(run)
+    run.last.update(episode_return=1.25, win_rate=0.4375)
+    progress.on_metrics(1, {}, None)
+    assert "return 1.2  win 0.44  " in out.getvalue()
+    run.last.pop("win_rate")
+    progress.on_metrics(10, {}, None)
+    assert "win" not in out.getvalue().splitlines()[-1]

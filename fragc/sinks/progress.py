@@ -30,7 +30,8 @@ def eta_seconds(run: Run, iteration: int, iterations: int) -> float:
 
 
 def progress_text(run: Run, iteration: int, iterations: int) -> str:
-    """`120/1000 it  61440 env steps  3,210 steps/s  return 23.4  0:19 elapsed, eta 2:21`."""
+    """`120/1000 it  61440 env steps  3,210 steps/s  return 23.4  0:19 elapsed, eta 2:21`; `win 0.42` after the
+    return where the algorithm reports a `win_rate` (IPPO's and MAPPO's on SMAX: what SMAX runs are judged by)."""
     now = run.wall_s
     parts = [f"{iteration}/{iterations} it"]
     if run.steps_per_iteration:
@@ -38,6 +39,8 @@ def progress_text(run: Run, iteration: int, iterations: int) -> str:
         parts += [f"{run.env_steps(iteration)} env steps", f"{rate:,.0f} steps/s"]
     if math.isfinite(run.last_return):
         parts.append(f"return {run.last_return:.1f}")
+    if "win_rate" in run.last:
+        parts.append(f"win {run.last['win_rate']:.2f}")
     parts.append(f"{clock(now)} elapsed, eta {clock(eta_seconds(run, iteration, iterations))}")
     return "  ".join(parts)
 
