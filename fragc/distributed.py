@@ -154,7 +154,7 @@ def _watch_launcher() -> None:
         except OSError:  # not the launcher's pipe (an inherited environment): nothing to watch
             return
         say_and_exit(f"fragc: error: the launcher is gone; process {os.environ.get(ENV_PROCESS_ID, '?')} "
-                      "is stopping")
+                     "is stopping")
 
     threading.Thread(target=watch, name="fragc-launcher-watch", daemon=True).start()
 
