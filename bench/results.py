@@ -2,6 +2,8 @@
 
     python bench/results.py [--seeds 0-9] [--only ppo,a2c] [--out bench/results] [--steps N]
     python bench/results.py --seeds 0 --only ppo_breakout_minatar,ppo_spaceinvaders_minatar,...
+    python bench/results.py --only mappo_smax_3m --seeds 0-9 --vectorised --out DIR   # on a GPU
+    python bench/results.py --only mappo_smax_3m --out DIR --from-curves              # summarise DIR's saved runs
 
 Needs rliable (`pip install -e '.[sweep]'`, in the test extra). Per run: the final return (mean over environments
 of each one's last completed episode, at the end of training). Per algorithm: every seed's final return, how many
@@ -18,7 +20,9 @@ with PureJaxRL's MinAtar configuration, PQN with purejaxql's, 1e7 steps each) ar
 only when named with `--only`.
 
 Algorithms whose policy is `single` run all seeds at once as one `population(single, seeds)` program (member i
-starts from seed i, the same run as `--seed i` alone); the others run seed by seed.
+starts from seed i, the same run as `--seed i` alone); the others run seed by seed. Each row's curves are saved
+(OUT/NAME_curves.npz, OUT/NAME_run.json) before they are summarised, so runs made where rliable does not import (a
+GPU machine's image) are summarised elsewhere with `--from-curves`.
 """
 
 from __future__ import annotations
@@ -204,8 +208,13 @@ class Progress:
         if steps >= self.next_report:
             returns = [round(float(r), 1) for r in np.atleast_1d(np.asarray(metrics["episode_return"])[..., -1])]
             self.rows.append({"steps": steps, "returns": returns})
+            line = f"  {self.label} after {steps:,} steps: returns {returns}"
+            if "win_rate" in metrics:  # SMAX: kept too, so a run cut short still says where its win rate stood
+                self.rows[-1]["win_rates"] = [round(float(w), 2)
+                                              for w in np.atleast_1d(np.asarray(metrics["win_rate"])[..., -1])]
+                line += f" win rates {self.rows[-1]['win_rates']}"
             self.next_report = (steps // self.every + 1) * self.every
-            print(f"  {self.label} after {steps:,} steps: returns {returns}", flush=True)
+            print(line, flush=True)
 
 
 def run_length(algo, max_steps: int | None) -> int:
@@ -220,9 +229,45 @@ CURVES = ("episode_return", "eval_return", "win_rate")
 the fraction of environments whose last episode was won (JaxMARL's win rate)."""
 
 
+def run_row(name: str, algorithm, policy: str, devices: int, seeds: list[int], max_steps: int | None,
+            vectorised: bool) -> tuple[dict[str, np.ndarray], dict]:
+    """Runs one row's seeds: its curves ([seeds, iterations] each) and what the row's JSON records of the run."""
+    iterations = run_length(algorithm, max_steps)
+    steps = iterations * algorithm.steps_per_iteration
+    progress = Progress(name, algorithm.steps_per_iteration, every=min(1_000_000, max(1, steps // 10)))
+    start = time.perf_counter()
+    all_curves = learning_curves(algorithm, policy, devices, seeds, iterations, progress, vectorised)
+    wall = time.perf_counter() - start
+    return all_curves, {
+        "seeds": seeds, "vectorised": vectorised, "backend": jax_backend(), "wall_s": round(wall, 1),
+        "env_steps": steps, "configured_env_steps": algorithm.config.iterations * algorithm.steps_per_iteration,
+        "steps_per_iteration": algorithm.steps_per_iteration,
+        "env_steps_per_s": round(len(seeds) * steps / wall),  # compile included: wall clock, not a bench
+        "returns_by_steps": progress.rows}
+
+
+def save_run(out: str, name: str, curves: dict[str, np.ndarray], run: dict) -> None:
+    """OUT/NAME_curves.npz and OUT/NAME_run.json: a row's run, before anything summarises it."""
+    np.savez(os.path.join(out, f"{name}_curves.npz"), **curves)
+    with open(os.path.join(out, f"{name}_run.json"), "w") as f:
+        json.dump(run, f, indent=1)
+
+
+def load_run(out: str, name: str) -> tuple[dict[str, np.ndarray], dict]:
+    """What `save_run` wrote (`--from-curves`)."""
+    try:
+        with np.load(os.path.join(out, f"{name}_curves.npz")) as saved, \
+                open(os.path.join(out, f"{name}_run.json")) as f:
+            return {k: saved[k] for k in saved.files}, json.load(f)
+    except FileNotFoundError as e:
+        raise SystemExit(f"bench/results.py: error: no saved run of {name} in {out} ({e.filename})") from None
+
+
 def learning_curves(algo, policy: str, devices: int, seeds: list[int], iterations: int,
-                    progress: Progress) -> dict[str, np.ndarray]:
-    """Each metric of `CURVES` the runs report -> its value at every iteration [seeds, iterations]."""
+                    progress: Progress, vectorised: bool = False) -> dict[str, np.ndarray]:
+    """Each metric of `CURVES` the runs report -> its value at every iteration [seeds, iterations]. `vectorised`:
+    a population's members batched (`population(..., exact=False)`), as on a GPU, where members run one after
+    another would leave it idle; each member then drifts from its `--seed S` run by float rounding."""
     import fragc
     from fragc.actions import OnMetrics
 
@@ -230,13 +275,19 @@ def learning_curves(algo, policy: str, devices: int, seeds: list[int], iteration
     if policy == "single" and not on_host and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
         # exact: each member is its `fragc run --seed S` run bit for bit; vectorised members drift from those by
         # float rounding that grows over a long run (a pqn row gave 6/10 vectorised where seed-by-seed runs gave 9/10)
-        prog = fragc.compile(algo, fragc.population("single", len(seeds), exact=True), devices=1,
+        prog = fragc.compile(algo, fragc.population("single", len(seeds), exact=not vectorised), devices=1,
                              iterations_per_dispatch=32)
         _, history = prog.run(prog.init(seeds[0]), iterations, [OnMetrics(progress)])
         return {m: np.asarray(history[m], np.float64) for m in CURVES if m in history}  # [seeds, iterations] each
     prog = fragc.compile(algo, policy, devices=devices, iterations_per_dispatch=32)
     histories = [prog.run(prog.init(seed), iterations, [OnMetrics(progress)])[1] for seed in seeds]
     return {m: np.stack([np.asarray(h[m], np.float64) for h in histories]) for m in CURVES if m in histories[0]}
+
+
+def jax_backend() -> str:
+    import jax
+
+    return f"{jax.default_backend()} ({jax.devices()[0].device_kind}), jax {jax.__version__}"
 
 
 def summary(name: str, returns: np.ndarray, threshold: float | None, digits: int = 1) -> dict:
@@ -258,8 +309,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None,
                         help="stop each run after its first STEPS environment steps (a partial run: the learning-rate "
                              "schedule stays the configured run's); default: the whole run")
+    parser.add_argument("--from-curves", action="store_true",
+                        help="summarise the runs saved in --out (NAME_curves.npz, NAME_run.json) instead of running")
+    parser.add_argument("--vectorised", action="store_true",
+                        help="a population's members batched rather than one after another (for a GPU; see "
+                             "learning_curves)")
     args = parser.parse_args()
     from fragc.devices import simulate_cpu_devices
+    from fragc.ir.errors import FragcError
     from fragc.sinks import stats
 
     simulate_cpu_devices(8)  # before JAX's backend starts (the runs' devices: at most 8)
@@ -271,19 +328,21 @@ def main() -> None:
         if name not in (only or DEFAULT):
             continue
         algorithm = make_algorithm(algo, overrides)
-        iterations = run_length(algorithm, args.steps)
-        steps = iterations * algorithm.steps_per_iteration
-        configured_steps = algorithm.config.iterations * algorithm.steps_per_iteration
-        progress = Progress(name, algorithm.steps_per_iteration, every=min(1_000_000, max(1, steps // 10)))
-        start = time.perf_counter()
-        all_curves = learning_curves(algorithm, policy, devices, seeds, iterations, progress)
-        wall = time.perf_counter() - start
+        os.makedirs(args.out, exist_ok=True)
+        if args.from_curves:
+            all_curves, run = load_run(args.out, name)
+        else:
+            all_curves, run = run_row(name, algorithm, policy, devices, seeds, args.steps, args.vectorised)
+            save_run(args.out, name, all_curves, run)
         curves = all_curves["episode_return"]
-        row = {"run": name, "algo": algo, "policy": policy, "config": overrides, "seeds": seeds,
-               "threshold": threshold, **summary(name, curves[:, -1], threshold), "wall_s": round(wall, 1),
-               "env_steps": steps, "configured_env_steps": configured_steps,
-               "env_steps_per_s": round(len(seeds) * steps / wall),  # compile included: wall clock, not a bench
-               "returns_by_steps": progress.rows}
+        wall, steps, configured_steps = run["wall_s"], run["env_steps"], run["configured_env_steps"]
+        try:
+            row = {"run": name, "algo": algo, "policy": policy, "config": overrides,
+                   "threshold": threshold, **summary(name, curves[:, -1], threshold), **run}
+        except FragcError as e:  # rliable missing or broken where the runs ran (a GPU machine's image): they are kept
+            print(f"{name}: no summary here ({e}); its curves are in {args.out}: summarise them where rliable "
+                  f"works with `python bench/results.py --only {name} --out DIR --from-curves`", flush=True)
+            continue
         lines = {name: row}
         if "eval_return" in all_curves:  # each seed's last evaluation of the greedy policy
             row["greedy_eval"] = lines[f"{name} (greedy eval)"] = summary(name, all_curves["eval_return"][:, -1],
@@ -293,13 +352,12 @@ def main() -> None:
         rows.append(row)
         partial = "" if steps == configured_steps else f"PARTIAL: {steps:,} of {configured_steps:,} steps  "
         for label, line in lines.items():
-            check = "" if threshold is None else f"{line['at_threshold']}/{len(seeds)} >= {threshold:g}  "
+            check = "" if threshold is None else f"{line['at_threshold']}/{len(run['seeds'])} >= {threshold:g}  "
             lo, hi = line["iqm_ci95"]
             print(f"{label:22} {policy:20} {partial}{check}IQM {line['iqm']:g} [{lo:g}, {hi:g}]  {wall:.0f} s  "
                   f"returns {line['final_returns']}", flush=True)
-        os.makedirs(args.out, exist_ok=True)
-        stats.curves_png({name: curves}, (np.arange(curves.shape[1]) + 1) * algorithm.steps_per_iteration,
-                         os.path.join(args.out, f"{name}.png"), title=f"{name} ({policy}, {len(seeds)} seeds)")
+        stats.curves_png({name: curves}, (np.arange(curves.shape[1]) + 1) * run["steps_per_iteration"],
+                         os.path.join(args.out, f"{name}.png"), title=f"{name} ({policy}, {len(run['seeds'])} seeds)")
         with open(os.path.join(args.out, "results.json"), "w") as f:  # after each run: a stopped job keeps them
             json.dump(rows, f, indent=2)
 

@@ -22,15 +22,18 @@ from results import MINATAR  # bench/results.py: the learning runs' MinAtar conf
 ROWS = {  # name: (algorithm, policy, config overrides, population size or 0)
     "ppo-cartpole-2048": ("ppo", "single", {"num_envs": 2048, "num_steps": 128, "num_minibatches": 32}, 0),
     "ppo-cartpole-8192": ("ppo", "single", {"num_envs": 8192, "num_steps": 128, "num_minibatches": 128}, 0),
+    "ppo-cartpole-16384": ("ppo", "single", {"num_envs": 16384, "num_steps": 128, "num_minibatches": 64}, 0),
+    "ppo-cartpole-32768": ("ppo", "single", {"num_envs": 32768, "num_steps": 128, "num_minibatches": 128}, 0),
     "ppo-cartpole-population-256": ("ppo", "single", {}, 256),
     **{f"ppo-minatar-{game.lower()}": ("ppo", "single", {"env": f"{game}-MinAtar", **MINATAR}, 0)
        for game in ("Breakout", "SpaceInvaders", "Asterix", "Freeway")},
 }
-"""PPO CartPole at PureJaxRL's scale (2048 and 8192 environments, 8,192-sample minibatches), a
-population of 256 seeds of PureJaxRL's CartPole configuration (its "2048 agents" experiment at 256), and PPO on
-MinAtar with PureJaxRL's MinAtar configuration (examples/brax_minatar.ipynb: 64 envs x 128 steps, lr 5e-3,
-4 epochs x 8 minibatches, relu MLP), the same as bench/results.py's MinAtar learning runs. The CartPole rows
-use PureJaxRL's CartPole network (tanh)."""
+"""PPO CartPole at PureJaxRL's scale (2048 and 8192 environments, 8,192-sample minibatches), larger rows for a GPU
+(16384 and 32768 environments, 32,768-sample minibatches: 64 and 128 of them an epoch, where 8192 takes 128 of a
+quarter the size), a population of 256 seeds of PureJaxRL's CartPole configuration (its "2048 agents" experiment
+at 256; bench/population.py times 2048 beside PureJaxRL's own), and PPO on MinAtar with PureJaxRL's MinAtar
+configuration (examples/brax_minatar.ipynb: 64 envs x 128 steps, lr 5e-3, 4 epochs x 8 minibatches, relu MLP),
+the same as bench/results.py's MinAtar learning runs. The CartPole rows use PureJaxRL's CartPole network (tanh)."""
 
 
 def measure(name: str, iterations: int, repeats: int) -> dict:

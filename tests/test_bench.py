@@ -205,10 +205,13 @@ def test_auto(bench, monkeypatch, tmp_path):
 
 @pytest.mark.slow  # the default suite's 6 minutes: bench/ smoke tests over 10 s run with -m slow
 def test_results(bench, tiny_configs):
-    """A learning run of every seed as one population, its statistics (rliable) and its curves."""
+    """A learning run of every seed as one population, its statistics (rliable) and its curves; summarised again
+    from its saved curves (`--from-curves`), the same row."""
     out = bench("results", "--only", "ppo", "--seeds", "0-1", "--steps", "64")
     [row] = json.loads((out / "results.json").read_text())
     assert row["run"] == "ppo" and len(row["final_returns"]) == 2 and (out / "ppo.png").stat().st_size > 0
+    (out / "results.json").unlink()
+    assert json.loads((bench("results", "--only", "ppo", "--from-curves") / "results.json").read_text()) == [row]
 
 
 # pbt slow, as it must be: 2 programs over the default suite's 6 minutes; PBT's populations are tests/test_sweep.py's
