@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU session's measurements, stage by stage, in one command (device minutes are few: ../shared/GPU.md).
 #
-#   bench/gpu.sh OUTDIR [STAGE ...]      stages, in this order: throughput population steady cold jaxmarl marl
+#   bench/gpu.sh OUTDIR [STAGE ...]      stages: throughput population steady cold jaxmarl marl profile
+#                                        (default: the first six, in this order)
 #
 # - throughput: bench/throughput.py's PPO CartPole rows at 8192, 16384 and 32768 environments (issue 47's >= 20M
 #   env-steps/s on one GPU);
@@ -11,7 +12,9 @@
 #   fresh process's compile and first iteration);
 # - jaxmarl: bench/jaxmarl_ippo.py, one seed and ten, against JaxMARL's IPPO script style;
 # - marl: bench/results.py's three JaxMARL rows, ten seeds each for their whole 1e7-step budget, a population of
-#   ten vectorised (--vectorised), the three processes side by side (each row is latency-bound on a GPU).
+#   ten vectorised (--vectorised), the three processes side by side (each row is latency-bound on a GPU);
+# - profile: bench/experiments/ppo_profile_gpu.py, kernels and host time per iteration of `steady`'s sides (why
+#   fragc's PPO at 4 environments was at 0.50 of PureJaxRL's on an H200, 2026-11-27).
 #
 # Each stage runs under a time limit of its own, the whole under BUDGET seconds (default 540), so a slow stage cannot
 # take the rest with it; after every stage OUTDIR/gpu.tgz packs what the stages wrote (a call cut short brings back
@@ -83,7 +86,9 @@ for s in $STAGES; do
         --iterations "$(small 2 4)" --out "$WORK" ;;
     marl) export -f marl small; export PYTHON WORK DRY_RUN
         stage marl 400 bash -c marl ;;
-    *) echo "bench/gpu.sh: error: unknown stage $s (throughput population steady cold jaxmarl marl)"; exit 2 ;;
+    profile) stage profile 120 "$PYTHON" bench/experiments/ppo_profile_gpu.py --iterations "$(small 2 32)" \
+        --k "$(small 2 16)" --out "$WORK" ;;
+    *) echo "bench/gpu.sh: error: unknown stage $s (throughput population steady cold jaxmarl marl profile)"; exit 2 ;;
     esac
 done
 echo "done in $((SECONDS - START))s; $OUTDIR/gpu.tgz holds: $(tar tzf "$OUTDIR/gpu.tgz" | tr '\n' ' ')"

@@ -259,10 +259,11 @@ def test_rnn_screen(bench):
     ("sac_plain_loops_gpu", ["--k", "2", "--iterations", "2", "--repeats", "1"]),
     ("sac_variants_gpu", ["--k", "2", "--iterations", "2", "--repeats", "1"]),
     ("sac_profile_gpu", ["--k", "2", "--iterations", "2"]),
+    ("ppo_profile_gpu", ["--k", "2", "--iterations", "2"]),
 ])
 def test_gpu_experiment_on_the_cpu(bench, monkeypatch, capsys, name, argv):
     """bench/experiments/: the GPU experiments behind docs/benchmarks.md, their CPU path at tiny sizes (the profile
     finds no GPU kernels here; SAC's whole run is TINY's 16 steps)."""
     shrink(monkeypatch, {**TINY, sac: {**TINY[sac], "total_steps": 16}})
-    bench(f"experiments/{name}", *argv, out=name == "sac_profile_gpu")
+    bench(f"experiments/{name}", *argv, out=name.endswith("_profile_gpu"))
     assert capsys.readouterr().out.strip()
