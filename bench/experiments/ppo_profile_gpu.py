@@ -9,8 +9,11 @@ GAE) say whether the gap is fragc's runtime, its PPO's maths, or the program XLA
 """
 import argparse
 import collections
+import cProfile
 import glob
+import io
 import os
+import pstats
 import resource
 import sys
 import tempfile
@@ -75,6 +78,16 @@ def main() -> None:
         lines += [f"    {kern[n] / it:6.1f}/it {c / it / 1e3:7.1f} us/it  {n[:100]}"
                   for n, c in sorted(kt.items(), key=lambda kv: -kv[1])[:15]]
         print("\n".join(lines[-16:] if kern else lines[-1:]), flush=True)
+        if name == "fragc":  # the Python side of `Program.run`: where the host's time goes outside XLA
+            profile = cProfile.Profile()
+            profile.enable()
+            state = jax.block_until_ready(run(state))
+            profile.disable()
+            text = io.StringIO()
+            pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(12)
+            lines.append("    the host's Python, one run of the fragc side (cProfile, by own time):")
+            lines += ["      " + line for line in text.getvalue().splitlines() if line.strip()][-16:]
+            print("\n".join(lines[-17:]), flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "ppo_profile.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
