@@ -31,6 +31,11 @@ BUDGET="${BUDGET:-540}"
 DRY_RUN="${DRY_RUN:-0}"
 WORK="$(mktemp -d)"
 START=$SECONDS
+for s in $STAGES; do
+    case $s in throughput | population | steady | cold | jaxmarl | marl | profile) ;;
+    *) echo "bench/gpu.sh: error: unknown stage $s (throughput population steady cold jaxmarl marl profile)"; exit 2 ;;
+    esac
+done
 mkdir -p "$OUTDIR"
 
 if [ "$DRY_RUN" = 1 ]; then
@@ -39,7 +44,9 @@ else
     "$PYTHON" -P -c 'import jax, sys; sys.exit(0 if jax.default_backend() == "gpu" else "bench/gpu.sh: error: no GPU visible to JAX")' || exit 1
 fi
 "$PYTHON" -P -c 'import jax; d = jax.devices()[0]; print(f"device: {d.device_kind} ({jax.default_backend()}), jax {jax.__version__}")'
-"$PYTHON" -P -c 'import fragc, gymnax, jaxmarl; print("imports: fragc", fragc.__file__)' || exit 1
+needs=fragc,gymnax
+case " $STAGES " in *" jaxmarl "* | *" marl "*) needs=$needs,jaxmarl ;; esac  # the multi-agent stages: its wheel too
+"$PYTHON" -P -c "import $needs, fragc; print('imports: $needs; fragc from', fragc.__file__)" || exit 1
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
 small() { [ "$DRY_RUN" = 1 ] && echo "$1" || echo "$2"; }  # small SMALL FULL: the dry run's value or the real one
@@ -88,7 +95,6 @@ for s in $STAGES; do
         stage marl 400 bash -c marl ;;
     profile) stage profile 120 "$PYTHON" bench/experiments/ppo_profile_gpu.py --iterations "$(small 2 32)" \
         --k "$(small 2 16)" --out "$WORK" ;;
-    *) echo "bench/gpu.sh: error: unknown stage $s (throughput population steady cold jaxmarl marl profile)"; exit 2 ;;
     esac
 done
 echo "done in $((SECONDS - START))s; $OUTDIR/gpu.tgz holds: $(tar tzf "$OUTDIR/gpu.tgz" | tr '\n' ' ')"

@@ -10,6 +10,7 @@ fixed; their CPU path runs too, with the same configs shrunk.
 import dataclasses
 import importlib.util
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -267,3 +268,16 @@ def test_gpu_experiment_on_the_cpu(bench, monkeypatch, capsys, name, argv):
     shrink(monkeypatch, {**TINY, sac: {**TINY[sac], "total_steps": 16}})
     bench(f"experiments/{name}", *argv, out=name.endswith("_profile_gpu"))
     assert capsys.readouterr().out.strip()
+
+
+def test_gpu_script_refuses_a_machine_without_a_gpu_and_an_unknown_stage(tmp_path):
+    """bench/gpu.sh: a CPU table is never mistaken for a GPU one, and a misspelt stage is one line before anything
+    runs (its stages themselves: the dry run, `DRY_RUN=1 bash bench/gpu.sh DIR`, checked by hand before a lease)."""
+    env = {**os.environ, "PYTHON": sys.executable}
+    no_gpu = subprocess.run(["bash", str(BENCH / "gpu.sh"), str(tmp_path / "a")], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert no_gpu.returncode == 1 and "no GPU visible to JAX" in no_gpu.stderr
+    assert not (tmp_path / "a" / "gpu.tgz").exists()
+    typo = subprocess.run(["bash", str(BENCH / "gpu.sh"), str(tmp_path / "b"), "throughput", "profil"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert typo.returncode == 2 and "unknown stage profil" in typo.stdout and not (tmp_path / "b").exists()
