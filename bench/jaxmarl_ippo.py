@@ -13,8 +13,10 @@ metrics after each dispatch instead. Both sides run JaxMARL's MPE configuration 
 iterations per dispatch and fetch their metrics after each; repeats alternate (J F J F ...), so drift on a shared
 machine hits both alike. Prints the median env steps/s of each and their ratio; writes JSON. With `--seeds N`,
 N seeds at once: JaxMARL's `jax.vmap` of its training over seeds (its NUM_SEEDS) against a fragc population of N.
+With `--no-trunc`, a third side: fragc's IPPO with JaxMARL's maths (`IPPONoTruncation`), so what fragc's truncation
+bootstrapping costs is measured beside the gap to JaxMARL's script.
 
-    python bench/jaxmarl_ippo.py [--repeats 7] [--iterations 8] [--seeds 1] [--out bench/results]
+    python bench/jaxmarl_ippo.py [--repeats 7] [--iterations 8] [--seeds 1] [--no-trunc] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from typing import Any, NamedTuple
 
@@ -36,6 +39,23 @@ from flax.training.train_state import TrainState
 import fragc
 from fragc.algos import ippo
 from fragc.algos.marl_envs import make_marl
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ppo_single import PPONoTruncation  # noqa: E402
+
+
+class IPPONoTruncation(ippo.IPPO):
+    """fragc's IPPO with JaxMARL's maths (`--no-trunc`): every done terminal, V(s_{t+1}) the next step's value, so
+    the rollout's critic pass over the reached observations is gone (bench/ppo_single.py's `PPONoTruncation` with the
+    agent axes). MPE's episodes all end at its time limit, which fragc's IPPO bootstraps and JaxMARL's does not. A
+    bench side, not an algorithm; shared parameters only."""
+
+    rollout_no_trunc = ippo.agents_fragment(PPONoTruncation.rollout, ((None, ippo.AGENT_RUNNER),
+                                                                      (2, ippo.AGENT_RUNNER, None)))
+
+    def __init__(self, config: ippo.Config = ippo.Config()):
+        super().__init__(config)
+        self.rollout = self.rollout_no_trunc
 
 
 class ActorCritic(nn.Module):
@@ -175,6 +195,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=8, help="iterations per timed dispatch")
     parser.add_argument("--seeds", type=int, default=1,
                         help="N > 1: N seeds at once, JaxMARL's `vmap` over seeds against a fragc population")
+    parser.add_argument("--no-trunc", action="store_true",
+                        help="a third side: fragc's IPPO with JaxMARL's maths (IPPONoTruncation), both sides' maths alike")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     config = ippo.Config()  # JaxMARL's ippo_ff_mpe.yaml
@@ -184,28 +206,33 @@ def main() -> None:
     n = args.seeds
     steps *= n
     init, update_step = make_train(jaxmarl_config(config))
+    policy = "single" if n == 1 else fragc.population("single", n)
     if n == 1:
         scanned = jax.jit(lambda s: jax.lax.scan(update_step, s, None, k), donate_argnums=0)
         jm_state = jax.jit(init)(jax.random.key(0))
-        prog = fragc.compile(ippo.IPPO(config), "single", iterations_per_dispatch=k)
     else:  # JaxMARL's NUM_SEEDS: `jax.vmap` of the training over seeds; the members' init mapped (`lax.map`), as
         # bench/population.py maps PureJaxRL's (a vmapped orthogonal init deadlocked XLA's CPU pool there)
         scanned = jax.jit(jax.vmap(lambda s: jax.lax.scan(update_step, s, None, k)), donate_argnums=0)
         jm_state = jax.jit(lambda keys: jax.lax.map(init, keys))(jax.random.split(jax.random.key(0), n))
-        prog = fragc.compile(ippo.IPPO(config), fragc.population("single", n), iterations_per_dispatch=k)
-    fr_state = prog.init(0)
 
     def run_jaxmarl() -> None:
         nonlocal jm_state
         jm_state, metrics = scanned(jm_state)
         jax.device_get(metrics)
 
-    def run_fragc() -> None:
-        nonlocal fr_state
-        fr_state, history = prog.run(fr_state, k)
-        jax.device_get(history["loss"])
+    def fragc_side(algo: ippo.IPPO):
+        prog = fragc.compile(algo, policy, iterations_per_dispatch=k)
+        state = prog.init(0)
 
-    sides = {"jaxmarl": run_jaxmarl, "fragc": run_fragc}
+        def run() -> None:
+            nonlocal state
+            state, history = prog.run(state, k)
+            jax.device_get(history["loss"])
+        return run
+
+    sides = {"jaxmarl": run_jaxmarl, "fragc": fragc_side(ippo.IPPO(config))}
+    if args.no_trunc:
+        sides["fragc_no_trunc"] = fragc_side(IPPONoTruncation(config))
     for run in sides.values():  # compile and warm up
         run()
     times: dict[str, list[float]] = {name: [] for name in sides}
@@ -217,15 +244,19 @@ def main() -> None:
     rates = {name: steps / statistics.median(t) for name, t in times.items()}
     ratio = rates["fragc"] / rates["jaxmarl"]
     for name, rate in rates.items():
-        print(f"{name:8s} {rate:12,.0f} env steps/s (median of {args.repeats}; {k} iterations of "
+        print(f"{name:14s} {rate:12,.0f} env steps/s (median of {args.repeats}; {k} iterations of "
               f"{config.num_envs}x{config.num_steps} a repeat" + (f", {n} seeds at once)" if n > 1 else ")"))
-    print(f"fragc / jaxmarl: {ratio:.2f}x  per-repeat ratios: "
-          f"{[round(j / f, 2) for f, j in zip(times['fragc'], times['jaxmarl'])]}")
+    ratios = {}
+    for name in [s for s in sides if s != "jaxmarl"]:
+        per_repeat = [j / f for f, j in zip(times[name], times["jaxmarl"])]
+        ratios[name] = statistics.median(per_repeat)
+        print(f"{name} / jaxmarl: {rates[name] / rates['jaxmarl']:.2f}x (ratio of medians); per-repeat median "
+              f"{ratios[name]:.2f}, ratios {[round(r, 2) for r in per_repeat]}")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "jaxmarl_ippo.json" if n == 1 else f"jaxmarl_ippo_{n}_seeds.json")
     with open(path, "w") as f:
         json.dump({"backend": jax.default_backend(), "iterations": k, "repeats": args.repeats, "seeds": n, "seconds": times,
-                   "env_steps_per_s": rates, "ratio": ratio}, f, indent=1)
+                   "env_steps_per_s": rates, "ratio": ratio, "per_repeat_ratio_medians": ratios}, f, indent=1)
     print(f"wrote {path}")
 
 

@@ -281,3 +281,13 @@ def test_gpu_script_refuses_a_machine_without_a_gpu_and_an_unknown_stage(tmp_pat
     typo = subprocess.run(["bash", str(BENCH / "gpu.sh"), str(tmp_path / "b"), "throughput", "profil"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert typo.returncode == 2 and "unknown stage profil" in typo.stdout and not (tmp_path / "b").exists()
+
+
+@pytest.mark.slow  # the default suite's 6 minutes: bench/ smoke tests over 10 s run with -m slow
+@pytest.mark.skipif(importlib.util.find_spec("jaxmarl") is None, reason="jaxmarl is the optional extra fragc[marl]")
+def test_jaxmarl_ippo_with_its_maths_side(bench):
+    """The JaxMARL-style side against fragc's IPPO and fragc's IPPO with JaxMARL's maths (`--no-trunc`), timed."""
+    result = json.loads((bench("jaxmarl_ippo", "--repeats", "1", "--iterations", "1", "--no-trunc")
+                         / "jaxmarl_ippo.json").read_text())
+    assert set(result["env_steps_per_s"]) == {"jaxmarl", "fragc", "fragc_no_trunc"}
+    assert set(result["per_repeat_ratio_medians"]) == {"fragc", "fragc_no_trunc"}
