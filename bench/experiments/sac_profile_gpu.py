@@ -4,19 +4,17 @@ kernel time, wall time (why does unrolling help fragc's program and not the plai
     python bench/experiments/sac_profile_gpu.py [--k 16] [--iterations 32] [--out /tmp]
 """
 import argparse
-import collections
 import dataclasses
-import glob
 import os
 import sys
 import tempfile
 import time
 
 import jax
-from jax.profiler import ProfileData
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import sac_plain  # noqa: E402
+from experiments.ppo_profile_gpu import device_kernels  # noqa: E402
 
 import fragc  # noqa: E402
 from fragc.algos import sac  # noqa: E402
@@ -51,21 +49,9 @@ def main() -> None:
         d = tempfile.mkdtemp()
         with jax.profiler.trace(d):
             jax.block_until_ready(run(s))
-        pd = ProfileData.from_file(glob.glob(d + "/**/*.xplane.pb", recursive=True)[0])
-        kern, kt, busy, first, last = collections.Counter(), collections.Counter(), 0, None, None
-        for plane in pd.planes:
-            if not plane.name.startswith("/device:GPU"):
-                continue
-            for line in plane.lines:
-                if line.name.startswith("Stream") or "Kernel" in line.name:
-                    for e in line.events:
-                        kern[e.name] += 1
-                        kt[e.name] += e.duration_ns
-                        busy += e.duration_ns
-                        first = e.start_ns if first is None else min(first, e.start_ns)
-                        last = e.start_ns + e.duration_ns if last is None else max(last, e.start_ns + e.duration_ns)
+        kern, kt, busy, span = device_kernels(d)
         lines.append(f"== {name}: wall {wall/IT*1e6:.0f} us/iteration; kernels {sum(kern.values())/IT:.0f}/iteration, "
-                     f"kernel time {busy/IT/1e3:.0f} us/iteration, span {((last or 0)-(first or 0))/IT/1e3:.0f} "
+                     f"kernel time {busy/IT/1e3:.0f} us/iteration, span {span/IT/1e3:.0f} "
                      "us/iteration")
         for n, c in sorted(kt.items(), key=lambda kv: -kv[1])[:12]:
             lines.append(f"    {kern[n]/IT:6.1f}/it {c/IT/1e3:7.1f} us/it  {n[:100]}")
