@@ -6,12 +6,14 @@ fragc.ir.graph_builder), so no merging is needed here."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 from jax.extend import core as jex
 from jax.interpreters import partial_eval as pe
 
 from fragc.ir.graph_builder import glue_debug_info
-from fragc.ir.module import Glue, Graph, Module, Use, Value, fragments_run_in, map_regions
+from fragc.ir.module import Glue, Graph, Module, Run, Use, Value, fragments_run_in, map_regions
 from fragc.ir.types import TreeType
 
 from .pipeline import Pass
@@ -22,12 +24,23 @@ class Canonicalize(Pass):
     name = "canonicalize"
 
     def run(self, module: Module) -> Module:
-        graph = _without_dead_nodes(module.graph)
+        graph = _without_dead_nodes(module.graph, _effectful(module))
         return module.replace(graph=graph, fragments=_used_fragments(module, list(graph.nodes)))
 
 
-def _without_dead_nodes(graph: Graph) -> Graph:
-    """`graph` less what nothing it returns (or yields) reads; regions' graphs likewise, every yield live."""
+def _effectful(module: Module) -> Callable[[Any], bool]:
+    """Whether a node has an effect beyond its outputs: a run of a fragment whose body has one (a
+    `jax.debug.callback` or `io_callback` logging what it is given, say), or a region holding such a run."""
+    def effectful(node: Any) -> bool:
+        if isinstance(node, Run):
+            return bool(module.fragments[node.fragment].body.effects)
+        return any(effectful(n) for g in node.regions for n in g.nodes)
+    return effectful
+
+
+def _without_dead_nodes(graph: Graph, effectful: Callable[[Any], bool]) -> Graph:
+    """`graph` less what nothing it returns (or yields) reads; regions' graphs likewise, every yield live. A run
+    whose fragment has an effect stays though nothing reads it: fragments are pure but for their effects."""
     live = {u.value: set() for u in graph.outputs}
     for u in graph.outputs:
         live[u.value].add(u.index)
@@ -35,11 +48,11 @@ def _without_dead_nodes(graph: Graph) -> Graph:
     renames: dict[Value, tuple[Value, list[int]]] = {}
     for node in reversed(graph.nodes):
         used = [sorted(live.get(v, ())) for v in node.outputs]
-        if not any(used):
-            continue  # fragments are pure: an unused call is dead
+        if not any(used) and not effectful(node):
+            continue  # an unused call of a pure fragment is dead
         if isinstance(node, Glue) and len(used[0]) < len(node.outputs[0].type.leaves):
             node, renames[node.outputs[0]] = _shrink_glue(node, used[0])
-        node = map_regions(node, _without_dead_nodes)
+        node = map_regions(node, lambda g: _without_dead_nodes(g, effectful))
         for u in node.operands:
             live.setdefault(u.value, set()).add(u.index)
         nodes.append(node)

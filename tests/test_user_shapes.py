@@ -283,3 +283,47 @@ def test_a_python_value_where_fragc_traces_an_array_is_refused_in_one_line(algo,
     message = str(err.value)
     assert "\n" not in message and message.startswith(start), message
     assert all(w in message for w in words), message
+
+
+# ---------------------------------------------------------------- a fragment that only logs
+
+
+class LogsLosses(Base):
+    """A learner fragment that returns nothing and logs its argument through `jax.debug.callback` (what ir/traps.py
+    tells a user to do with a print between fragments), once an iteration and once each trip of a scan."""
+
+    logged: list
+
+    def __init__(self):
+        super().__init__()
+        self.logged = []
+
+    @fragc.fragment(role="learner", in_axes=(None,), out_axes=None)
+    def log(self, loss):
+        jax.debug.callback(lambda x: self.logged.append(float(x)), loss)
+
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        w, metrics = self.learn(state.w, data.x, y, self.lr)
+        self.log(metrics["loss"])
+        jax.lax.fori_loop(0, 2, lambda i, c: (self.log(metrics["loss"] + i), c)[1], 0)  # its result unused too
+        return self.finish(state, w, data, metrics)
+
+
+@pytest.mark.parametrize("policy,devices,replicas", [("single", 1, 1), ("anakin", 4, 4), ("actor_learner", 8, 4)])
+def test_a_fragment_whose_only_work_is_an_effect_runs_where_jit_runs_it(policy, devices, replicas):
+    """Nothing reads the logging fragment's (empty) results: it stays in the graph after the passes and logs every
+    iteration's loss as `jax.jit` of the iteration does, the loop's trips too (each of its replicas logs: 4 under
+    anakin's 4 devices and on actor_learner's 4 learner devices)."""
+    algo = LogsLosses()
+    prog = fragc.compile(algo, policy, devices=devices)
+    assert runs(prog.module).count("log") == 2  # the iteration's call and the loop's
+    _, history = prog.run(prog.init(0), 3)
+    by_fragc, algo.logged[:] = list(algo.logged), []
+    state = algo.init(jax.random.key(0))
+    for _ in range(3):
+        state, _ = jax.jit(algo.iteration)(state)
+    jax.effects_barrier()
+    expected = [v for loss in history["loss"] for v in (loss, loss, loss + 1)]
+    assert algo.logged == pytest.approx(expected, rel=1e-6)
+    assert sorted(by_fragc) == pytest.approx(sorted(v for v in expected for _ in range(replicas)), rel=1e-6)
