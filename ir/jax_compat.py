@@ -17,3 +17,12 @@ def scan_counts(eqn: Any) -> tuple[int, int]:
         return p["num_consts"], p["num_carry"]
     consts, carry, _ = p["ft_in"].update(list(range(len(eqn.invars)))).unpack()  # jax >= 0.11
     return len(list(consts)), len(list(carry))
+
+
+def ordered_effects(effects: Any) -> list:
+    """The ordered effects among `effects` (`jax.debug.callback(..., ordered=True)`, an ordered `io_callback`): JAX
+    runs them on one device only, and not under `vmap`. Read from `jax._src.effects`, which JAX exports nowhere
+    public."""
+    from jax._src import effects as jax_effects
+
+    return [e for e in effects if jax_effects.ordered_effects.contains(e)]

@@ -20,6 +20,7 @@ from jax.extend import core as jex
 
 from fragc.ir.errors import FragcError, FragmentError
 from fragc.ir.host import EnvFleet, env_fleet_error, env_workers_error
+from fragc.ir.jax_compat import ordered_effects
 from fragc.ir.module import FragmentDef, Glue, Graph, Mesh, Module, Placement, RegionNode, Run, Use, Value, walk
 from fragc.ir.replicas import check_divides, replica_body, run_replicated, split_axes
 from fragc.ir.time_loop import time_loop_error
@@ -46,6 +47,7 @@ class Place(Pass):
             role = policy.placement(fdef.role)
             replicas = policy.replicas(fdef.role)
             _check_agent_split(policy, fdef, role, replicas)
+            _check_ordered_effects(policy, fdef, role, replicas)
             check_divides(name, fdef.arg_names, fdef.in_types, replicas, agents=role.split == "agent")
             workers = policy.env_workers if fdef.host_steps else 0
             if reason := env_workers_error(fdef, workers):
@@ -59,6 +61,22 @@ class Place(Pass):
                                 hyperparameters=tuple(policy.hyperparameters),
                                 member_loop=policy.member_loop, pbt=policy.pbt)
         return module.replace(graph=_place_values(module))
+
+
+def _check_ordered_effects(policy: Policy, fdef: FragmentDef, role: Any, replicas: int) -> None:
+    """An ordered callback in a fragment runs on one device and unvectorised (JAX's rule): refused where the policy
+    places the fragment on more devices, or vectorises a population's members, rather than in XLA's lowering."""
+    if not ordered_effects(fdef.body.effects):
+        return
+    devices = len(policy.groups[role.group])
+    vectorised = bool(policy.population) and not policy.member_loop
+    if devices == 1 and replicas == 1 and not vectorised:
+        return
+    where = (f"its {replicas} replicas on {devices} devices of group '{role.group}'" if not vectorised else
+             "a population's vectorised members")
+    raise FragcError(f"fragment '{fdef.name}' ({fdef.source}) makes an ordered callback (jax.debug.callback or "
+                     f"io_callback with ordered=True), which JAX runs on one device and not vectorised, and policy "
+                     f"'{policy.name}' runs it as {where}: drop ordered=True, or use policy 'single'")
 
 
 def _check_agent_split(policy: Policy, fdef: FragmentDef, role: Any, replicas: int) -> None:

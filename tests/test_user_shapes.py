@@ -327,3 +327,26 @@ def test_a_fragment_whose_only_work_is_an_effect_runs_where_jit_runs_it(policy, 
     expected = [v for loss in history["loss"] for v in (loss, loss, loss + 1)]
     assert algo.logged == pytest.approx(expected, rel=1e-6)
     assert sorted(by_fragc) == pytest.approx(sorted(v for v in expected for _ in range(replicas)), rel=1e-6)
+
+
+class LogsInOrder(LogsLosses):
+    """The same log, ordered (`jax.debug.callback(..., ordered=True)`), which JAX runs on one device only."""
+
+    @fragc.fragment(role="learner", in_axes=(None,), out_axes=None)
+    def log(self, loss):
+        jax.debug.callback(lambda x: self.logged.append(float(x)), loss, ordered=True)
+
+
+def test_an_ordered_callback_runs_on_one_device_and_is_refused_on_more_in_one_line():
+    algo = LogsInOrder()
+    prog = fragc.compile(algo, "single")
+    prog.run(prog.init(0), 2)
+    jax.effects_barrier()
+    assert len(algo.logged) == 6
+    for policy, devices, where in [("anakin", 4, "its 4 replicas on 4 devices"),
+                                   (fragc.population("single", 2), 1, "a population's vectorised members")]:
+        with pytest.raises(fragc.FragcError) as refused:
+            fragc.compile(algo, policy, devices=devices)
+        message = str(refused.value)
+        assert "fragment 'log' (tests/test_user_shapes.py:" in message and where in message
+        assert "drop ordered=True, or use policy 'single'" in message and "\n" not in message
