@@ -482,7 +482,7 @@ class _TraceContext:
 
     def define(self, frag: Fragment, args: tuple) -> FragmentDef:
         leaves, in_tree = jax.tree.flatten(args)
-        key = (frag.fn, in_tree, tuple(LeafType.of(x) for x in leaves))
+        key = (frag.fn, in_tree, tuple((t, t.weak_type) for t in map(LeafType.of, leaves)))  # a weak type traces apart
         if key not in self.defs:
             name, i = frag.name, 1
             while name in self.defs_by_name:

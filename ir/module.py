@@ -182,7 +182,7 @@ def local_struct(leaf: LeafType, replicas: int, agents: bool = False) -> jax.Sha
     axis = leaf.agent if agents else leaf.axis
     if axis is not None:
         shape[axis] //= replicas
-    return jax.ShapeDtypeStruct(tuple(shape), leaf.dtype)
+    return jax.ShapeDtypeStruct(tuple(shape), leaf.dtype, weak_type=leaf.weak_type)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -44,11 +44,16 @@ class LeafType:
     group: str | None = None
     agent: int | None = None
     """The agent axis (multi-agent algorithms): agents of one environment, or parameters stacked per agent."""
+    weak_type: bool = dataclasses.field(default=False, compare=False)
+    """JAX's weak type (a Python number's): `lr * grads` with `lr` a Python float keeps the grads' bfloat16, as
+    under `jax.jit`. Carried into bodies traced from this type (`struct`); not part of the type's identity, as
+    JAX's compiled programs take either."""
 
     @staticmethod
     def of(x: Any, axis: int | None = None, agent: int | None = None) -> "LeafType":
         """The type of anything with `.shape` and `.dtype`: arrays, tracers, avals."""
-        return LeafType(tuple(int(d) for d in x.shape), x.dtype, axis, agent=agent)
+        weak = bool(getattr(getattr(x, "aval", x), "weak_type", False))
+        return LeafType(tuple(int(d) for d in x.shape), x.dtype, axis, agent=agent, weak_type=weak)
 
     def replace(self, **changes: Any) -> "LeafType":
         return dataclasses.replace(self, **changes)
@@ -63,7 +68,7 @@ class LeafType:
                             agent=None if self.agent is None else self.agent + 1)
 
     def struct(self) -> jax.ShapeDtypeStruct:
-        return jax.ShapeDtypeStruct(self.shape, self.dtype)
+        return jax.ShapeDtypeStruct(self.shape, self.dtype, weak_type=self.weak_type)
 
     def __str__(self) -> str:
         dims = [f"{d}@env" if i == self.axis else f"{d}@agent" if i == self.agent else str(d)

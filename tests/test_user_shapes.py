@@ -350,3 +350,32 @@ def test_an_ordered_callback_runs_on_one_device_and_is_refused_on_more_in_one_li
         message = str(refused.value)
         assert "fragment 'log' (tests/test_user_shapes.py:" in message and where in message
         assert "drop ordered=True, or use policy 'single'" in message and "\n" not in message
+
+
+# ---------------------------------------------------------------- a Python number keeps JAX's weak type
+
+
+class Bfloat16Weights(Base):
+    """Weights kept in bfloat16 (mixed precision), the learning rate a Python float: `lr * grad` stays bfloat16, as
+    under `jax.jit`, so the state's dtype does not change."""
+
+    def init(self, key):
+        state = super().init(key)
+        return state.replace(w=state.w.astype(jnp.bfloat16), target=state.target.astype(jnp.bfloat16))
+
+    def iteration(self, state):
+        y, data = self.sample(state.w.astype(jnp.float32), state.data)
+        w, metrics = self.learn(state.w, data.x, y, 0.05)
+        return self.finish(state, w, data, metrics, self.polyak(state.target, w))
+
+
+def test_a_python_float_argument_keeps_a_bfloat16_state_bfloat16_as_jit_does():
+    algo = Bfloat16Weights()
+    prog = fragc.compile(algo, "single")
+    state = prog.init(0)
+    got, _ = prog.run(state, 3)
+    assert got.w.dtype == jnp.bfloat16 and got.target.dtype == jnp.bfloat16
+    expected = algo.init(jax.random.key(0))
+    for _ in range(3):
+        expected, _ = jax.jit(algo.iteration)(expected)
+    assert_trees_close(got, expected, rtol=1e-6, atol=1e-6)
