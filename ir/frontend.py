@@ -154,9 +154,14 @@ class Fragment:
             if param.kind is param.KEYWORD_ONLY and name not in passed:  # (a functools.partial's keywords)
                 del bound.arguments[name]
         if bound.kwargs:
-            raise FragmentError(f"fragment '{self.name}' called at {caller()}: keyword-only parameters "
-                                f"({', '.join(sorted(bound.kwargs))}) cannot carry values between fragments; "
-                                "make them positional-or-keyword")
+            keyword_only = sorted(n for n in bound.kwargs if n in signature.parameters)
+            var = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), "kwargs")
+            what = "; ".join(filter(None, [
+                keyword_only and f"keyword-only parameters ({', '.join(keyword_only)})",
+                len(keyword_only) < len(bound.kwargs) and f"**{var} arguments ("
+                + ", ".join(sorted(n for n in bound.kwargs if n not in signature.parameters)) + ")"]))
+            raise FragmentError(f"fragment '{self.name}' called at {caller()}: {what} cannot carry values between "
+                                "fragments; make each a positional-or-keyword parameter")
         return tuple(bound.args)
 
     def _arguments(self, args: tuple) -> tuple:
@@ -237,9 +242,9 @@ def _unwrap_static(tree: Any) -> Any:
 
 
 def _refuse_batching(args: Any, dims: Any, *, fragment: str, trace_id: int) -> Any:
-    raise FragmentError(f"fragment '{fragment}' is called under a jax.vmap of your own (at {caller()}); fragc "
-                        "vectorises fragments itself: declare the batch axis in in_axes/out_axes, or vmap inside "
-                        "the fragment's body")
+    raise FragmentError(f"fragment '{fragment}' is called under a jax.vmap of your own, or a lax.map with a "
+                        f"batch_size (which vmaps its batches) (at {caller()}); fragc vectorises fragments itself: "
+                        "declare the batch axis in in_axes/out_axes, or vmap inside the fragment's body")
 
 
 batching.primitive_batchers[fragment_call_p] = _refuse_batching

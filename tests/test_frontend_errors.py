@@ -74,6 +74,35 @@ def test_keyword_arguments_bind_as_python_binds_them():
         kw(jnp.ones(3), y=1.0)
 
 
+def test_keyword_only_and_var_keyword_arguments_are_refused_by_their_kind():
+    @fragc.fragment(role="actor", in_axes=(0,), out_axes=0)
+    def scaled(x, *, lr, **hparams):
+        return x * lr * hparams.get("clip", 1.0)
+
+    with pytest.raises(fragc.FragmentError, match=r"fragment 'scaled' called at .*test_frontend_errors.py:\d+: "
+                                                  r"keyword-only parameters \(lr\); \*\*hparams arguments "
+                                                  r"\(clip\) cannot carry values between fragments; make each a "
+                                                  r"positional-or-keyword parameter"):
+        scaled(jnp.ones(3), lr=0.1, clip=0.5)
+
+
+def test_a_fragment_under_a_batched_lax_map_is_refused_naming_lax_map():
+    @fragc.fragment(role="actor", in_axes=(0,), out_axes=0)
+    def double(x):
+        return 2 * x
+
+    class Mapped:
+        def init(self, key):
+            return jnp.ones((4, 8))
+
+        def iteration(self, xs):
+            return jax.lax.map(double, xs, batch_size=2), {}
+
+    with pytest.raises(fragc.FragmentError, match=r"fragment 'double' is called under a jax.vmap of your own, or a "
+                                                  r"lax.map with a batch_size \(which vmaps its batches\)"):
+        fragc.trace(Mapped())
+
+
 def test_collective_outside_a_fragment():
     with pytest.raises(fragc.FragcError, match=r"fragc.pmean must be called inside a @fragc.fragment"):
         fragc.pmean(jnp.ones(3))
