@@ -10,7 +10,13 @@ from fragc.algos import dqn, envs, ppo, ppo_continuous
 OFFLINE = [name for name in envs.env_names() if name != "MNISTBandit-bsuite"]  # that one downloads MNIST
 
 
-@pytest.mark.parametrize("name", OFFLINE)
+MINATAR_IN_SLOW = {"Asterix-MinAtar", "Freeway-MinAtar", "Seaquest-MinAtar", "SpaceInvaders-MinAtar"}
+"""MinAtar's games but Breakout run with -m slow (2-3 s each, the default suite's 6 minutes): the same gymnax wrapper
+and the same PPO trace their 10x10xC frames; Breakout's cell keeps the pixel path in the default suite."""
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in MINATAR_IN_SLOW else n
+                                  for n in OFFLINE])
 def test_environment_traces_with_a_matching_algorithm(name):
     env, params = envs.make(name)
     small = dict(env=name, num_envs=4, num_steps=4, num_minibatches=2)

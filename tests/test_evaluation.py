@@ -134,7 +134,9 @@ def test_eval_return_is_the_greedy_policys_mean_return_at_iterations_0_k_2k():
     assert returns[2] != returns[0]  # the weights learned in between act differently
 
 
-@pytest.mark.parametrize("policy", ["single", "anakin", "actor_learner"])
+# anakin with -m slow (the default suite's 6 minutes): actor_learner's cell runs the evaluation on replicas too, on
+# the actors' devices, apart from the learner
+@pytest.mark.parametrize("policy", ["single", pytest.param("anakin", marks=pytest.mark.slow), "actor_learner"])
 def test_equals_the_reference_interpreter(policy):
     """Three iterations: one that evaluates, one that carries the evaluation over, one that evaluates."""
     state, out, history, _ = toy_run(policy, 3)

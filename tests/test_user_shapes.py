@@ -310,7 +310,8 @@ class LogsLosses(Base):
         return self.finish(state, w, data, metrics)
 
 
-@pytest.mark.parametrize("policy,devices,replicas", [("single", 1, 1), ("anakin", 4, 4), ("actor_learner", 8, 4)])
+@pytest.mark.parametrize("policy,devices,replicas", [  # anakin with -m slow: actor_learner has replicas and stages
+    ("single", 1, 1), pytest.param("anakin", 4, 4, marks=pytest.mark.slow), ("actor_learner", 8, 4)])
 def test_a_fragment_whose_only_work_is_an_effect_runs_where_jit_runs_it(policy, devices, replicas):
     """Nothing reads the logging fragment's (empty) results: it stays in the graph after the passes and logs every
     iteration's loss as `jax.jit` of the iteration does, the loop's trips too (each of its replicas logs: 4 under
