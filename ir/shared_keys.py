@@ -36,7 +36,7 @@ def warn_shared_draws(fdef: FragmentDef) -> None:
     confirmed in the body traced at 2 replicas, where a per-environment draw halves.
     """
     n = fdef.batch_length()
-    if n is None:
+    if n is None or n == 1:  # one environment: one replica at most, and every length-1 dimension would match
         return
     varying = [t.axis is not None for t in fdef.in_leaf_types]
     draws = shared_draws(fdef.body.jaxpr, varying, n)

@@ -171,7 +171,8 @@ def test_warns_when_per_environment_noise_comes_from_a_replicated_key(body, what
 def test_per_environment_keys_do_not_warn(recwarn):
     """Keys carried per environment through a scan, a replicated key that shuffles a batch that is not
     per environment (PPO's minibatches) or draws a size that equals the environment count by chance,
-    and keys made per replica from `axis_index`."""
+    keys made per replica from `axis_index`, and one environment's draws (a length-1 dimension is not one per
+    environment)."""
     @fragc.fragment(role="actor", in_axes=(None, 0, 0), out_axes=0)
     def per_env(key, keys, obs):
         def step(keys, _):
@@ -195,6 +196,13 @@ def test_per_environment_keys_do_not_warn(recwarn):
     jax.eval_shape(sample_eight, jax.random.key(0), jnp.zeros(8))
     jax.eval_shape(per_env, jax.random.key(0), jax.random.split(jax.random.key(1), 8), jnp.zeros(8))
     jax.eval_shape(per_replica, jax.random.key(0), jnp.zeros(8))  # traces, runs nothing
+
+    @fragc.fragment(role="buffer", in_axes=(None, 0), out_axes=None)
+    def one_batch_of_four(key, obs):  # as SAC's buffer: [batches an iteration = 1, batch = 4] draws
+        return fragc.pmean(obs[jax.random.randint(key, (1, 4), 0, obs.shape[0])].sum())
+
+    jax.eval_shape(one_batch_of_four, jax.random.key(0), jnp.zeros(1))  # one environment (CleanRL's SAC): a
+    # replica at most, and the draws' length-1 dimension is not one per environment
     assert not [w for w in recwarn if "replicated key" in str(w.message)]
 
 
