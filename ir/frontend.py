@@ -155,13 +155,12 @@ class Fragment:
                 del bound.arguments[name]
         if bound.kwargs:
             keyword_only = sorted(n for n in bound.kwargs if n in signature.parameters)
+            into_var = sorted(n for n in bound.kwargs if n not in signature.parameters)  # gathered by **kwargs
             var = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), "kwargs")
-            what = "; ".join(filter(None, [
-                keyword_only and f"keyword-only parameters ({', '.join(keyword_only)})",
-                len(keyword_only) < len(bound.kwargs) and f"**{var} arguments ("
-                + ", ".join(sorted(n for n in bound.kwargs if n not in signature.parameters)) + ")"]))
-            raise FragmentError(f"fragment '{self.name}' called at {caller()}: {what} cannot carry values between "
-                                "fragments; make each a positional-or-keyword parameter")
+            kinds = ([f"keyword-only parameters ({', '.join(keyword_only)})"] if keyword_only else []) + (
+                [f"**{var} arguments ({', '.join(into_var)})"] if into_var else [])
+            raise FragmentError(f"fragment '{self.name}' called at {caller()}: {'; '.join(kinds)} cannot carry values "
+                                "between fragments; make each a positional-or-keyword parameter")
         return tuple(bound.args)
 
     def _arguments(self, args: tuple) -> tuple:
