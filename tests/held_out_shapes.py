@@ -2,8 +2,10 @@
 the user's own `jax.jit` or a cached scan body, a flax TrainState fresh from `TrainState.create`, arguments that
 pick code (a string, an enum, a function in a config dict), a default left out, a per-environment value computed
 between fragments. Each went wrong in the frontend once (issue 42); tests/test_user_shapes.py checks what each
-needed, and tests/test_control_flow.py runs them with tests/user_shapes.py's under every policy. Kept apart from
-user_shapes.py, whose line numbers the golden IRs print."""
+needed, and tests/test_control_flow.py runs them with tests/user_shapes.py's under every policy. The last four
+(a `tree_util.Partial` step into a user's jit, a target fragment inside a loss, unrolled loops with nested-dict
+metrics, a raw-key runner tuple) the frontend took as written when probed (2026-11-27); they stay so that it goes
+on taking them. Kept apart from user_shapes.py, whose line numbers the golden IRs print."""
 
 import dataclasses
 import enum
@@ -273,10 +275,86 @@ class PerEnvironmentConstant(Base):
         return self.finish(state, w, data, metrics)
 
 
+@jax.jit
+def two_steps(step_fn, w, x, y):
+    """A user's jitted helper taking the step as a `jax.tree_util.Partial` (a pytree, so jit traces through it)."""
+    w, _ = step_fn(w, x, y)
+    return step_fn(w, x, y)
+
+
+class TreePartialStep(Base):
+    """The learner's step bound with `jax.tree_util.Partial` and passed into the user's own `jax.jit` helper."""
+
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        w, metrics = two_steps(jax.tree_util.Partial(self.learn, lr=jnp.float32(0.05)), state.w, data.x, y)
+        return self.finish(state, w, data, metrics)
+
+
+class TargetInsideLoss(Base):
+    """DQN's way: a target network's fragment called inside the user's loss, under `jax.value_and_grad`, its result
+    behind `stop_gradient`; the gradient step itself is the user's plain JAX between fragments."""
+
+    @fragc.fragment(role="learner", in_axes=(None, 0), out_axes=0)
+    def target_q(self, target, x):
+        return x @ target
+
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+
+        def loss_fn(w):
+            target = jax.lax.stop_gradient(0.5 * y + 0.5 * self.target_q(state.target, data.x))
+            return jnp.mean((data.x @ w - target) ** 2)
+
+        loss, grad = jax.value_and_grad(loss_fn)(state.w)
+        w = state.w - self.lr * grad
+        return self.finish(state, w, data, {"loss": loss}, self.polyak(state.target, w))
+
+
+class UnrolledAndScoped(Base):
+    """Loops unrolled (`fori_loop(unroll=2)`, `scan(unroll=True)`) inside `jax.named_scope`s, and metrics as nested
+    dicts (history keys `loss.mse`, `grad.norm`)."""
+
+    @fragc.fragment(role="learner", in_axes=(None, 0, 0), out_axes=(None, None))
+    def learn_nested(self, w, x, y):
+        loss, grad = jax.value_and_grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
+        grad = fragc.pmean(grad)
+        return w - 0.05 * grad, {"loss": {"mse": fragc.pmean(loss)}, "grad": {"norm": jnp.linalg.norm(grad)}}
+
+    def iteration(self, state):
+        with jax.named_scope("rollout"):
+            y, data = self.sample(state.w, state.data)
+        with jax.named_scope("update"):
+            w = jax.lax.fori_loop(0, 3, lambda i, w: self.learn(w, data.x, y, self.lr)[0], state.w, unroll=2)
+            w, ms = jax.lax.scan(lambda w, _: self.learn_nested(w, data.x, y), w, None, length=2, unroll=True)
+        return self.finish(state, w, data, jax.tree.map(lambda v: v[-1], ms))
+
+
+class RawKeyTuple(Base):
+    """PureJaxRL's runner tuple with a raw uint32 key (`jax.random.PRNGKey`'s), split into per-environment keys
+    between fragments."""
+
+    def init(self, key):
+        w = Base.init(self, key).w
+        return w, jnp.zeros((self.num_envs, 3)), jax.random.key_data(key)
+
+    @fragc.fragment(role="actor", in_axes=(None, 0), out_axes=0)
+    def act(self, w, keys):
+        return jax.vmap(lambda k: jax.random.normal(k, (3,)))(keys) + 0.1 * w
+
+    def iteration(self, runner_state):
+        w, _, rng = runner_state
+        rng, env_rng = jax.random.split(rng)
+        x = self.act(w, jax.random.split(env_rng, self.num_envs))
+        w, metrics = self.learn(w, x, x @ TRUE_W, self.lr)
+        return (w, x, rng), metrics
+
+
 HELD_OUT = {
     "jit_method": JitMethod, "jit_helper": JitHelper, "scan_of_function": ScanOfFunction,
     "flax_train_state": FlaxTrainState, "static_arguments": StaticArguments, "default_left_out": DefaultLeftOut,
     "lambda_and_partial": LambdaAndPartial, "runner_tuple": RunnerTuple, "named_tuple_trajectory": NamedTupleTrajectory,
     "make_train": lambda: make_train({"LR": 0.1, "UPDATE_EPOCHS": 2}), "static_methods_and_config": StaticMethodsAndConfig,
-    "per_environment_constant": PerEnvironmentConstant,
+    "per_environment_constant": PerEnvironmentConstant, "tree_partial_step": TreePartialStep,
+    "target_inside_loss": TargetInsideLoss, "unrolled_and_scoped": UnrolledAndScoped, "raw_key_tuple": RawKeyTuple,
 }
