@@ -50,8 +50,7 @@ class IPPONoTruncation(ippo.IPPO):
     agent axes). MPE's episodes all end at its time limit, which fragc's IPPO bootstraps and JaxMARL's does not. A
     bench side, not an algorithm; shared parameters only."""
 
-    rollout_no_trunc = ippo.agents_fragment(PPONoTruncation.rollout, ((None, ippo.AGENT_RUNNER),
-                                                                      (2, ippo.AGENT_RUNNER, None)))
+    rollout_no_trunc = ippo.agents_fragment(PPONoTruncation.rollout, ippo.IPPO.rollout_shared.agent_axes)
 
     def __init__(self, config: ippo.Config = ippo.Config()):
         super().__init__(config)

@@ -206,12 +206,13 @@ class Progress:
         if self.rows and steps < self.rows[-1]["steps"]:  # the next seed's run has started
             self.next_report = self.every
         if steps >= self.next_report:
-            returns = [round(float(r), 1) for r in np.atleast_1d(np.asarray(metrics["episode_return"])[..., -1])]
-            self.rows.append({"steps": steps, "returns": returns})
-            line = f"  {self.label} after {steps:,} steps: returns {returns}"
+            def latest(metric: str, digits: int) -> list[float]:  # each seed's value at the dispatch's last iteration
+                return [round(float(x), digits) for x in np.atleast_1d(np.asarray(metrics[metric])[..., -1])]
+
+            self.rows.append({"steps": steps, "returns": latest("episode_return", 1)})
+            line = f"  {self.label} after {steps:,} steps: returns {self.rows[-1]['returns']}"
             if "win_rate" in metrics:  # SMAX: kept too, so a run cut short still says where its win rate stood
-                self.rows[-1]["win_rates"] = [round(float(w), 2)
-                                              for w in np.atleast_1d(np.asarray(metrics["win_rate"])[..., -1])]
+                self.rows[-1]["win_rates"] = latest("win_rate", 2)
                 line += f" win rates {self.rows[-1]['win_rates']}"
             self.next_report = (steps // self.every + 1) * self.every
             print(line, flush=True)
@@ -327,12 +328,12 @@ def main() -> None:
     for name, algo, policy, devices, threshold, overrides in RUNS:
         if name not in (only or DEFAULT):
             continue
-        algorithm = make_algorithm(algo, overrides)
         os.makedirs(args.out, exist_ok=True)
         if args.from_curves:
             all_curves, run = load_run(args.out, name)
         else:
-            all_curves, run = run_row(name, algorithm, policy, devices, seeds, args.steps, args.vectorised)
+            all_curves, run = run_row(name, make_algorithm(algo, overrides), policy, devices, seeds, args.steps,
+                                      args.vectorised)
             save_run(args.out, name, all_curves, run)
         curves = all_curves["episode_return"]
         wall, steps, configured_steps = run["wall_s"], run["env_steps"], run["configured_env_steps"]

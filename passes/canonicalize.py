@@ -13,7 +13,7 @@ from jax.extend import core as jex
 from jax.interpreters import partial_eval as pe
 
 from fragc.ir.graph_builder import glue_debug_info
-from fragc.ir.module import Glue, Graph, Module, Run, Use, Value, fragments_run_in, map_regions
+from fragc.ir.module import Glue, Graph, Module, Use, Value, fragments_run_in, map_regions
 from fragc.ir.types import TreeType
 
 from .pipeline import Pass
@@ -29,13 +29,10 @@ class Canonicalize(Pass):
 
 
 def _effectful(module: Module) -> Callable[[Any], bool]:
-    """Whether a node has an effect beyond its outputs: a run of a fragment whose body has one (a
-    `jax.debug.callback` or `io_callback` logging what it is given, say), or a region holding such a run."""
-    def effectful(node: Any) -> bool:
-        if isinstance(node, Run):
-            return bool(module.fragments[node.fragment].body.effects)
-        return any(effectful(n) for g in node.regions for n in g.nodes)
-    return effectful
+    """Whether a node has an effect beyond its outputs: it runs (itself or in its regions) a fragment whose body
+    has one (a `jax.debug.callback` or `io_callback` logging what it is given, say)."""
+    with_effects = {name for name, f in module.fragments.items() if f.body.effects}
+    return lambda node: not with_effects.isdisjoint(fragments_run_in((node,)))
 
 
 def _without_dead_nodes(graph: Graph, effectful: Callable[[Any], bool]) -> Graph:

@@ -330,24 +330,12 @@ class UnrolledAndScoped(Base):
         return self.finish(state, w, data, jax.tree.map(lambda v: v[-1], ms))
 
 
-class RawKeyTuple(Base):
-    """PureJaxRL's runner tuple with a raw uint32 key (`jax.random.PRNGKey`'s), split into per-environment keys
-    between fragments."""
+class RawKeyTuple(RunnerTuple):
+    """RunnerTuple's loop with a raw uint32 key (`jax.random.PRNGKey`'s) in place of a typed one."""
 
     def init(self, key):
-        w = Base.init(self, key).w
-        return w, jnp.zeros((self.num_envs, 3)), jax.random.key_data(key)
-
-    @fragc.fragment(role="actor", in_axes=(None, 0), out_axes=0)
-    def act(self, w, keys):
-        return jax.vmap(lambda k: jax.random.normal(k, (3,)))(keys) + 0.1 * w
-
-    def iteration(self, runner_state):
-        w, _, rng = runner_state
-        rng, env_rng = jax.random.split(rng)
-        x = self.act(w, jax.random.split(env_rng, self.num_envs))
-        w, metrics = self.learn(w, x, x @ TRUE_W, self.lr)
-        return (w, x, rng), metrics
+        w, x, key = super().init(key)
+        return w, x, jax.random.key_data(key)
 
 
 HELD_OUT = {
