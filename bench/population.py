@@ -13,16 +13,20 @@ ratio); each side's init is timed apart (`init_s`).
 Both compile first (not timed); then the sides alternate, `--repeats` rounds per N, and the ratio
 purejaxrl s / fragc s (> 1: fragc is faster) is taken per round, then the median.
 
+- `purejaxrl_straight` (`--purejaxrl-straight`): PureJaxRL's program lowered as fragc lowers its own, threefry
+  straight on the CPU (runtime/prng_lowering.py): what of fragc's lead is that lowering choice.
 - `fragc_no_trunc` (`--no-trunc`): fragc's PPO without truncation bootstrapping (bench/ppo_single.py's
   `PPONoTruncation`), as a population: the purejaxrl side's maths on fragc.
 
     python bench/population.py [--sizes 8,32,64,256] [--iterations 8] [--repeats 5] [--plain-vmap] [--no-trunc]
+        [--purejaxrl-straight]
         [--out bench/results]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -38,6 +42,7 @@ from ppo_single import PPONoTruncation  # noqa: E402
 
 import fragc  # noqa: E402
 from fragc.algos import ppo  # noqa: E402
+from fragc.runtime.prng_lowering import straight_threefry  # noqa: E402
 
 
 def timed(make_state, train):
@@ -55,7 +60,7 @@ def timed(make_state, train):
     return run
 
 
-def purejaxrl_side(config: ppo.Config, n: int, iterations: int):
+def purejaxrl_side(config: ppo.Config, n: int, iterations: int, straight: bool = False):
     """PureJaxRL's `jax.jit(jax.vmap(train))`, its members' init mapped (`lax.map`) before it; -> a function of a
     seed. PureJaxRL's own `jax.jit(jax.vmap(make_train(config)))(keys)` vmaps init too, whose orthogonal
     initializer's batched QR (jaxlib's LAPACK kernels) deadlocked XLA's CPU thread pool here at N = 8 (no CPU
@@ -65,7 +70,8 @@ def purejaxrl_side(config: ppo.Config, n: int, iterations: int):
     keys = jax.random.split(jax.random.key(0), n)
     vmapped = jax.jit(jax.vmap(lambda state: jax.lax.scan(train.update_step, state, None, iterations)),
                       donate_argnums=0)
-    vmapped = vmapped.lower(init(keys)).compile()
+    with straight_threefry() if straight else contextlib.nullcontext():
+        vmapped = vmapped.lower(init(keys)).compile()
 
     return timed(lambda seed: init(jax.random.split(jax.random.key(seed), n)), vmapped)
 
@@ -102,6 +108,8 @@ def main() -> None:
     parser.add_argument("--no-trunc", action="store_true",
                         help="also time fragc's PPO without truncation bootstrapping (ppo_single.PPONoTruncation: "
                              "PureJaxRL's GAE, the maths of the purejaxrl side) as a population")
+    parser.add_argument("--purejaxrl-straight", action="store_true",
+                        help="also time PureJaxRL's program lowered with threefry straight, as fragc lowers its own")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     config = ppo.Config()
@@ -111,6 +119,8 @@ def main() -> None:
                  "purejaxrl": purejaxrl_side(config, n, args.iterations)}
         if args.plain_vmap:
             sides["plain_vmap"] = plain_vmap_side(config, n, args.iterations)
+        if args.purejaxrl_straight:
+            sides["purejaxrl_straight"] = purejaxrl_side(config, n, args.iterations, straight=True)
         if args.no_trunc:
             sides["fragc_no_trunc"] = fragc_side(config, n, args.iterations, PPONoTruncation)
         for run in sides.values():  # warm up

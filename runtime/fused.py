@@ -31,6 +31,7 @@ from fragc.ir.errors import FragcError
 
 from . import pbt
 from .lower import LoweringInterpreter, leaf_sharding, lower_fragments, population_fragment
+from .prng_lowering import straight_threefry
 from .stages import whole_iteration
 
 
@@ -119,10 +120,11 @@ class FusedProgram:
             structs = [jax.ShapeDtypeStruct((len(self.module.population),) + s.shape, s.dtype) for s in structs]
         structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) for s, sh in zip(structs, self.state_shardings)]
         scalar = jax.ShapeDtypeStruct((), jnp.int32)
-        if self.module.pbt is not None:
-            return jax.jit(self._with_pbt(chunk), donate_argnums=0, out_shardings=(self.state_shardings, None)).lower(
-                structs, scalar, scalar)
-        return jax.jit(chunk, donate_argnums=0, out_shardings=(self.state_shardings, None)).lower(structs, scalar)
+        with straight_threefry():
+            if self.module.pbt is not None:
+                return jax.jit(self._with_pbt(chunk), donate_argnums=0,
+                               out_shardings=(self.state_shardings, None)).lower(structs, scalar, scalar)
+            return jax.jit(chunk, donate_argnums=0, out_shardings=(self.state_shardings, None)).lower(structs, scalar)
 
     def _with_pbt(self, chunk: Any) -> Any:
         """The population's dispatch, then population-based training's step when it is due (runtime/pbt.py),

@@ -50,6 +50,7 @@ from fragc.ir.module import HOST, REPLICA, Glue, Graph, HostLoop, Module, Run, T
 from .executable import Executable
 from .lower import spec
 from .multihost import place
+from .prng_lowering import straight_threefry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -497,7 +498,8 @@ def _passed_through(suffix: jex.ClosedJaxpr, n_kept: int, n_ys: int) -> list[int
 
 
 def _compile(name: str, stage: str, fdef: Any, program: Any, structs: Any) -> Executable:
-    lowered = program.lower(*structs)
+    with straight_threefry():
+        lowered = program.lower(*structs)
     return Executable(name, (stage,), (fdef.name,), lowered, lowered.compile())
 
 
