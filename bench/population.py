@@ -15,11 +15,13 @@ purejaxrl s / fragc s (> 1: fragc is faster) is taken per round, then the median
 
 - `purejaxrl_straight` (`--purejaxrl-straight`): PureJaxRL's program lowered as fragc lowers its own, threefry
   straight on the CPU (runtime/prng_lowering.py): what of fragc's lead is that lowering choice.
+- `fragc_rolled` (`--fragc-rolled`): fragc's population with JAX's own CPU lowering of threefry (a 5-trip loop a
+  draw), the other half of that measure.
 - `fragc_no_trunc` (`--no-trunc`): fragc's PPO without truncation bootstrapping (bench/ppo_single.py's
   `PPONoTruncation`), as a population: the purejaxrl side's maths on fragc.
 
     python bench/population.py [--sizes 8,32,64,256] [--iterations 8] [--repeats 5] [--plain-vmap] [--no-trunc]
-        [--purejaxrl-straight]
+        [--purejaxrl-straight] [--fragc-rolled]
         [--out bench/results]
 """
 
@@ -42,12 +44,14 @@ from ppo_single import PPONoTruncation  # noqa: E402
 
 import fragc  # noqa: E402
 from fragc.algos import ppo  # noqa: E402
+from fragc.runtime import prng_lowering  # noqa: E402
 from fragc.runtime.prng_lowering import straight_threefry  # noqa: E402
 
 
-def timed(make_state, train):
+def timed(make_state, train, hlo=None):
     """-> run(seed) -> (seconds training, seconds making the state): `make_state(seed)`, then `train(state)` ->
-    (state, metrics), the metrics fetched and the state waited for: each side timed the same way."""
+    (state, metrics), the metrics fetched and the state waited for: each side timed the same way. `run.hlo()` is
+    the training program's optimised HLO (`hlo`), for bench/experiments/cpu_thunks.py."""
     def run(seed: int) -> tuple[float, float]:
         start = time.perf_counter()
         state = jax.block_until_ready(make_state(seed))
@@ -57,6 +61,7 @@ def timed(make_state, train):
         jax.block_until_ready(state)
         return time.perf_counter() - made, made - start
 
+    run.hlo = hlo
     return run
 
 
@@ -73,7 +78,7 @@ def purejaxrl_side(config: ppo.Config, n: int, iterations: int, straight: bool =
     with straight_threefry() if straight else contextlib.nullcontext():
         vmapped = vmapped.lower(init(keys)).compile()
 
-    return timed(lambda seed: init(jax.random.split(jax.random.key(seed), n)), vmapped)
+    return timed(lambda seed: init(jax.random.split(jax.random.key(seed), n)), vmapped, vmapped.as_text)
 
 
 def fragc_side(config: ppo.Config, n: int, iterations: int, algorithm: type = ppo.PPO):
@@ -82,7 +87,17 @@ def fragc_side(config: ppo.Config, n: int, iterations: int, algorithm: type = pp
     prog = fragc.compile(algorithm(config), fragc.population("single", n), iterations_per_dispatch=iterations)
     prog.run(prog.init(0), iterations)  # compiles what a run compiles on first use
 
-    return timed(prog.init, lambda state: prog.run(state, iterations))
+    return timed(prog.init, lambda state: prog.run(state, iterations),
+                 lambda: prog.hlo(prog.executables[0], optimized=True))
+
+
+def rolled_side(config: ppo.Config, n: int, iterations: int):
+    """`fragc_side` with fragc's straight threefry turned off: JAX's own CPU lowering, a loop of 5 trips a draw."""
+    prng_lowering.enabled = False
+    try:
+        return fragc_side(config, n, iterations)
+    finally:
+        prng_lowering.enabled = True
 
 
 def plain_vmap_side(config: ppo.Config, n: int, iterations: int):
@@ -110,6 +125,8 @@ def main() -> None:
                              "PureJaxRL's GAE, the maths of the purejaxrl side) as a population")
     parser.add_argument("--purejaxrl-straight", action="store_true",
                         help="also time PureJaxRL's program lowered with threefry straight, as fragc lowers its own")
+    parser.add_argument("--fragc-rolled", action="store_true",
+                        help="also time fragc's population with JAX's own (rolled) CPU lowering of threefry")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     config = ppo.Config()
@@ -121,6 +138,8 @@ def main() -> None:
             sides["plain_vmap"] = plain_vmap_side(config, n, args.iterations)
         if args.purejaxrl_straight:
             sides["purejaxrl_straight"] = purejaxrl_side(config, n, args.iterations, straight=True)
+        if args.fragc_rolled:
+            sides["fragc_rolled"] = rolled_side(config, n, args.iterations)
         if args.no_trunc:
             sides["fragc_no_trunc"] = fragc_side(config, n, args.iterations, PPONoTruncation)
         for run in sides.values():  # warm up

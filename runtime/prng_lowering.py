@@ -20,6 +20,10 @@ import contextlib
 import threading
 from typing import Any, Iterator
 
+enabled = True
+"""Whether `straight_threefry()` chooses anything: benchmarks turn it off to measure the choice (bench/population.py's
+`fragc_rolled` side)."""
+
 _local = threading.local()
 _installed: bool | None = None  # None: not tried yet; False: this JAX's internals are not where expected
 _install_lock = threading.Lock()
@@ -52,6 +56,9 @@ def _install() -> bool:
 @contextlib.contextmanager
 def straight_threefry() -> Iterator[None]:
     """Lowerings on this thread inside the block lower `threefry2x32` straight on the CPU (see the module)."""
+    if not enabled:
+        yield
+        return
     _install()
     _local.depth = getattr(_local, "depth", 0) + 1
     try:

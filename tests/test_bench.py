@@ -118,10 +118,11 @@ def test_ppo_single(bench, tiny_configs, capsys):
 
 @pytest.mark.slow  # the default suite's 6 minutes: bench/ smoke tests over 10 s run with -m slow
 def test_population(bench, tiny_configs):
-    result = json.loads((bench("population", "--sizes", "2", "--iterations", "1", "--repeats", "1", "--no-trunc")
-                         / "population.json").read_text())
+    result = json.loads((bench("population", "--sizes", "2", "--iterations", "1", "--repeats", "1", "--no-trunc",
+                               "--fragc-rolled", "--purejaxrl-straight") / "population.json").read_text())
     [row] = result["rows"]
-    assert row["members"] == 2 and set(row["seconds"]) == {"fragc", "purejaxrl", "fragc_no_trunc"}
+    assert row["members"] == 2 and set(row["seconds"]) == {"fragc", "purejaxrl", "fragc_no_trunc", "fragc_rolled",
+                                                            "purejaxrl_straight"}
     assert len(row["ratios"]) == 1 and "purejaxrl/fragc_no_trunc" in row["other_ratio_medians"]
 
 
@@ -261,6 +262,7 @@ def test_rnn_screen(bench):
     ("sac_variants_gpu", ["--k", "2", "--iterations", "2", "--repeats", "1"]),
     ("sac_profile_gpu", ["--k", "2", "--iterations", "2"]),
     ("ppo_profile_gpu", ["--k", "2", "--iterations", "2"]),
+    ("cpu_thunks", ["--members", "2", "--iterations", "1", "--sides", "fragc,purejaxrl_straight", "--top", "2"]),
 ])
 def test_gpu_experiment_on_the_cpu(bench, monkeypatch, capsys, name, argv):
     """bench/experiments/: the GPU experiments behind docs/benchmarks.md, their CPU path at tiny sizes (the profile
