@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import itertools
 import inspect
+import re
 from typing import Any, Callable
 
 import jax
@@ -407,6 +408,26 @@ def _trace_body(frag: Fragment, in_tree: Any, leaf_types: list[LeafType]) -> tup
     except TypeError as err:
         _explain_body_error(frag, in_tree, leaf_types, flat_fn.__name__, err)
         raise
+    except ValueError as err:  # a jax.jit inside the fragment asks for a static argument that fragc traced
+        if "Non-hashable static arguments" not in str(err):
+            raise
+        names, types = frag.arg_names(len(in_tree.children())), _split_types(in_tree, leaf_types)
+        numbers = [f"'{n}'" for n, t in zip(names, types) if len(t.leaves) == 1 and not t.leaves[0].shape
+                   and (t.leaves[0].weak_type or t.leaves[0].dtype == jnp.bool_)]  # a Python number or bool, likely
+        raise FragmentError(
+            f"fragment '{frag.name}' ({_source(frag.fn)}) hands a traced argument{' (' + ', '.join(numbers) + ')' if numbers else ''} "
+            f"to a jax.jit inside it that takes it as a static argument: fragc traces a fragment's arguments, Python "
+            f"numbers and bools too, as jax.jit does; choose the code from the algorithm (self.config) or a closure "
+            f"(functools.partial of the jitted function), or pass a string or an enum member, which fragc binds "
+            f"into the body") from None
+    except NameError as err:  # a collective over an axis of the user's own naming (pmap-era code)
+        axis = re.search(r"unbound axis name: (\S+?)\.?(?:\s|$)", str(err))
+        if axis is None:
+            raise
+        raise FragmentError(
+            f"fragment '{frag.name}' ({_source(frag.fn)}) reduces over axis '{axis.group(1)}', which fragc does not "
+            f"define: a fragment's replicas are the axis fragc.REPLICA; use fragc.pmean / fragc.psum (or "
+            f"jax.lax.pmean(x, fragc.REPLICA))") from None
     if any(isinstance(c, jax.core.Tracer) for c in body.consts):
         hint = (" (under a hyperparameter sweep: an object built once from the config, such as an optimizer in a "
                 "cached_property, keeps the value it was built with; build it where it is used: docs/sweeps.md)"
@@ -486,7 +507,10 @@ class _TraceContext:
 
     def define(self, frag: Fragment, args: tuple) -> FragmentDef:
         leaves, in_tree = jax.tree.flatten(args)
-        key = (frag.fn, in_tree, tuple((t, t.weak_type) for t in map(LeafType.of, leaves)))  # a weak type traces apart
+        # one function decorated twice (a Q-network's forward pass as the actor's and as the learner's target) is two
+        # fragments: the declaration is part of the key; a weak type traces apart
+        declaration = (type(frag), frag.role, repr(frag.in_axes), repr(frag.out_axes), repr(frag.agent_axes))
+        key = (frag.fn, declaration, in_tree, tuple((t, t.weak_type) for t in map(LeafType.of, leaves)))
         if key not in self.defs:
             name, i = frag.name, 1
             while name in self.defs_by_name:
@@ -572,6 +596,7 @@ def trace(algo: Any, name: str | None = None) -> Module:
                           fragment_call_p, type(algo).__name__, sweep.init_reads(algo))
     _check_agent_count(algo, ctx.defs_by_name)
     traps.check_state_round_trip(algo, state_tree, out_tree_cell[0], state_leaves, closed)
+    traps.check_metric_names(algo, out_tree_cell[0])
     traps.refuse_effects_outside_fragments(algo, closed.jaxpr, fragment_call_p)
     graph = build_graph(closed, fragment_call_p, TreeType.of(state), out_tree_cell[0], ctx.defs_by_name)
     return Module(name=name or type(algo).__name__.lower(), fragments=dict(ctx.defs_by_name), graph=graph, init=init)

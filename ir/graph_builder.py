@@ -28,7 +28,7 @@ from jax.extend import source_info_util
 
 from .errors import FragcError
 from .jax_compat import scan_counts
-from .traps import short_location
+from .traps import short_location, user_site
 from .module import FragmentDef, For, Glue, Graph, If, Run, Use, Value, While
 from .types import LeafType, TreeType
 
@@ -111,6 +111,21 @@ def call_site(eqn: Any) -> str:
     return short_location(path, line) if line else where
 
 
+def _site_of_call(eqn: Any, call_p: Any) -> str:
+    """Where `eqn` is, or, for an equation JAX makes with no user frame of its own (`jax.checkpoint`'s), where the
+    first fragment call inside it is."""
+    where = call_site(eqn)
+    if eqn.primitive is call_p:
+        return user_site(eqn.source_info) or where
+    if where != "?":
+        return where
+    for sub in jex.jaxprs_in_params(eqn.params):
+        for e in sub.eqns:
+            if calls_fragments(e, call_p):
+                return _site_of_call(e, call_p)
+    return where
+
+
 def first_fragment(eqn: Any, call_p: Any) -> str:
     if eqn.primitive is call_p:
         return eqn.params["fragment"]
@@ -169,7 +184,7 @@ class _Builder:
                 what = REFUSED.get(name, f"a '{name}' of your own (fragc holds fragment calls under lax.scan, "
                                          "fori_loop, lax.while_loop, lax.cond, lax.switch and jax.jit)")
                 raise FragcError(f"fragment '{first_fragment(eqn, self.call_p)}' is called inside {what} "
-                                 f"(at {call_site(eqn)})")
+                                 f"(at {_site_of_call(eqn, self.call_p)})")
         flush(len(jaxpr.eqns))
 
     def declared_axes(self, jaxpr: jex.Jaxpr) -> dict[Any, Axes]:
@@ -227,7 +242,7 @@ class _Builder:
 
     def run(self, eqn: Any, env: dict[Any, Use], consts: dict[Any, Any], nodes: list[Any]) -> Run:
         fdef = self.defs[eqn.params["fragment"]]
-        inputs = tuple(self.use(v, env, consts, nodes, (leaf.axis, leaf.agent))
+        inputs = tuple(self.as_declared(self.use(v, env, consts, nodes, (leaf.axis, leaf.agent)), leaf, nodes)
                        for v, leaf in zip(eqn.invars, fdef.in_leaf_types))
         outputs, offset = [], 0
         for i, out_type in enumerate(fdef.out_types):
@@ -238,6 +253,20 @@ class _Builder:
             offset += len(out_type.leaves)
             outputs.append(value)
         return Run(fragment=fdef.name, inputs=inputs, outputs=tuple(outputs))
+
+    def as_declared(self, use: Use, leaf: LeafType, nodes: list[Any]) -> Use:
+        """`use` as the reading fragment declares it: a value made with another batch or agent axis than the reader
+        declares (an actor's per-environment output passed whole to a buffer's `add`, declared `None`) passes
+        through an identity glue typed as the reader declares, as when the user's own glue sits between them (a
+        glue runs on the whole value), so the passes move it as they move a glue's operand."""
+        have = use.type
+        if (have.axis, have.agent) == (leaf.axis, leaf.agent):
+            return use
+        var = jex.Var(jax.core.ShapedArray(have.shape, have.dtype, weak_type=have.weak_type))
+        jaxpr = jex.Jaxpr(constvars=[], invars=[var], outvars=[var], eqns=[], debug_info=glue_debug_info(1, 1))
+        out = Value(self.names.fresh("g"), _flat_type((_with_axes(have, (leaf.axis, leaf.agent)),)))
+        nodes.append(Glue(body=jex.ClosedJaxpr(jaxpr, []), inputs=(use,), outputs=(out,)))
+        return Use(out, 0)
 
     def glue(self, eqns: list[Any], env: dict[Any, Use], consts: dict[Any, Any], used_after: dict[Any, int],
              end: int, nodes: list[Any], declared: dict[Any, Axes] | None = None) -> Glue:

@@ -53,6 +53,20 @@ _CARRY_DTYPE = re.compile(r"input carry (?:component |at path )?(?:(\S+) )?has t
 """JAX's message (jax/_src/lax/control_flow/loops.py, `_check_carry_type`) for a carry that changes dtype."""
 
 
+def check_metric_names(algo: Any, out_tree: Any) -> None:
+    """Every metric leaf must have a name of its own: history, logs and trackers key them by their dotted paths, so
+    `{"loss": {"mse": a}, "loss.mse": b}` would keep one of the two."""
+    tree = out_tree.children()[1]
+    paths = jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(tree, range(tree.num_leaves)))[0]
+    seen: dict[str, str] = {}
+    for path, _ in paths:
+        name, written = jax.tree_util.keystr(path, simple=True, separator="."), f"metrics{jax.tree_util.keystr(path)}"
+        if name in seen:
+            raise FragcError(f"{type(algo).__name__}.iteration returns two metrics named '{name}' ({seen[name]} and "
+                             f"{written}): metrics are kept by their keys joined with '.'; rename one")
+        seen[name] = written
+
+
 def explain_carry_dtype(name: str, arg_names: tuple[str, ...], arg_types: tuple[TreeType, ...],
                         err: TypeError) -> None:
     """A `lax.scan` whose step changes a carry's dtype (PureJaxRL's LogWrapper starts an episode
@@ -106,6 +120,16 @@ _LIBRARY = tuple([os.path.dirname(jax.__file__)] + [os.path.join(_ROOT, d) for d
 
 def _user_frames(frames: list[traceback.FrameSummary]) -> list[traceback.FrameSummary]:
     return [f for f in frames if not f.filename.startswith(tuple(d + os.sep for d in _LIBRARY))]
+
+
+def user_site(source_info: Any) -> str | None:
+    """The innermost frame of an equation's traceback that is neither JAX's nor fragc's, as `file.py:line`; None
+    where it has none (JAX's own summary stops at fragc's frames: a fragment call is bound in ir/frontend.py)."""
+    frames = getattr(getattr(source_info, "traceback", None), "frames", None) or []
+    for frame in frames:
+        if not frame.file_name.startswith(tuple(d + os.sep for d in _LIBRARY)):
+            return short_location(frame.file_name, frame.line_num)
+    return None
 
 
 def _user_line(err: BaseException) -> str:

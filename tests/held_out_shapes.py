@@ -5,7 +5,8 @@ between fragments. Each went wrong in the frontend once (issue 42); tests/test_u
 needed, and tests/test_control_flow.py runs them with tests/user_shapes.py's under every policy. The last four
 (a `tree_util.Partial` step into a user's jit, a target fragment inside a loss, unrolled loops with nested-dict
 metrics, a raw-key runner tuple) the frontend took as written when probed (2026-11-27); they stay so that it goes
-on taking them. Kept apart from user_shapes.py, whose line numbers the golden IRs print."""
+on taking them. The last two (one function decorated as two fragments, an actor's batch handed whole to a buffer)
+came from the next probe. Kept apart from user_shapes.py, whose line numbers the golden IRs print."""
 
 import dataclasses
 import enum
@@ -338,6 +339,43 @@ class RawKeyTuple(RunnerTuple):
         return w, x, jax.random.key_data(key)
 
 
+def advantage(w, x):
+    """A Q-like forward pass less its batch mean: what it computes depends on the batch its body sees."""
+    q = x @ w
+    return q - q.mean()
+
+
+behaviour_advantage = fragc.fragment(role="actor", in_axes=(None, 0), out_axes=0)(advantage)
+target_advantage = fragc.fragment(role="learner", in_axes=(None, None), out_axes=None)(advantage)
+
+
+class SameFunctionTwoRoles(Base):
+    """One plain function decorated twice, as DQN's Q-network forward pass is the actor's (batch-split) and the
+    learner's target (the whole batch): two fragments, each with its own role and axes (once one, silently)."""
+
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        a_behaviour = behaviour_advantage(state.w, data.x)
+        a_target = target_advantage(state.target, data.x)  # the actor's per-environment x, taken whole
+        w, m = self.learn(state.w, data.x, y + 0.1 * a_target, self.lr)
+        return self.finish(state, w, data, {**m, "behaviour": jnp.abs(a_behaviour).mean()})
+
+
+class WholeBatchToBuffer(Base):
+    """An actor's per-environment output passed straight to a fragment that declares it whole (`in_axes` None), as
+    a replay buffer's `add(buffer, transitions)` takes the batch (once refused by the IR verifier)."""
+
+    @fragc.fragment(role="buffer", in_axes=(None, None), out_axes=None)
+    def add(self, target, x):
+        return 0.5 * target + 0.5 * jnp.mean(x, 0)
+
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        target = self.add(state.target, data.x)
+        w, m = self.learn(state.w, data.x, y, self.lr)
+        return self.finish(state, w, data, m, target)
+
+
 HELD_OUT = {
     "jit_method": JitMethod, "jit_helper": JitHelper, "scan_of_function": ScanOfFunction,
     "flax_train_state": FlaxTrainState, "static_arguments": StaticArguments, "default_left_out": DefaultLeftOut,
@@ -345,4 +383,5 @@ HELD_OUT = {
     "make_train": lambda: make_train({"LR": 0.1, "UPDATE_EPOCHS": 2}), "static_methods_and_config": StaticMethodsAndConfig,
     "per_environment_constant": PerEnvironmentConstant, "tree_partial_step": TreePartialStep,
     "target_inside_loss": TargetInsideLoss, "unrolled_and_scoped": UnrolledAndScoped, "raw_key_tuple": RawKeyTuple,
+    "same_function_two_roles": SameFunctionTwoRoles, "whole_batch_to_buffer": WholeBatchToBuffer,
 }
