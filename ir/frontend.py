@@ -414,8 +414,9 @@ def _trace_body(frag: Fragment, in_tree: Any, leaf_types: list[LeafType]) -> tup
         names, types = frag.arg_names(len(in_tree.children())), _split_types(in_tree, leaf_types)
         numbers = [f"'{n}'" for n, t in zip(names, types) if len(t.leaves) == 1 and not t.leaves[0].shape
                    and (t.leaves[0].weak_type or t.leaves[0].dtype == jnp.bool_)]  # a Python number or bool, likely
+        which = f" ({', '.join(numbers)})" if numbers else ""
         raise FragmentError(
-            f"fragment '{frag.name}' ({_source(frag.fn)}) hands a traced argument{' (' + ', '.join(numbers) + ')' if numbers else ''} "
+            f"fragment '{frag.name}' ({_source(frag.fn)}) hands a traced argument{which} "
             f"to a jax.jit inside it that takes it as a static argument: fragc traces a fragment's arguments, Python "
             f"numbers and bools too, as jax.jit does; choose the code from the algorithm (self.config) or a closure "
             f"(functools.partial of the jitted function), or pass a string or an enum member, which fragc binds "

@@ -30,7 +30,8 @@ _install_lock = threading.Lock()
 
 
 def _install() -> bool:
-    """Route the CPU lowering of `threefry2x32` through `_choose` once per process; -> whether it is routed."""
+    """Route the CPU lowering of `threefry2x32` through `choose` once per process (JAX's rolled rule outside
+    `straight_threefry()`, the straight one inside); -> whether it is routed."""
     global _installed
     with _install_lock:
         if _installed is None:
