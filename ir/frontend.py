@@ -433,9 +433,8 @@ def _trace_body(frag: Fragment, in_tree: Any, leaf_types: list[LeafType]) -> tup
         hint = (" (under a hyperparameter sweep: an object built once from the config, such as an optimizer in a "
                 "cached_property, keeps the value it was built with; build it where it is used: docs/sweeps.md)"
                 if isinstance(frag, SweptFragment) else "")
-        raise FragmentError(
-            f"fragment '{frag.name}' closes over a value traced outside it; pass that value as an argument{hint}"
-        )
+        raise FragmentError(f"fragment '{frag.name}' ({_source(frag.fn)}) closes over a value traced outside it; pass "
+                            f"that value as an argument{hint}")
     return body, out_tree_cell[0], flat_fn
 
 

@@ -66,15 +66,17 @@ def replicated_output_differs(name: str) -> FragmentError:
 
 
 def check_divides(name: str, arg_names: Sequence[str], types: Sequence[Any], replicas: int,
-                  agents: bool = False) -> None:
-    """A clear error when `replicas` does not divide a declared axis (with `agents`, a declared agent axis)."""
+                  agents: bool = False, source: str = "") -> None:
+    """A clear error when `replicas` does not divide a declared axis (with `agents`, a declared agent axis);
+    `source`: the fragment's `file.py:line`."""
     for arg, tree_type in zip(arg_names, types):
         for path, leaf in zip(tree_type.paths, tree_type.leaves):
             axis = leaf.agent if agents else leaf.axis
             if axis is not None and leaf.shape[axis] % replicas:
                 where = f"{arg}.{path}" if path else arg
                 raise FragmentError(
-                    f"fragment '{name}', argument '{where}': {'agent ' if agents else ''}axis {axis} has length "
+                    f"fragment '{name}'{f' ({source})' if source else ''}, argument '{where}': "
+                    f"{'agent ' if agents else ''}axis {axis} has length "
                     f"{leaf.shape[axis]}, which {replicas} replicas do not divide"
                 )
 

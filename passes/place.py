@@ -48,7 +48,8 @@ class Place(Pass):
             replicas = policy.replicas(fdef.role)
             _check_agent_split(policy, fdef, role, replicas)
             _check_ordered_effects(policy, fdef, role, replicas)
-            check_divides(name, fdef.arg_names, fdef.in_types, replicas, agents=role.split == "agent")
+            check_divides(name, fdef.arg_names, fdef.in_types, replicas, agents=role.split == "agent",
+                          source=fdef.source)
             workers = policy.env_workers if fdef.host_steps else 0
             if reason := env_workers_error(fdef, workers):
                 raise FragcError(reason)

@@ -122,7 +122,7 @@ def test_fragment_closing_over_a_traced_value():
 
             return leak(x), {}
 
-    with pytest.raises(fragc.FragmentError, match=r"fragment 'leak' closes over a value traced outside it"):
+    with pytest.raises(fragc.FragmentError, match=r"fragment 'leak' \(tests/test_frontend_errors.py:\d+\) closes over a value traced outside it"):
         fragc.trace(Leaky())
 
 

@@ -85,7 +85,7 @@ def test_actor_learner_transfers_trajectory_and_parameters():
 
 
 def test_env_count_the_replicas_do_not_divide(algo):
-    with pytest.raises(fragc.FragcError, match=r"fragment 'rollout', argument 'runner\..*': axis 0 has length 12, which 8 replicas do not divide"):
+    with pytest.raises(fragc.FragcError, match=r"fragment 'rollout' \(algos/ppo.py:\d+\), argument 'runner\..*': axis 0 has length 12, which 8 replicas do not divide"):
         fragc.compile(algo, "anakin", devices=8)
 
 
