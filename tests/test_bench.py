@@ -179,6 +179,7 @@ def test_throughput(bench, tiny_configs, tmp_path):
     assert row["population"] == 4 and row["env_steps_per_s"] > 0
 
 
+@pytest.mark.slow  # the default suite's 6 minutes: bench/ smoke tests over 10 s run with -m slow (this one 16 s)
 def test_host_envs(bench, tiny_configs):
     """Gymnasium's CartPole through the host loop (EnvPool's Pong is skipped by the script where EnvPool is not
     installed, and run where it is)."""

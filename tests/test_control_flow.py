@@ -28,8 +28,8 @@ ITERATIONS = 3
 DEVICES = {"single": 1, "anakin": 4, "actor_learner": 8, "actor_learner_async": 8}
 FAST = {  # the default suite; the whole matrix with -m slow
     "single": ("switch", "nested", "while_loss"),
-    "anakin": ("scan", "scan_minibatches", "while_loss", "same_function_two_roles"),
-    "actor_learner": ("cond", "actor_learner_scan", "spanning_cond", "while_spanning", "whole_batch_to_buffer"),
+    "anakin": ("scan", "scan_minibatches", "while_loss"),
+    "actor_learner": ("cond", "actor_learner_scan", "spanning_cond", "while_spanning"),
     "actor_learner_async": ("nested", "while_loss"),
 }
 NO_ACTOR_READS_THE_STATE = ("actor_learner_scan", "while_spanning",  # refused under actor_learner_async: nothing

@@ -85,6 +85,7 @@ def test_the_scanned_cell_resets_its_carry_where_an_episode_starts(scanned, cell
     np.testing.assert_allclose(ys[3:, :1], fresh, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # 12 s of the default suite's 6 minutes, for one layout option
 def test_the_sb3_layout_feeds_the_observation_to_an_lstm_with_pytorch_init():
     """lstm, embed=False, ortho_init=False (sb3-contrib's MlpLstmPolicy): the LSTMs' input kernels read the
     observation itself, the carry is both LSTMs' cell and hidden states, and the dense layers' weights lie within
