@@ -42,7 +42,7 @@ def _install() -> bool:
                 primitive = threefry.threefry2x32_p
                 rolled = mlir._platform_specific_lowerings["cpu"][primitive].rule
                 straight = threefry._threefry2x32_lowering_rule
-            except (ImportError, AttributeError, KeyError):
+            except (ImportError, AttributeError, KeyError, TypeError):
                 _installed = False
             else:
                 def choose(ctx: Any, *args: Any, **params: Any) -> Any:
