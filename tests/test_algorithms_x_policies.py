@@ -29,10 +29,10 @@ from shared_programs import ALGOS, small_algo, traced
 ITERATIONS = 2
 
 REPLICAS = {"anakin": 8, "actor_learner": {"actor": 4, "buffer": 4, "learner": 4}}
-DEFAULT = {"anakin": {"dqn"}, "actor_learner": {"dqn"}, "actor_learner_async": {"a2c"},
-           "population": {"ppo_continuous"}}
+DEFAULT = {"anakin": {"dqn"}, "actor_learner_async": {"a2c"}, "population": {"ppo_continuous"}}
 """The cells of the matrix in the default suite: with PPO under every policy in test_policies.py, every
-algorithm runs under at least one policy, the buffer role (DQN) under replicas and under roles. IMPALA under
+algorithm runs under at least one policy, the buffer role (DQN) under replicas (under roles: test_dqn.py's
+`test_buffer_beside_the_actors`). IMPALA under
 the policy it is made for is this file's cell in test_impala.py (`test_impala_async_equals_its_pipelined_module`:
 the same small IMPALA, the same program, 3 iterations against the pipelined module, and its staleness), so
 its cell here runs with -m slow and the program compiles once in the default suite."""
@@ -47,7 +47,9 @@ def cells(policy, names, xla_defaults=()):
 
 
 SYNC = [pytest.param(name, "anakin", marks=() if name in DEFAULT["anakin"] else pytest.mark.slow)
-        for name in sorted(ALGOS)] + [("dqn", "actor_learner")]
+        for name in sorted(ALGOS)] + [pytest.param("dqn", "actor_learner", marks=pytest.mark.slow)]
+"""DQN's buffer under roles in the default suite is test_dqn.py's `test_buffer_beside_the_actors` (a policy of the
+user's, the buffer with the actors, against the interpreter); its actor_learner cell here runs with -m slow."""
 
 
 def interpret_n(module, state, replicas, iterations=ITERATIONS):
