@@ -93,11 +93,11 @@ def fragc_side(config: ppo.Config, n: int, iterations: int, algorithm: type = pp
 
 def rolled_side(config: ppo.Config, n: int, iterations: int):
     """`fragc_side` with fragc's straight threefry turned off: JAX's own CPU lowering, a loop of 5 trips a draw."""
-    prng_lowering.enabled = False
+    enabled, prng_lowering.enabled = prng_lowering.enabled, False
     try:
         return fragc_side(config, n, iterations)
     finally:
-        prng_lowering.enabled = True
+        prng_lowering.enabled = enabled
 
 
 def plain_vmap_side(config: ppo.Config, n: int, iterations: int):

@@ -17,12 +17,14 @@ and says nothing (it is speed, never meaning).
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from typing import Any, Iterator
 
-enabled = True
-"""Whether `straight_threefry()` chooses anything: benchmarks turn it off to measure the choice (bench/population.py's
-`fragc_rolled` side)."""
+enabled = os.environ.get("FRAGC_THREEFRY", "straight") != "rolled"
+"""Whether `straight_threefry()` chooses anything. `FRAGC_THREEFRY=rolled` keeps JAX's CPU lowering: smaller
+programs that compile sooner and step slower, which the test suite (compiles first) takes; benchmarks turn it off
+to measure the choice (bench/population.py's `fragc_rolled` side)."""
 
 _local = threading.local()
 _installed: bool | None = None  # None: not tried yet; False: this JAX's internals are not where expected

@@ -6,12 +6,20 @@ import threading
 
 import jax
 import numpy as np
+import pytest
 
 import fragc
+from fragc.runtime import prng_lowering
 from fragc.runtime.prng_lowering import straight_threefry
 from toy_algos import Regression, regression_by_hand
 
 ROLLED_THREEFRY = re.compile(r'known_trip_count":\{"n":"5"')  # JAX's CPU threefry: fori_loop(0, 5, ...)
+
+
+@pytest.fixture(autouse=True)
+def straight(monkeypatch):
+    """The lowering users get (tests/conftest.py keeps JAX's for the rest of the suite's compile time)."""
+    monkeypatch.setattr(prng_lowering, "enabled", True)
 
 
 def _by_hand(algo, seed, iterations):
