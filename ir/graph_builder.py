@@ -111,29 +111,28 @@ def call_site(eqn: Any) -> str:
     return short_location(path, line) if line else where
 
 
+def _first_call(eqn: Any, call_p: Any) -> Any:
+    """The first fragment call equation in `eqn` (itself, or in the jaxprs it holds), or None."""
+    if eqn.primitive is call_p:
+        return eqn
+    for sub in jex.jaxprs_in_params(eqn.params):
+        for e in sub.eqns:
+            if calls_fragments(e, call_p):
+                return _first_call(e, call_p)
+    return None
+
+
+def first_fragment(eqn: Any, call_p: Any) -> str:
+    call = _first_call(eqn, call_p)
+    return call.params["fragment"] if call is not None else "?"
+
+
 def _site_of_call(eqn: Any, call_p: Any) -> str:
     """Where `eqn` is, or, for an equation JAX makes with no user frame of its own (`jax.checkpoint`'s), where the
     first fragment call inside it is."""
     where = call_site(eqn)
-    if eqn.primitive is call_p:
-        return user_site(eqn.source_info) or where
-    if where != "?":
-        return where
-    for sub in jex.jaxprs_in_params(eqn.params):
-        for e in sub.eqns:
-            if calls_fragments(e, call_p):
-                return _site_of_call(e, call_p)
-    return where
-
-
-def first_fragment(eqn: Any, call_p: Any) -> str:
-    if eqn.primitive is call_p:
-        return eqn.params["fragment"]
-    for sub in jex.jaxprs_in_params(eqn.params):
-        for e in sub.eqns:
-            if calls_fragments(e, call_p):
-                return first_fragment(e, call_p)
-    return "?"
+    call = _first_call(eqn, call_p) if where == "?" else None
+    return (user_site(call.source_info) if call is not None else None) or where
 
 
 class _Builder:

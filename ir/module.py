@@ -21,7 +21,7 @@ from .graph import (  # noqa: F401  (the graph's names, offered here too)
     subgraph, walk, walk_counted, walk_graphs,
 )
 from .printer import format_module
-from .types import LeafType, TreeType
+from .types import LeafType, TreeType, leaf_key_paths
 
 REPLICA = "replica"
 """The axis name of fragment replicas; `fragc.pmean`/`psum` reduce over it."""
@@ -288,8 +288,7 @@ class Module:
     def metric_names(self) -> list[str]:
         """The iteration's metric leaves by their dotted paths (`loss`, `episode.return`), in order."""
         tree = self.graph.out_tree.children()[1]
-        paths = jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(tree, range(tree.num_leaves)))[0]
-        return [jax.tree_util.keystr(p, simple=True, separator=".") for p, _ in paths]
+        return [jax.tree_util.keystr(p, simple=True, separator=".") for p in leaf_key_paths(tree)]
 
     def callable_fragments(self) -> dict[str, FragmentDef]:
         """The fragments a top-level run may call: all but the parts of host loops (`FragmentDef.part_of`),

@@ -22,7 +22,7 @@ from jax.extend import core as jex
 from jax.extend import source_info_util
 
 from .errors import FragcError, FragmentError
-from .types import TreeType
+from .types import TreeType, leaf_key_paths
 
 
 def check_state_round_trip(algo: Any, state_tree: Any, out_tree: Any, state_leaves: list, closed: Any) -> None:
@@ -56,10 +56,8 @@ _CARRY_DTYPE = re.compile(r"input carry (?:component |at path )?(?:(\S+) )?has t
 def check_metric_names(algo: Any, out_tree: Any) -> None:
     """Every metric leaf must have a name of its own: history, logs and trackers key them by their dotted paths, so
     `{"loss": {"mse": a}, "loss.mse": b}` would keep one of the two."""
-    tree = out_tree.children()[1]
-    paths = jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(tree, range(tree.num_leaves)))[0]
     seen: dict[str, str] = {}
-    for path, _ in paths:
+    for path in leaf_key_paths(out_tree.children()[1]):
         name, written = jax.tree_util.keystr(path, simple=True, separator="."), f"metrics{jax.tree_util.keystr(path)}"
         if name in seen:
             raise FragcError(f"{type(algo).__name__}.iteration returns two metrics named '{name}' ({seen[name]} and "
@@ -118,8 +116,12 @@ _LIBRARY = tuple([os.path.dirname(jax.__file__)] + [os.path.join(_ROOT, d) for d
 """Folders whose frames are not the user's: JAX's and fragc's own."""
 
 
+def _in_library(filename: str) -> bool:
+    return filename.startswith(tuple(d + os.sep for d in _LIBRARY))
+
+
 def _user_frames(frames: list[traceback.FrameSummary]) -> list[traceback.FrameSummary]:
-    return [f for f in frames if not f.filename.startswith(tuple(d + os.sep for d in _LIBRARY))]
+    return [f for f in frames if not _in_library(f.filename)]
 
 
 def user_site(source_info: Any) -> str | None:
@@ -127,7 +129,7 @@ def user_site(source_info: Any) -> str | None:
     where it has none (JAX's own summary stops at fragc's frames: a fragment call is bound in ir/frontend.py)."""
     frames = getattr(getattr(source_info, "traceback", None), "frames", None) or []
     for frame in frames:
-        if not frame.file_name.startswith(tuple(d + os.sep for d in _LIBRARY)):
+        if not _in_library(frame.file_name):
             return short_location(frame.file_name, frame.line_num)
     return None
 

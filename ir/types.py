@@ -81,6 +81,11 @@ NUMBERS = (bool, int, float, complex, np.generic, np.ndarray)
 """Leaves that JAX takes as arrays where it is given them (Python and NumPy numbers, NumPy arrays)."""
 
 
+def leaf_key_paths(treedef: Any) -> list[tuple]:
+    """The key path of each leaf of `treedef`, in order (a metrics tree's `loss`, `episode.return`)."""
+    return [p for p, _ in jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(treedef, range(treedef.num_leaves)))[0]]
+
+
 def as_arrays(tree: Any) -> Any:
     """`tree` with its Python and NumPy numbers and arrays as JAX arrays, as `jax.jit` takes them: a state whose
     flax `TrainState.step` is still the int 0 of `TrainState.create`, a fragment's constant argument."""
