@@ -32,6 +32,22 @@ def params_fingerprint(state: Any) -> str:
     return digest.hexdigest()[:16]
 
 
+def check_metrics_file(path: str) -> None:
+    """Refuse, in one line and before anything compiles, a metrics file that `MetricsWriter` could not open: a
+    folder, or a file in a folder that is missing or not writable (a file made and removed there at once:
+    `os.access` says yes to root in a read-only folder)."""
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise FragcError(f"cannot write metrics to '{path}': it is a folder")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError:
+        raise FragcError(f"cannot write metrics to '{path}': its folder is missing or not writable") from None
+
+
 class MetricsWriter:
     """One JSON line per reporting interval: iteration, env steps, wall time and each metric's mean.
 

@@ -18,18 +18,28 @@ def run_json(capsys, *extra):
     return json.loads(captured.out), captured.err
 
 
-def test_json_summary_and_fingerprint(capsys):
+def test_json_summary_and_fingerprint(capsys, commands_compile_each_configuration_once):
     first, progress = run_json(capsys, "--seed", "3")
     assert {"final_return", "env_steps", "iterations", "wall_s", "policy", "devices", "params_fingerprint"} <= set(first)
     assert first["iterations"] == 16 and first["env_steps"] == 16 * 512 and first["policy"] == "single"
     assert "fragc run ppo" in progress  # progress goes to stderr, stdout is only the JSON
+    commands_compile_each_configuration_once.clear()  # compiled again with --no-cache; seed 4 reuses that program
     again, _ = run_json(capsys, "--seed", "3", "--no-cache")
     other, _ = run_json(capsys, "--seed", "4")
     assert again["params_fingerprint"] == first["params_fingerprint"]
     assert other["params_fingerprint"] != first["params_fingerprint"]
 
 
-def test_metrics_file_and_plot(capsys, tmp_path):
+def test_a_metrics_file_that_is_a_folder_is_refused_before_compiling(capsys, monkeypatch, tmp_path):
+    from fragc.cli import algorithm
+
+    monkeypatch.setattr(algorithm, "compile_with", lambda *a: pytest.fail("compiled before refusing the path"))
+    assert main(SHORT + ["--metrics", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot write metrics to '{tmp_path}': it is a folder" in err, err
+
+
+def test_metrics_file_and_plot(capsys, tmp_path, commands_compile_each_configuration_once):
     metrics = tmp_path / "m.jsonl"
     assert main(SHORT + ["--quiet", "--metrics", str(metrics)]) == 0
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
@@ -52,7 +62,10 @@ def test_listings(capsys, command, expected):
     (SHORT + ["--metrics", "/nonexistent/dir/m.jsonl"], "cannot write metrics to '/nonexistent/dir/m.jsonl'"),
     (["plot", "/nonexistent.jsonl"], "cannot read metrics file"),
 ])
-def test_bad_paths_are_one_line_and_exit_code_2(capsys, argv, message):
+def test_bad_paths_are_one_line_and_exit_code_2(capsys, monkeypatch, argv, message):
+    from fragc.cli import algorithm
+
+    monkeypatch.setattr(algorithm, "compile_with", lambda *a: pytest.fail("compiled before refusing the path"))
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err

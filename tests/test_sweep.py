@@ -292,6 +292,8 @@ def test_a_refused_sweep_writes_nothing(capsys, tmp_path, extra, message):
 @pytest.mark.parametrize("argv,message", [
     (["--out", "/proc/nope/sw"], r"cannot write the sweep's output in '/proc/nope/sw': '/proc' is not writable"),
     (["--seeds", "0-4294967296"], r"seeds must be in 0 \.\. 2\*\*32 - 1"),
+    (["--metrics", "/nonexistent/dir/m.jsonl"],
+     r"cannot write metrics to '/nonexistent/dir/m\.jsonl': its folder is missing or not writable"),
 ])
 def test_bad_sweep_input_is_one_line(capsys, argv, message):
     """An output folder that cannot be made (it was an `os.makedirs` traceback), a seed range past 2**32 (it built

@@ -18,7 +18,7 @@ from fragc.ir.errors import FragcError
 from fragc.options import search_seeds
 from fragc.runtime.actions import steps_per_iteration
 from fragc.runtime.checkpoint import Checkpointer
-from fragc.runtime.reporting import enable_compilation_cache, params_fingerprint
+from fragc.runtime.reporting import check_metrics_file, enable_compilation_cache, params_fingerprint
 from fragc.runtime.stopping import Stopped
 from fragc.sinks import tracking
 from fragc.sinks.video import CaptureVideo, check_capture
@@ -110,6 +110,8 @@ def main(args: argparse.Namespace) -> int:
     if not args.no_cache:
         enable_compilation_cache()
     lead = jax.process_index() == 0  # progress and output come from process 0
+    if args.metrics and lead:  # process 0 writes the metrics file: refused here, not after compiling
+        check_metrics_file(args.metrics)
     if args.track:  # a sink that could not start, or write, refused before any folder is made
         tracking.sink_names(args.track)
         tracking.check_writable(track_folder(args), "--track's runs")

@@ -24,7 +24,7 @@ from fragc.ir.sweep import PBT
 from fragc.options import CompileOptions
 from fragc.passes.policy import population
 from fragc.runtime.actions import steps_per_iteration
-from fragc.runtime.reporting import enable_compilation_cache
+from fragc.runtime.reporting import check_metrics_file, enable_compilation_cache
 from fragc.runtime.stopping import Stopped
 from fragc.sinks import tracking
 from fragc.sinks.progress import progress_action
@@ -191,9 +191,8 @@ def _track_dir(args: argparse.Namespace, out: str, run_info: dict) -> str | None
         raise FragcError("--track-dir says where the tracking sinks write: give --track SINKS too")
     if args.metrics:
         folder = os.path.dirname(os.path.abspath(args.metrics))
-        made = folder == os.path.abspath(out)  # the sweep's own folder, made before training
-        if not made and (not os.path.isdir(folder) or not os.access(folder, os.W_OK)):
-            raise FragcError(f"cannot write metrics to '{args.metrics}': its folder is missing or not writable")
+        if folder != os.path.abspath(out):  # the sweep's own folder is made before training
+            check_metrics_file(args.metrics)
     if not args.track:
         return None
     track_dir = args.track_dir or (os.path.dirname(os.path.abspath(args.metrics)) if args.metrics else out)
