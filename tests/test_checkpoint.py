@@ -75,13 +75,42 @@ def test_sigkill_mid_run_then_resume_reaches_the_uninterrupted_fingerprint(tmp_p
     assert got["params_fingerprint"] == uninterrupted()["params_fingerprint"]
 
 
-def test_sigterm_saves_where_the_run_stops_and_resume_reaches_the_uninterrupted_fingerprint(tmp_path, uninterrupted):
+def stopped_in_this_process(ckpt, capsys):
+    """RUN with checkpoints every 8 iterations in this process (its program compiled already), sent SIGTERM once
+    it has written two -> (`main`'s exit code, stderr). `python -m fragc.cli` exits with `main`'s code."""
+    def terminate_once_two_are_written():
+        deadline = time.monotonic() + 120
+        while len([p for p in ckpt.glob("*") if p.name.isdigit()]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # a signal that came after `main` returned
+    sender = threading.Thread(target=terminate_once_two_are_written)
+    try:
+        sender.start()
+        code = main([*RUN, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "8"])
+        sender.join()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return code, capsys.readouterr().err
+
+
+# The default suite stops a run in this process (a subprocess starts Python and JAX and compiles RUN again: 10-20 s
+# of the suite's 2 cores); -m slow stops a `fragc run` process, to see its exit status. SIGKILL: the test above.
+@pytest.mark.parametrize("in_a_process", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_sigterm_saves_where_the_run_stops_and_resume_reaches_the_uninterrupted_fingerprint(
+        tmp_path, capsys, uninterrupted, in_a_process):
     """Issue 15.3: a graceful stop finishes the dispatch, writes a checkpoint there and exits 128 + 15."""
     ckpt = tmp_path / "ckpt"
-    victim = started_run(ckpt)
-    victim.send_signal(signal.SIGTERM)
-    _, err = victim.communicate(timeout=120)
-    assert victim.returncode == 128 + signal.SIGTERM, err
+    if in_a_process:
+        victim = started_run(ckpt)
+        victim.send_signal(signal.SIGTERM)
+        _, err = victim.communicate(timeout=120)
+        code = victim.returncode
+    else:
+        code, err = stopped_in_this_process(ckpt, capsys)
+    assert code == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM at iteration " in err, err
     stopped_at = int(err.split("stopped by SIGTERM at iteration ")[1].split(";")[0])
     assert saved_steps(ckpt)[-1] == stopped_at and stopped_at % 4 == 0
     got = resumed(ckpt)
