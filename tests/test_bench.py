@@ -264,12 +264,13 @@ def test_rnn_screen(bench):
     ("sac_profile_gpu", ["--k", "2", "--iterations", "2"]),
     ("ppo_profile_gpu", ["--k", "2", "--iterations", "2"]),
     ("cpu_thunks", ["--members", "2", "--iterations", "1", "--sides", "fragc,purejaxrl_straight", "--top", "2"]),
+    ("repeated_compiles", []),
 ])
 def test_gpu_experiment_on_the_cpu(bench, monkeypatch, capsys, name, argv):
     """bench/experiments/: the GPU experiments behind docs/benchmarks.md, their CPU path at tiny sizes (the profile
     finds no GPU kernels here; SAC's whole run is TINY's 16 steps)."""
     shrink(monkeypatch, {**TINY, sac: {**TINY[sac], "total_steps": 16}})
-    bench(f"experiments/{name}", *argv, out=name.endswith("_profile_gpu"))
+    bench(f"experiments/{name}", *argv, out=name.endswith("_profile_gpu"))  # (repeated_compiles: no options)
     assert capsys.readouterr().out.strip()
 
 
