@@ -473,6 +473,38 @@ def test_a_users_algorithm_sweeps_its_config_and_each_member_follows_a_plain_jax
         np.testing.assert_allclose(history["loss"][m, -1], metrics["loss"], rtol=1e-5)
 
 
+class JittedUpdateRegression(UsersRegression):
+    """The user's learner applies its step through a `jax.jit` of a bound method, made once in `__init__`, that
+    reads the config."""
+
+    def __init__(self, config: RegressionConfig = RegressionConfig()):
+        super().__init__(config)
+        self.update = jax.jit(self._update)
+
+    def _update(self, w, grad):
+        return w - self.config.lr * grad
+
+    @fragc.fragment(role="learner", in_axes=(None, 0, 0), out_axes=(None, None))
+    def learn(self, w, x, y):
+        loss, grad = jax.value_and_grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
+        return self.update(w, fragc.pmean(grad)), {"loss": fragc.pmean(loss)}
+
+
+def test_a_jitted_helper_reading_the_config_follows_each_members_values_after_a_single_run_traced_it():
+    """JAX caches the helper's jaxpr with the config's own lr (a constant) when the single run traces it; a swept body
+    traces in a scope of its own (ir/frontend.py `_BODY_SCOPE`), so each member's update uses its own lr."""
+    algo, lrs, iterations = JittedUpdateRegression(), [0.05, 0.2], 2
+    fragc.compile(algo, "single")
+    prog = fragc.compile(algo, fragc.population("single", [0], lr=lrs), iterations_per_dispatch=2)
+    state, _ = prog.run(prog.init(0), iterations)
+    step = jax.jit(regression_by_hand, static_argnums=1)
+    for m, lr in enumerate(lrs):
+        ref = jax.jit(algo.init)(jax.random.key(0))
+        for _ in range(iterations):
+            ref, _ = step(ref, 1, lr)
+        assert_trees_close(jax.tree.map(lambda x: x[m], state.state), ref, rtol=1e-5, atol=1e-6)
+
+
 def test_the_final_metrics_line_of_a_population_is_its_last_iteration_over_members():
     from fragc.cli.run import last_metrics
 

@@ -45,3 +45,75 @@ def test_the_counter_sees_a_second_trace():
         state = jax.eval_shape(algo.init, jax.random.key(0))
         jax.eval_shape(algo.iteration, state)  # outside fragc.trace a fragment is its plain function
     assert counter.snapshot()["calls"] == {"init": 1, "iteration": 1, "rollout": 1, "learn": 1}
+
+
+# ---------------------------------------------------------------- JAX's tracing cache across traces (ir/frontend.py)
+
+
+def _regression_calling(helper, inner_fragment=None):
+    """toy_algos.Regression whose learner passes its gradient through `helper` (a `jax.jit` of the test's); with
+    `inner_fragment`, the iteration also calls `helper` itself, on a value the fragment made."""
+    import jax.numpy as jnp
+
+    import fragc
+    from toy_algos import Regression, State
+
+    class Helped(Regression):
+        @fragc.fragment(role="learner", in_axes=(None, 0, 0), out_axes=(None, None))
+        def learn(self, w, x, y):
+            loss, grad = jax.value_and_grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
+            return w - self.lr * helper(fragc.pmean(grad)), {"loss": fragc.pmean(loss)}
+
+        def iteration(self, state):
+            y, data = self.sample(state.data)
+            if inner_fragment is not None:
+                helper(y)  # the helper traced at the iteration's level first, where it calls a fragment
+            w, metrics = self.learn(state.w, data.x, y)
+            return State(w, data, state.step + 1), metrics
+
+    return Helped()
+
+
+def test_a_jitted_helper_inside_a_fragment_is_traced_once_for_every_trace_of_a_process():
+    """Fragment bodies share JAX's tracing cache across traces (`_BODY_SCOPE`): a second trace of the algorithm
+    reuses the helper's jaxpr, as a second `jax.jit` of a function calling it would."""
+    import fragc
+
+    traced = []
+
+    @jax.jit
+    def halve(g):
+        traced.append(g.shape)
+        return g / 2
+
+    algo = _regression_calling(halve)
+    first, second = fragc.trace(algo), fragc.trace(algo)
+    assert traced == [(3,)]
+    assert str(first.fragments["learn"].body) == str(second.fragments["learn"].body)
+
+
+def test_a_helper_that_calls_a_fragment_is_refused_inside_a_body_after_the_iteration_traced_it():
+    """The iteration's level keeps a scope per trace: a jitted helper whose jaxpr there holds a fragment call is
+    traced again inside a body, where calling that fragment is refused, not taken from the cache as glue."""
+    import fragc
+
+    holder = {}
+
+    @jax.jit
+    def via_fragment(y):
+        return holder["algo"].scale(y)
+
+    class Scaled:
+        @fragc.fragment(role="actor", in_axes=(0,), out_axes=0)
+        def scale(self, y):
+            return 2 * y
+
+    algo = _regression_calling(via_fragment, inner_fragment=True)
+    holder["algo"] = Scaled()
+    try:
+        fragc.trace(algo)
+    except fragc.FragcError as err:
+        message = str(err)
+    else:
+        raise AssertionError("a fragment called inside fragment 'learn' was not refused")
+    assert "fragment 'scale' is called inside fragment 'learn'" in message and "\n" not in message, message
