@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import tempfile
 from typing import Any, TextIO
 
 import jax
@@ -36,8 +37,6 @@ def check_metrics_file(path: str) -> None:
     """Refuse, in one line and before anything compiles, a metrics file that `MetricsWriter` could not open: a
     folder, or a file in a folder that is missing or not writable (a file made and removed there at once:
     `os.access` says yes to root in a read-only folder)."""
-    import tempfile
-
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise FragcError(f"cannot write metrics to '{path}': it is a folder")
