@@ -40,16 +40,11 @@ _JIT_CACHE_SCOPE = jax.make_user_context(None)
 the jaxpr of a `jax.jit` of the user's own (a jitted method or helper that calls fragments) by function and
 argument types; a fragc trace must neither reuse one traced outside fragc (its fragments ran as plain functions,
 and would silently become glue) nor leave its own fragment calls for a later trace or `jax.jit` to find.
-Inside a fragment's body the scope is `_BODY_SCOPE`, one for every trace (`_trace_body`)."""
-
-_BODY_SCOPE = "fragc-fragment-body"
-"""The tracing-cache scope of fragment bodies. A body calls no fragment (such a call is refused while the body
-traces, so no jaxpr with one is cached), so the jaxprs JAX caches there are the same in every trace and may be
-shared by all of them: the `jax.jit`s inside `jax.numpy`, optax and the user's own helpers are traced once a process,
-not once a trace (a small PPO's trace called 340 of them: 1.0 s a trace, 0.4 s once they are shared). A swept body
-reads its member's values through `self.config` (ir/sweep.py), which a cached jaxpr would hold from another
-trace: it keeps a scope of its own."""
-_SWEPT_SCOPES = itertools.count()
+Fragment bodies trace in the trace's scope too. One scope for every trace's bodies (tried 2026-11-28: it saved the
+`jax.numpy` jits' tracing, 8% of the test suite's time) reused a body's cached trace of the user's `jax.jit` after
+what it closes over had changed (a global, a replaced config: results differing between `single` and `anakin`),
+and after a plain run of the iteration let a fragment called inside another's body through as that body's code
+(tests/test_trace_counts.py)."""
 
 fragment_call_p = jex.Primitive("fragment_call")
 fragment_call_p.multiple_results = True
@@ -413,10 +408,8 @@ def _trace_body(frag: Fragment, in_tree: Any, leaf_types: list[LeafType]) -> tup
         return out_leaves
 
     structs = [t.struct() for t in leaf_types]
-    scope = ("swept", next(_SWEPT_SCOPES)) if isinstance(frag, SweptFragment) else _BODY_SCOPE
     try:
-        with _JIT_CACHE_SCOPE(scope):
-            body = jax.make_jaxpr(flat_fn, axis_env=[(REPLICA, 1)])(*structs)
+        body = jax.make_jaxpr(flat_fn, axis_env=[(REPLICA, 1)])(*structs)
     except TypeError as err:
         _explain_body_error(frag, in_tree, leaf_types, flat_fn.__name__, err)
         raise

@@ -491,8 +491,9 @@ class JittedUpdateRegression(UsersRegression):
 
 
 def test_a_jitted_helper_reading_the_config_follows_each_members_values_after_a_single_run_traced_it():
-    """JAX caches the helper's jaxpr with the config's own lr (a constant) when the single run traces it; a swept body
-    traces in a scope of its own (ir/frontend.py `_BODY_SCOPE`), so each member's update uses its own lr."""
+    """JAX caches the helper's jaxpr with the config's own lr (a constant) when the single run traces it; each trace
+    has a tracing-cache scope of its own (ir/frontend.py `_JIT_CACHE_SCOPE`), so each member's update uses its own
+    lr."""
     algo, lrs, iterations = JittedUpdateRegression(), [0.05, 0.2], 2
     fragc.compile(algo, "single")
     prog = fragc.compile(algo, fragc.population("single", [0], lr=lrs), iterations_per_dispatch=2)

@@ -5,8 +5,10 @@ import os
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+import fragc
 from fragc.algos import ppo
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
@@ -53,9 +55,6 @@ def test_the_counter_sees_a_second_trace():
 def _regression_calling(helper, inner_fragment=None):
     """toy_algos.Regression whose learner passes its gradient through `helper` (a `jax.jit` of the test's); with
     `inner_fragment`, the iteration also calls `helper` itself, on a value the fragment made."""
-    import jax.numpy as jnp
-
-    import fragc
     from toy_algos import Regression, State
 
     class Helped(Regression):
@@ -74,29 +73,76 @@ def _regression_calling(helper, inner_fragment=None):
     return Helped()
 
 
-def test_a_jitted_helper_inside_a_fragment_is_traced_once_for_every_trace_of_a_process():
-    """Fragment bodies share JAX's tracing cache across traces (`_BODY_SCOPE`): a second trace of the algorithm
-    reuses the helper's jaxpr, as a second `jax.jit` of a function calling it would."""
-    import fragc
+class _Scaler:
+    @fragc.fragment(role="actor", in_axes=(None,), out_axes=None)
+    def scale(self, g):
+        return 2 * g
 
-    traced = []
 
-    @jax.jit
-    def halve(g):
-        traced.append(g.shape)
-        return g / 2
+_SCALER = _Scaler()
 
-    algo = _regression_calling(halve)
-    first, second = fragc.trace(algo), fragc.trace(algo)
-    assert traced == [(3,)]
-    assert str(first.fragments["learn"].body) == str(second.fragments["learn"].body)
+
+@jax.jit
+def _via_a_fragment(g):
+    return _SCALER.scale(g)
+
+
+def test_a_helper_that_calls_a_fragment_is_refused_inside_a_body_after_a_plain_run_traced_it():
+    """A plain `jax.jit` of the iteration (a user's reference run) traces the helper, the fragment inside it as its
+    plain function: a fragc trace after it still refuses the fragment called inside another's body (with one scope
+    for every trace's bodies, the plain run's cached trace let it through as the learner's own code)."""
+    algo = _regression_calling(_via_a_fragment)
+    jax.jit(algo.iteration)(algo.init(jax.random.key(0)))
+    try:
+        fragc.trace(algo)
+    except fragc.FragcError as err:
+        message = str(err)
+    else:
+        raise AssertionError("a fragment called inside fragment 'learn' was not refused")
+    assert "fragment 'scale' is called inside fragment 'learn'" in message and "\n" not in message, message
+
+
+def test_a_jitted_method_made_in_init_follows_a_config_replaced_between_compiles_under_every_policy():
+    """`self.update = jax.jit(self._update)` reads the config; the same instance compiled, its config replaced,
+    compiled again under `single` and `anakin`: both follow the new config, as their reference interpreter does."""
+    import dataclasses
+
+    from toy_algos import Regression, regression_by_hand
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        lr: float = 0.1
+
+    class Updating(Regression):
+        def __init__(self):
+            super().__init__(num_envs=8)
+            self.config = Config()
+            self.update = jax.jit(self._update)
+
+        def _update(self, w, grad):
+            return w - self.config.lr * grad
+
+        @fragc.fragment(role="learner", in_axes=(None, 0, 0), out_axes=(None, None))
+        def learn(self, w, x, y):
+            loss, grad = jax.value_and_grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
+            return self.update(w, fragc.pmean(grad)), {"loss": fragc.pmean(loss)}
+
+    algo = Updating()
+    fragc.compile(algo, "single").run(algo.init(jax.random.key(0)), 1)
+    algo.config = Config(lr=0.02)
+    for policy, devices in (("single", 1), ("anakin", 8)):
+        prog = fragc.compile(algo, policy, devices=devices)
+        state = prog.init(0)
+        out, _ = prog.run(state, 2)
+        ref = jax.device_get(state)
+        for _ in range(2):
+            ref, _ = regression_by_hand(ref, devices, lr=0.02)
+        np.testing.assert_allclose(np.asarray(out.w), np.asarray(ref.w), rtol=1e-5, err_msg=policy)
 
 
 def test_a_helper_that_calls_a_fragment_is_refused_inside_a_body_after_the_iteration_traced_it():
     """The iteration's level keeps a scope per trace: a jitted helper whose jaxpr there holds a fragment call is
     traced again inside a body, where calling that fragment is refused, not taken from the cache as glue."""
-    import fragc
-
     holder = {}
 
     @jax.jit

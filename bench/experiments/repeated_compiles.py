@@ -1,6 +1,7 @@
 """Seconds per `fragc.compile` of PPO (its defaults) under four policies in one fresh process, as `fragc bench ppo
 --policies ...` compiles them, and the seconds of each trace among them: how much a process's later traces reuse
-of its earlier ones (JAX's tracing cache, ir/frontend.py `_BODY_SCOPE`). No persistent compilation cache.
+of its earlier ones (JAX's tracing cache, scoped per trace: ir/frontend.py `_JIT_CACHE_SCOPE`). No persistent
+compilation cache.
 
     JAX_NUM_CPU_DEVICES=8 python bench/experiments/repeated_compiles.py
     JAX_NUM_CPU_DEVICES=8 PYTHONPATH=/tmp/base-pkg python bench/experiments/repeated_compiles.py   # another tree
