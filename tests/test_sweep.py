@@ -21,7 +21,7 @@ from conftest import as_numbers, assert_trees_close
 from fragc.algos import ppo
 from fragc.ir.parser import parse
 from fragc.runtime.fused import population_devices
-from toy_algos import Regression, regression_by_hand
+from toy_algos import JittedUpdateRegression, Regression, UsersRegression, regression_by_hand
 
 ITERATIONS = 2
 LRS, ENTS, SEEDS = (1e-3, 3e-4), (0.0, 0.01), (0, 1)
@@ -443,23 +443,6 @@ def test_every_built_in_algorithm_sweeps_its_float_hyperparameters(name):
 # ---------------------------------------------------------------- a user's algorithm
 
 
-@dataclasses.dataclass(frozen=True)
-class RegressionConfig:
-    lr: float = 0.1
-    num_envs: int = 8
-
-
-class UsersRegression(Regression):
-    """A user's algorithm in the documented pattern: hyperparameters in `self.config`, read where used."""
-
-    def __init__(self, config: RegressionConfig = RegressionConfig()):
-        self.num_envs, self.config = config.num_envs, config
-
-    @property
-    def lr(self):  # Regression.learn reads self.lr inside the fragment: here, the config's value
-        return self.config.lr
-
-
 def test_a_users_algorithm_sweeps_its_config_and_each_member_follows_a_plain_jax_loop():
     lrs, seeds, iterations = [0.05, 0.1, 0.2], [0, 1], 3
     prog = fragc.compile(UsersRegression(), fragc.population("single", seeds, lr=lrs), iterations_per_dispatch=2)
@@ -471,23 +454,6 @@ def test_a_users_algorithm_sweeps_its_config_and_each_member_follows_a_plain_jax
             ref, metrics = step(ref, 1, lr)
         assert_trees_close(jax.tree.map(lambda x: x[m], state.state), ref, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(history["loss"][m, -1], metrics["loss"], rtol=1e-5)
-
-
-class JittedUpdateRegression(UsersRegression):
-    """The user's learner applies its step through a `jax.jit` of a bound method, made once in `__init__`, that
-    reads the config."""
-
-    def __init__(self, config: RegressionConfig = RegressionConfig()):
-        super().__init__(config)
-        self.update = jax.jit(self._update)
-
-    def _update(self, w, grad):
-        return w - self.config.lr * grad
-
-    @fragc.fragment(role="learner", in_axes=(None, 0, 0), out_axes=(None, None))
-    def learn(self, w, x, y):
-        loss, grad = jax.value_and_grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
-        return self.update(w, fragc.pmean(grad)), {"loss": fragc.pmean(loss)}
 
 
 def test_a_jitted_helper_reading_the_config_follows_each_members_values_after_a_single_run_traced_it():

@@ -1,5 +1,7 @@
 """Small algorithms for tests: not PPO, so the semantics are tested on their own."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -64,3 +66,37 @@ def regression_by_hand(state, replicas, lr=0.1):
         state.w, xs, ys)
     w = state.w - lr * grads.mean(0)
     return State(w, Data(x, keys[:, 0]), state.step + 1), {"loss": losses.mean()}
+
+
+@dataclasses.dataclass(frozen=True)
+class RegressionConfig:
+    lr: float = 0.1
+    num_envs: int = 8
+
+
+class UsersRegression(Regression):
+    """A user's algorithm in the documented pattern: hyperparameters in `self.config`, read where used."""
+
+    def __init__(self, config: RegressionConfig = RegressionConfig()):
+        self.num_envs, self.config = config.num_envs, config
+
+    @property
+    def lr(self):  # Regression.learn reads self.lr inside the fragment: here, the config's value
+        return self.config.lr
+
+
+class JittedUpdateRegression(UsersRegression):
+    """The user's learner applies its step through a `jax.jit` of a bound method, made once in `__init__`, that
+    reads the config."""
+
+    def __init__(self, config: RegressionConfig = RegressionConfig()):
+        super().__init__(config)
+        self.update = jax.jit(self._update)
+
+    def _update(self, w, grad):
+        return w - self.config.lr * grad
+
+    @fragc.fragment(role="learner", in_axes=(None, 0, 0), out_axes=(None, None))
+    def learn(self, w, x, y):
+        loss, grad = jax.value_and_grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
+        return self.update(w, fragc.pmean(grad)), {"loss": fragc.pmean(loss)}
