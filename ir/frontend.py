@@ -14,7 +14,6 @@ import dataclasses
 import functools
 import itertools
 import inspect
-import re
 from typing import Any, Callable
 
 import jax
@@ -414,26 +413,12 @@ def _trace_body(frag: Fragment, in_tree: Any, leaf_types: list[LeafType]) -> tup
         _explain_body_error(frag, in_tree, leaf_types, flat_fn.__name__, err)
         raise
     except ValueError as err:  # a jax.jit inside the fragment asks for a static argument that fragc traced
-        if "Non-hashable static arguments" not in str(err):
-            raise
         names, types = frag.arg_names(len(in_tree.children())), _split_types(in_tree, leaf_types)
-        numbers = [f"'{n}'" for n, t in zip(names, types) if len(t.leaves) == 1 and not t.leaves[0].shape
-                   and (t.leaves[0].weak_type or t.leaves[0].dtype == jnp.bool_)]  # a Python number or bool, likely
-        which = f" ({', '.join(numbers)})" if numbers else ""
-        raise FragmentError(
-            f"fragment '{frag.name}' ({_source(frag.fn)}) hands a traced argument{which} "
-            f"to a jax.jit inside it that takes it as a static argument: fragc traces a fragment's arguments, Python "
-            f"numbers and bools too, as jax.jit does; choose the code from the algorithm (self.config) or a closure "
-            f"(functools.partial of the jitted function), or pass a string or an enum member, which fragc binds "
-            f"into the body") from None
+        traps.explain_static_argument(frag.name, _source(frag.fn), names, types, err)
+        raise
     except NameError as err:  # a collective over an axis of the user's own naming (pmap-era code)
-        axis = re.search(r"unbound axis name: (\S+?)\.?(?:\s|$)", str(err))
-        if axis is None:
-            raise
-        raise FragmentError(
-            f"fragment '{frag.name}' ({_source(frag.fn)}) reduces over axis '{axis.group(1)}', which fragc does not "
-            f"define: a fragment's replicas are the axis fragc.REPLICA; use fragc.pmean / fragc.psum (or "
-            f"jax.lax.pmean(x, fragc.REPLICA))") from None
+        traps.explain_unbound_axis(frag.name, _source(frag.fn), err)
+        raise
     if any(isinstance(c, jax.core.Tracer) for c in body.consts):
         hint = (" (under a hyperparameter sweep: an object built once from the config, such as an optimizer in a "
                 "cached_property, keeps the value it was built with; build it where it is used: docs/sweeps.md)"

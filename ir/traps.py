@@ -6,6 +6,8 @@ line) and the usual fix; PureJaxRL's code, ported, meets each of them:
 - `check_state_round_trip`: `iteration` must return a state of the type it takes
   (a LogWrapper that starts episode returns as the int 0 makes them float);
 - `explain_carry_dtype`: the same inside a fragment's own `lax.scan`;
+- `explain_static_argument`, `explain_unbound_axis`: a fragment's argument taken as a `jax.jit` static argument,
+  and a collective over an axis of the user's naming, which JAX reports from deep inside tracing;
 - `refuse_effects_outside_fragments`: a `jax.debug.print`/`callback` between
   fragments (PureJaxRL's DEBUG printing), which passes would drop or repeat.
 """
@@ -84,6 +86,40 @@ def explain_carry_dtype(name: str, arg_names: tuple[str, ...], arg_types: tuple[
         f"The carry must keep its type: create it with the dtype the step makes (in init, e.g. "
         f"jnp.zeros(shape, jnp.{after.split('[')[0]}) instead of 0), or cast it back in the step (.astype(...))"
     ) from err
+
+
+def explain_static_argument(name: str, source: str, arg_names: tuple[str, ...], arg_types: tuple[TreeType, ...],
+                            err: ValueError) -> None:
+    """A `jax.jit` inside a fragment that takes one of the fragment's (traced) arguments as a static one, which JAX
+    reports as "Non-hashable static arguments": name the fragment and the Python numbers or bools it was likely
+    given, and the fix."""
+    if "Non-hashable static arguments" not in str(err):
+        return
+    numbers = [f"'{n}'" for n, t in zip(arg_names, arg_types) if len(t.leaves) == 1 and not t.leaves[0].shape
+               and (t.leaves[0].weak_type or t.leaves[0].dtype == bool)]  # a Python number or bool, likely
+    which = f" ({', '.join(numbers)})" if numbers else ""
+    raise FragmentError(
+        f"fragment '{name}' ({source}) hands a traced argument{which} "
+        f"to a jax.jit inside it that takes it as a static argument: fragc traces a fragment's arguments, Python "
+        f"numbers and bools too, as jax.jit does; choose the code from the algorithm (self.config) or a closure "
+        f"(functools.partial of the jitted function), or pass a string or an enum member, which fragc binds "
+        f"into the body") from None
+
+
+_UNBOUND_AXIS = re.compile(r"unbound axis name: (\S+?)\.?(?:\s|$)")
+"""JAX's account of a collective over an axis no transformation defines."""
+
+
+def explain_unbound_axis(name: str, source: str, err: NameError) -> None:
+    """A collective over an axis of the user's own naming (pmap-era code, `jax.lax.pmean(g, "batch")`): name the
+    fragment and the axis, and fragc's own."""
+    axis = _UNBOUND_AXIS.search(str(err))
+    if axis is None:
+        return
+    raise FragmentError(
+        f"fragment '{name}' ({source}) reduces over axis '{axis.group(1)}', which fragc does not "
+        f"define: a fragment's replicas are the axis fragc.REPLICA; use fragc.pmean / fragc.psum (or "
+        f"jax.lax.pmean(x, fragc.REPLICA))") from None
 
 
 _DEPENDS_ON = re.compile(r"tracing the function (\w+) at .* depends on the values? of the arguments? (.*?)\.(?:\n|$)")

@@ -33,18 +33,23 @@ def params_fingerprint(state: Any) -> str:
     return digest.hexdigest()[:16]
 
 
-def check_metrics_file(path: str) -> None:
-    """Refuse, in one line and before anything compiles, a metrics file that `MetricsWriter` could not open: a
-    folder, or a file in a folder that is missing or not writable (a file made and removed there at once:
-    `os.access` says yes to root in a read-only folder)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise FragcError(f"cannot write metrics to '{path}': it is a folder")
+def write_error(folder: str) -> OSError | None:
+    """Why a file cannot be written in `folder` (None where it can): a file made and removed there at once, since
+    `os.access` says yes to root in a read-only folder or file system."""
     try:
         with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError:
-        raise FragcError(f"cannot write metrics to '{path}': its folder is missing or not writable") from None
+            return None
+    except OSError as err:
+        return err
+
+
+def check_metrics_file(path: str) -> None:
+    """Refuse, in one line and before anything compiles, a metrics file that `MetricsWriter` could not open: a
+    folder, or a file in a folder that is missing or not writable."""
+    if os.path.isdir(path):
+        raise FragcError(f"cannot write metrics to '{path}': it is a folder")
+    if write_error(os.path.dirname(os.path.abspath(path))) is not None:
+        raise FragcError(f"cannot write metrics to '{path}': its folder is missing or not writable")
 
 
 class MetricsWriter:

@@ -34,7 +34,6 @@ import os
 import re
 import signal
 import sys
-import tempfile
 import time
 import typing
 import uuid
@@ -48,7 +47,7 @@ import numpy as np
 from fragc.ir.errors import FragcError
 from fragc.ir.sweep import SweepState
 from fragc.runtime.actions import Action, Run
-from fragc.runtime.reporting import config_dict
+from fragc.runtime.reporting import config_dict, write_error
 
 THROUGHPUT = "steps_per_second"
 """The throughput metric each sink adds once per dispatch (when the algorithm says its steps per iteration)."""
@@ -689,12 +688,9 @@ def check_writable(folder: str | os.PathLike, what: str) -> None:
         probe = os.path.dirname(probe)
     if not os.path.isdir(probe):
         raise FragcError(f"cannot write {what} in '{folder}': '{probe}' is a file, not a folder")
-    try:  # a file made and removed at once: os.access says yes to root in a read-only folder or file system
-        with tempfile.TemporaryFile(dir=probe):
-            pass
-    except OSError as err:
+    if (err := write_error(probe)) is not None:
         why = f" ({err.strerror})" if err.strerror and err.errno != errno.ENOENT else ""
-        raise FragcError(f"cannot write {what} in '{folder}': '{probe}' is not writable{why}") from None
+        raise FragcError(f"cannot write {what} in '{folder}': '{probe}' is not writable{why}")
 
 
 def _check_name(name: str) -> None:
