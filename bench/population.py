@@ -13,10 +13,11 @@ ratio); each side's init is timed apart (`init_s`).
 Both compile first (not timed); then the sides alternate, `--repeats` rounds per N, and the ratio
 purejaxrl s / fragc s (> 1: fragc is faster) is taken per round, then the median.
 
-- `purejaxrl_straight` (`--purejaxrl-straight`): PureJaxRL's program lowered as fragc lowers its own, threefry
-  straight on the CPU (runtime/prng_lowering.py): what of fragc's lead is that lowering choice.
-- `fragc_rolled` (`--fragc-rolled`): fragc's population with JAX's own CPU lowering of threefry (a 5-trip loop a
-  draw), the other half of that measure.
+- `purejaxrl_straight` (`--purejaxrl-straight`): PureJaxRL's program lowered as fragc lowers its own, with fragc's
+  CPU lowerings (runtime/cpu_lowering.py: threefry straight, key-value sorts packed): what of fragc's lead is those
+  lowering choices.
+- `fragc_rolled` (`--fragc-rolled`): fragc's population with JAX's own CPU lowerings (threefry a 5-trip loop a
+  draw, the minibatch shuffle's sort two buffers), the other half of that measure.
 - `fragc_no_trunc` (`--no-trunc`): fragc's PPO without truncation bootstrapping (bench/ppo_single.py's
   `PPONoTruncation`), as a population: the purejaxrl side's maths on fragc.
 
@@ -44,8 +45,8 @@ from ppo_single import PPONoTruncation  # noqa: E402
 
 import fragc  # noqa: E402
 from fragc.algos import ppo  # noqa: E402
-from fragc.runtime import prng_lowering  # noqa: E402
-from fragc.runtime.prng_lowering import straight_threefry  # noqa: E402
+from fragc.runtime import cpu_lowering  # noqa: E402
+from fragc.runtime.cpu_lowering import cpu_lowerings  # noqa: E402
 
 
 def timed(make_state, train, hlo=None):
@@ -75,7 +76,7 @@ def purejaxrl_side(config: ppo.Config, n: int, iterations: int, straight: bool =
     keys = jax.random.split(jax.random.key(0), n)
     vmapped = jax.jit(jax.vmap(lambda state: jax.lax.scan(train.update_step, state, None, iterations)),
                       donate_argnums=0)
-    with straight_threefry() if straight else contextlib.nullcontext():
+    with cpu_lowerings() if straight else contextlib.nullcontext():
         vmapped = vmapped.lower(init(keys)).compile()
 
     return timed(lambda seed: init(jax.random.split(jax.random.key(seed), n)), vmapped, vmapped.as_text)
@@ -92,12 +93,14 @@ def fragc_side(config: ppo.Config, n: int, iterations: int, algorithm: type = pp
 
 
 def rolled_side(config: ppo.Config, n: int, iterations: int):
-    """`fragc_side` with fragc's straight threefry turned off: JAX's own CPU lowering, a loop of 5 trips a draw."""
-    enabled, prng_lowering.enabled = prng_lowering.enabled, False
+    """`fragc_side` with fragc's CPU lowerings turned off: JAX's own (threefry a loop of 5 trips a draw, the
+    shuffle's sort of two buffers)."""
+    chosen = cpu_lowering.straight_threefry, cpu_lowering.packed_sort
+    cpu_lowering.straight_threefry = cpu_lowering.packed_sort = False
     try:
         return fragc_side(config, n, iterations)
     finally:
-        prng_lowering.enabled = enabled
+        cpu_lowering.straight_threefry, cpu_lowering.packed_sort = chosen
 
 
 def plain_vmap_side(config: ppo.Config, n: int, iterations: int):
@@ -124,9 +127,9 @@ def main() -> None:
                         help="also time fragc's PPO without truncation bootstrapping (ppo_single.PPONoTruncation: "
                              "PureJaxRL's GAE, the maths of the purejaxrl side) as a population")
     parser.add_argument("--purejaxrl-straight", action="store_true",
-                        help="also time PureJaxRL's program lowered with threefry straight, as fragc lowers its own")
+                        help="also time PureJaxRL's program lowered with fragc's CPU lowerings, as fragc lowers its own")
     parser.add_argument("--fragc-rolled", action="store_true",
-                        help="also time fragc's population with JAX's own (rolled) CPU lowering of threefry")
+                        help="also time fragc's population with JAX's own CPU lowerings (threefry rolled, sorts unpacked)")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     config = ppo.Config()

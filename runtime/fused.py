@@ -31,7 +31,7 @@ from fragc.ir.errors import FragcError
 
 from . import pbt
 from .lower import LoweringInterpreter, leaf_sharding, lower_fragments, population_fragment
-from .prng_lowering import straight_threefry
+from .cpu_lowering import cpu_lowerings
 from .stages import whole_iteration
 
 
@@ -120,7 +120,7 @@ class FusedProgram:
             structs = [jax.ShapeDtypeStruct((len(self.module.population),) + s.shape, s.dtype) for s in structs]
         structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh) for s, sh in zip(structs, self.state_shardings)]
         scalar = jax.ShapeDtypeStruct((), jnp.int32)
-        with straight_threefry():
+        with cpu_lowerings():
             if self.module.pbt is not None:
                 return jax.jit(self._with_pbt(chunk), donate_argnums=0,
                                out_shardings=(self.state_shardings, None)).lower(structs, scalar, scalar)

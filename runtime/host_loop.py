@@ -50,7 +50,7 @@ from fragc.ir.module import HOST, REPLICA, Glue, Graph, HostLoop, Module, Run, T
 from .executable import Executable
 from .lower import spec
 from .multihost import place
-from .prng_lowering import straight_threefry
+from .cpu_lowering import cpu_lowerings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -498,7 +498,7 @@ def _passed_through(suffix: jex.ClosedJaxpr, n_kept: int, n_ys: int) -> list[int
 
 
 def _compile(name: str, stage: str, fdef: Any, program: Any, structs: Any) -> Executable:
-    with straight_threefry():
+    with cpu_lowerings():
         lowered = program.lower(*structs)
     return Executable(name, (stage,), (fdef.name,), lowered, lowered.compile())
 

@@ -43,7 +43,7 @@ from fragc.ir.module import REPLICA, If, Module, Run, Transfer, While
 from fragc.ir.types import LeafType
 
 from .lower import spec
-from .prng_lowering import straight_threefry
+from .cpu_lowering import cpu_lowerings
 from .stages import whole_iteration
 
 GROUP = "group"
@@ -139,7 +139,7 @@ class SpmdProgram(Interpreter):
                    for t, s in zip(self.state_types, self.state_shardings)]
         delay_structs = [jax.ShapeDtypeStruct(t.shape, t.dtype, sharding=s)
                          for ts, ss in zip(self.delay_types, self.delay_shardings) for t, s in zip(ts, ss)]
-        with straight_threefry():
+        with cpu_lowerings():
             return program.lower(structs, delay_structs, jax.ShapeDtypeStruct((), jnp.int32))
 
     def _chunk(self, state: list[Any], flat_delays: list[Any], n: jax.Array) -> tuple[list, list, list]:

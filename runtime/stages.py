@@ -34,7 +34,7 @@ from .executable import Executable
 from .host_loop import HostLoopExecutor
 from .lower import LoweringInterpreter, group_mesh, leaf_sharding, lower_fragments
 from .multihost import move_within_processes
-from .prng_lowering import straight_threefry
+from .cpu_lowering import cpu_lowerings
 
 
 def stage_fragments(graph: Graph, nodes: Sequence[int], times: int = 1) -> tuple[str, ...]:
@@ -192,7 +192,7 @@ def compile_stages(stages: Sequence[tuple[Stage, Graph | None, int]], body: Lowe
         structs = [jax.ShapeDtypeStruct(u.type.shape, u.type.dtype, sharding=leaf_sharding(u.type, module, devices))
                    for u in stage.inputs]
         out_shardings = [leaf_sharding(u.type, module, devices) for u in stage.outputs]
-        with straight_threefry():
+        with cpu_lowerings():
             lowered.append(jax.jit(lambda *leaves, stage=stage: body.stage(Frame(), stage, list(leaves)),
                                    out_shardings=out_shardings).lower(*structs))
     if len(lowered) > 1:

@@ -26,7 +26,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 OPT0 = "--xla_backend_optimization_level=0"
 os.environ.setdefault("XLA_FLAGS", OPT0 + " --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1")
 # JAX's own CPU lowering of threefry (a loop of 5 trips a draw), not fragc's straight one: the same bits, smaller
-# programs, 6% less compile time in test_policies.py and test_sac.py (alternated, 2 pairs); tests/test_prng_lowering.py
+# programs, 6% less compile time in test_policies.py and test_sac.py (alternated, 2 pairs); tests/test_cpu_lowering.py
 # checks the straight lowering itself. Inherited by the `fragc` subprocesses, as XLA_FLAGS is.
 os.environ.setdefault("FRAGC_THREEFRY", "rolled")
 IN_A_CHILD = "FRAGC_TEST_XLA_DEFAULTS"
