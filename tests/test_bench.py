@@ -265,6 +265,7 @@ def test_rnn_screen(bench):
     ("ppo_profile_gpu", ["--k", "2", "--iterations", "2"]),
     ("cpu_thunks", ["--members", "2", "--iterations", "1", "--sides", "fragc,purejaxrl_straight", "--top", "2"]),
     ("repeated_compiles", []),
+    ("sort_lowering", ["--rows", "2", "--length", "8", "--repeats", "1", "--calls", "1"]),
 ])
 def test_gpu_experiment_on_the_cpu(bench, monkeypatch, capsys, name, argv):
     """bench/experiments/: the GPU experiments behind docs/benchmarks.md, their CPU path at tiny sizes (the profile
