@@ -74,18 +74,18 @@ def _find_threefry() -> tuple[Any, Callable, Callable]:
 
 
 def _find_sort() -> tuple[Any, Callable, Callable]:
+    import jax
     from jax._src.interpreters import mlir
     from jax._src.lax import lax
 
-    jax_rule = lax._sort_lower
+    entry = mlir._platform_specific_lowerings["cpu"].get(lax.sort_p) or mlir._lowerings[lax.sort_p]
+    jax_rule, enable_x64 = entry.rule, jax.enable_x64
 
     def rule(ctx: Any, *operands: Any, dimension: int, is_stable: bool, num_keys: int) -> Any:
         key, *values = ctx.avals_in
         if not (is_stable and num_keys == 1 and values and key.dtype in (np.uint32, np.int32)):
             return jax_rule(ctx, *operands, dimension=dimension, is_stable=is_stable, num_keys=num_keys)
-        import jax
-
-        with jax.enable_x64(True):  # 64-bit words inside this lowering only; its inputs and outputs are 32-bit
+        with enable_x64(True):  # 64-bit words inside this lowering only; its inputs and outputs are 32-bit
             return mlir.lower_fun(functools.partial(_sort_packed, dimension=dimension),
                                   multiple_results=True)(ctx, *operands)
 
