@@ -83,7 +83,8 @@ def _find_sort() -> tuple[Any, Callable, Callable]:
 
     def rule(ctx: Any, *operands: Any, dimension: int, is_stable: bool, num_keys: int) -> Any:
         key, *values = ctx.avals_in
-        if not (is_stable and num_keys == 1 and values and key.dtype in (np.uint32, np.int32)):
+        if not (is_stable and num_keys == 1 and values and key.dtype in (np.uint32, np.int32)
+                and all(isinstance(v.dtype, np.dtype) for v in values)):  # (not values of JAX's extended dtypes)
             return jax_rule(ctx, *operands, dimension=dimension, is_stable=is_stable, num_keys=num_keys)
         with enable_x64(True):  # 64-bit words inside this lowering only; its inputs and outputs are 32-bit
             return mlir.lower_fun(functools.partial(_sort_packed, dimension=dimension),
