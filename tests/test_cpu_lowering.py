@@ -108,12 +108,14 @@ def test_packed_sorts_equal_jax_for_keys_with_ties_and_several_values(dimension)
             "s32": rng.integers(-3, 3, (40, 33)).astype(np.int32),
             "s32_extremes": rng.choice(np.array([-2**31, -1, 0, 1, 2**31 - 1], np.int32), (40, 33))}
     values = (rng.normal(size=(40, 33)).astype(np.float32), rng.integers(-9, 9, (40, 33)).astype(np.int32))
-    def sort(k, *v):  # a new function each time: JAX caches a function's lowering, whatever lowered it
+
+    def sort(k, *v):
         return jax.lax.sort((k, *v), dimension=dimension, num_keys=1, is_stable=True)
 
     for name, k in keys.items():
         want = jax.jit(sort)(k, *values)
         with cpu_lowerings():
+            # another function (JAX caches a function's lowering, whichever rules made it): lowered in the block
             packed = jax.jit(lambda k, *v: sort(k, *v)).lower(k, *values).compile()
         assert PACKED_SORT.search(packed.as_text()), name
         for got, expected in zip(packed(k, *values), want):
