@@ -6,7 +6,7 @@ every agent's step. What differs is the network: each agent's actor reads its ow
 the available actions on SMAX), IPPO's critic its own observation too, MAPPO's the world state (a centralised
 critic). Parameters are shared between agents (JaxMARL's baselines), or with `shared_params=False` each agent holds
 its own, stacked over a leading agent axis: the rollout vmaps the network over the agents, and the learner is the
-fragment `learn_agents`, PPO's epoch vmapped over the agents, which declares its agent axes, so that a policy can
+fragment `learn_agents`, PPO's update vmapped over the agents, which declares its agent axes, so that a policy can
 place the agents' learners on devices of their own (`agent_learners`, docs/marl.md).
 
 Defaults are JaxMARL's feed-forward IPPO on MPE (baselines/IPPO/config/ippo_ff_mpe.yaml); `preset="auto"` sets
@@ -130,9 +130,9 @@ class IPPO(ppo.PPO):
     # parameters too where each agent holds its own
     rollout_shared = agents_fragment(ppo.PPO.rollout, ((None, AGENT_RUNNER), (2, AGENT_RUNNER, None)))
     rollout_agents = agents_fragment(ppo.PPO.rollout, ((0, AGENT_RUNNER), (2, AGENT_RUNNER, None)))
-    # UPDATE NETWORK: PPO's epoch on the agents' steps (shared parameters)
+    # UPDATE NETWORK: PPO's update on the agents' steps (shared parameters)
     learn = agents_fragment(ppo.PPO.learn, ((None, 2), (None, None)))
-    learner_skips_next_obs = True  # both learners are PPO's epoch, which reads V(s_{t+1}) only: no s_{t+1} to shuffle
+    learner_skips_next_obs = True  # both learners are PPO's update, which reads V(s_{t+1}) only: no s_{t+1} to shuffle
 
     @functools.cached_property
     def env(self) -> VecEnv:
@@ -173,7 +173,7 @@ class IPPO(ppo.PPO):
         apply = lambda p, o: ppo.PPO.apply_network(self, p, o, **kwargs)  # noqa: E731
         return jax.vmap(apply, in_axes=(0, -2), out_axes=out_axes)(params, obs)
 
-    def epoch_fragment(self) -> Any:
+    def learn_fragment(self) -> Any:
         return self.learn if self.config.shared_params else self.learn_agents
 
     def episode_metrics(self, runner: Runner) -> dict:
@@ -194,14 +194,14 @@ class IPPO(ppo.PPO):
         (an agent's own `done` comes earlier where it dies, on SMAX), so where all agents are done."""
         return fragc.psum(jnp.sum(jnp.all(done, -1)))
 
-    # UPDATE NETWORKS: each agent's own, PPO's epoch vmapped over the agent axis
+    # UPDATE NETWORKS: each agent's own, PPO's update vmapped over the agent axis
     @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None),
                     agent_axes=((AGENT_LEARNER, 2), (AGENT_LEARNER, 0)))
     def learn_agents(self, learner: ppo.Learner, traj: ppo.Transition) -> tuple[ppo.Learner, dict]:
         one = copy.copy(self)
         one.one_agent = True
-        epoch = functools.partial(ppo.PPO.learn.fn, one)
-        return jax.vmap(epoch, in_axes=(AGENT_LEARNER, 2), out_axes=(AGENT_LEARNER, 0))(learner, traj)
+        update = functools.partial(ppo.PPO.learn.fn, one)
+        return jax.vmap(update, in_axes=(AGENT_LEARNER, 2), out_axes=(AGENT_LEARNER, 0))(learner, traj)
 
 
 

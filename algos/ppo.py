@@ -256,15 +256,11 @@ class PPO(NetworkChoice):
         return state.replace(learner=learner, runner=runner), {**episode_metrics, **loss_metrics, **eval_metrics}
 
     def update(self, learner: Learner, traj: Transition) -> tuple[Learner, dict]:
-        """`update_epochs` passes over the rollout, one `learn` call each: a `for` region of the IR, so the
-        trajectory moves to the learner once and the cost model counts every epoch's gradient all-reduce."""
-        learn = self.epoch_fragment()
-        learner, metrics = jax.lax.scan(lambda learner, _: learn(learner, traj), learner, None,
-                                        self.config.update_epochs, unroll=self.unroll)
-        return learner, jax.tree.map(jnp.mean, metrics)
+        """One `learn` call: the advantages once from the rollout's values, then `update_epochs` passes over it."""
+        return self.learn_fragment()(learner, traj)
 
-    def epoch_fragment(self) -> Any:
-        """The fragment of one epoch over the rollout (IPPO's agents with parameters of their own have another)."""
+    def learn_fragment(self) -> Any:
+        """The fragment of the update (IPPO's agents with parameters of their own have another)."""
         return self.learn
 
     def episode_metrics(self, runner: Runner) -> dict:
@@ -331,7 +327,7 @@ class PPO(NetworkChoice):
         metrics = {**self.episode_metrics(runner), "episodes": self.episodes_ended(traj.done)}
         return traj, runner, metrics
 
-    # UPDATE NETWORK: one epoch, a pass over the rollout in shuffled minibatches
+    # UPDATE NETWORK: the advantages once, then `update_epochs` passes over the rollout in shuffled minibatches
     @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None))
     def learn(self, learner: Learner, traj: Transition) -> tuple[Learner, dict]:
         c = self.config
@@ -346,11 +342,15 @@ class PPO(NetworkChoice):
             params = optax.apply_updates(learner.params, updates)
             return learner.replace(params=params, opt_state=opt_state), metrics
 
-        key, perm_key = jax.random.split(learner.key)
-        perm = jax.random.permutation(perm_key, advantages.shape[0] * advantages.shape[1])  # T x N steps (of all agents)
-        shuffled = jax.tree.map(lambda x: x[perm].reshape((c.num_minibatches, -1) + x.shape[1:]), batch)
-        learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled, unroll=self.unroll)
-        metrics = fragc.pmean(jax.tree.map(jnp.mean, metrics))
+        def epoch(learner: Learner, _: None) -> tuple[Learner, dict]:
+            key, perm_key = jax.random.split(learner.key)
+            perm = jax.random.permutation(perm_key, advantages.shape[0] * advantages.shape[1])  # T x N steps (of all agents)
+            shuffled = jax.tree.map(lambda x: x[perm].reshape((c.num_minibatches, -1) + x.shape[1:]), batch)
+            learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled, unroll=self.unroll)
+            return learner, fragc.pmean(jax.tree.map(jnp.mean, metrics))
+
+        learner, metrics = jax.lax.scan(epoch, learner, None, c.update_epochs, unroll=self.unroll)
+        metrics = jax.tree.map(jnp.mean, metrics)  # over epochs
         return learner, {**metrics, "explained_variance": explained_variance(targets, traj.value)}
 
     def _loss(self, params: Any, traj: Transition, advantages: jax.Array, targets: jax.Array) -> tuple[jax.Array, dict]:

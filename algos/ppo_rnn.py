@@ -364,10 +364,8 @@ class PPORNN:
         return state.replace(learner=learner, actor=actor), {**episode_metrics, **loss_metrics, **eval_metrics}
 
     def update(self, learner: Learner, traj: Transition) -> tuple[Learner, dict]:
-        """`update_epochs` passes over the rollout, one `learn` call each (a `for` region of the IR)."""
-        learner, metrics = jax.lax.scan(lambda learner, _: self.learn(learner, traj), learner, None,
-                                        self.config.update_epochs)
-        return learner, jax.tree.map(jnp.mean, metrics)
+        """One `learn` call: the advantages once from the rollout's values, then `update_epochs` passes over it."""
+        return self.learn(learner, traj)
 
     # COLLECT TRAJECTORIES: one GRU step per environment step
     @fragc.fragment(role="actor", in_axes=(None, ACTOR_AXES), out_axes=(1, ACTOR_AXES, None))
@@ -398,7 +396,7 @@ class PPORNN:
         metrics = {**episode_metrics(actor.runner), "episodes": fragc.psum(jnp.sum(done))}
         return traj, actor, metrics
 
-    # UPDATE NETWORK: one epoch, minibatches of whole environment sequences
+    # UPDATE NETWORK: the advantages once, then `update_epochs` passes in minibatches of whole environment sequences
     @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None))
     def learn(self, learner: Learner, traj: Transition) -> tuple[Learner, dict]:
         c = self.config
@@ -407,27 +405,31 @@ class PPORNN:
             raise FragcError(f"ppo_rnn: each replica's environments ({N}) must divide by num_minibatches "
                              f"({c.num_minibatches}): use more environments or fewer minibatches")
         advantages, targets = gae(traj, c.gamma, c.gae_lambda)  # from the rollout's values: the same every epoch
-        clip = self.ratio_clip(learner.epochs)
 
-        def minibatch_step(learner: Learner, mb: Any) -> tuple[Learner, dict]:
-            grads, metrics = jax.grad(self._loss, has_aux=True)(learner.params, *mb, clip)
-            grads = fragc.pmean(grads)
-            metrics = {**metrics, **lr_metric(self._learning_rate(), learner.opt_state)}
-            updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
-            params = optax.apply_updates(learner.params, updates)
-            return learner.replace(params=params, opt_state=opt_state), metrics
+        def epoch(learner: Learner, _: None) -> tuple[Learner, dict]:
+            clip = self.ratio_clip(learner.epochs)
 
-        key, perm_key = jax.random.split(learner.key)
-        # the same shuffle of its own environments on every replica, as ppo's shuffle of its own steps is; drawn
-        # as N + 1 uniforms, as a draw of exactly N from the replicated key reads as a per-environment stream
-        perm = jnp.argsort(jax.random.uniform(perm_key, (N + 1,))[:N])
-        # [T, N, ...] -> [M, T, N / M, ...]: the environments shuffled, each keeps its whole sequence
-        split = lambda x: jnp.swapaxes(x[:, perm].reshape((T, c.num_minibatches, -1) + x.shape[2:]), 0, 1)
-        shuffled = jax.tree.map(split, (traj, advantages, targets))
-        learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled)
-        metrics = fragc.pmean(jax.tree.map(jnp.mean, metrics))
-        metrics["explained_variance"] = explained_variance(targets, traj.value)
-        return learner.replace(epochs=learner.epochs + 1), metrics
+            def minibatch_step(learner: Learner, mb: Any) -> tuple[Learner, dict]:
+                grads, metrics = jax.grad(self._loss, has_aux=True)(learner.params, *mb, clip)
+                grads = fragc.pmean(grads)
+                metrics = {**metrics, **lr_metric(self._learning_rate(), learner.opt_state)}
+                updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
+                params = optax.apply_updates(learner.params, updates)
+                return learner.replace(params=params, opt_state=opt_state), metrics
+
+            key, perm_key = jax.random.split(learner.key)
+            # the same shuffle of its own environments on every replica, as ppo's shuffle of its own steps is; drawn
+            # as N + 1 uniforms, as a draw of exactly N from the replicated key reads as a per-environment stream
+            perm = jnp.argsort(jax.random.uniform(perm_key, (N + 1,))[:N])
+            # [T, N, ...] -> [M, T, N / M, ...]: the environments shuffled, each keeps its whole sequence
+            split = lambda x: jnp.swapaxes(x[:, perm].reshape((T, c.num_minibatches, -1) + x.shape[2:]), 0, 1)
+            shuffled = jax.tree.map(split, (traj, advantages, targets))
+            learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled)
+            return learner.replace(epochs=learner.epochs + 1), fragc.pmean(jax.tree.map(jnp.mean, metrics))
+
+        learner, metrics = jax.lax.scan(epoch, learner, None, c.update_epochs)
+        metrics = jax.tree.map(jnp.mean, metrics)  # over epochs
+        return learner, {**metrics, "explained_variance": explained_variance(targets, traj.value)}
 
     def ratio_clip(self, epochs: jax.Array) -> jax.Array | float:
         """The ratio clip of the epoch after `epochs` passes: clip_eps, or with anneal_clip clip_eps times the

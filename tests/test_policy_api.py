@@ -52,9 +52,9 @@ def test_anakin_collectives_are_one_gradient_allreduce_per_minibatch_plus_metric
     def received(elements):  # per device: a reduce-scatter and an all-gather of ceil(n/R) 4-byte values from R-1 others
         return 2 * (r - 1) * -(-elements // r) * 4
 
-    # learn (one call an epoch): its metrics in one pmean, and explained variance's three psums (element count,
+    # learn: each epoch's metrics in one pmean, and once a call explained variance's three psums (element count,
     # means, variances); rollout: completed episodes, their return and length sums, episodes done
-    scalars = c.update_epochs * 4 + 4
+    scalars = c.update_epochs + 3 + 4
     grads = _param_bytes(algo) // 4
     expected = c.update_epochs * c.num_minibatches * received(grads) + scalars * received(1)
     cost = prog.cost()
@@ -65,8 +65,9 @@ def test_anakin_collectives_are_one_gradient_allreduce_per_minibatch_plus_metric
 
 def test_single_moves_nothing():
     cost = ppo_program("single", 1).cost()
-    assert cost["total"] == {"collective_bytes": 0.0, "transfer_bytes": 0.0, "device_to_host_bytes": 0.0,
-                             "host_to_device_bytes": 0.0}
+    moved = {k: v for k, v in cost["total"].items() if k.endswith("_bytes")}
+    assert moved == {"collective_bytes": 0.0, "transfer_bytes": 0.0, "device_to_host_bytes": 0.0,
+                     "host_to_device_bytes": 0.0}
 
 
 def test_actor_learner_transfers_trajectory_and_parameters():
