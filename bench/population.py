@@ -95,12 +95,8 @@ def fragc_side(config: ppo.Config, n: int, iterations: int, algorithm: type = pp
 def rolled_side(config: ppo.Config, n: int, iterations: int):
     """`fragc_side` with fragc's CPU lowerings turned off: JAX's own (threefry a loop of 5 trips a draw, the
     shuffle's sort of two buffers)."""
-    chosen = cpu_lowering.straight_threefry, cpu_lowering.packed_sort
-    cpu_lowering.straight_threefry = cpu_lowering.packed_sort = False
-    try:
+    with cpu_lowering.choosing(threefry=False, sort=False):
         return fragc_side(config, n, iterations)
-    finally:
-        cpu_lowering.straight_threefry, cpu_lowering.packed_sort = chosen
 
 
 def plain_vmap_side(config: ppo.Config, n: int, iterations: int):

@@ -1,79 +1,151 @@
-"""fragc lowers two of JAX's primitives on the CPU the way that runs faster there, computing the same bits.
+"""fragc can lower two of JAX's primitives on the CPU another way, computing the same bits, where that measures faster.
 
 - **`threefry2x32`** (every `jax.random` draw under the default key implementation), written out straight. JAX lowers
   it on GPUs as straight-line code, 20 rounds one after another, and on CPUs as a `fori_loop` of 5 trips over 4
   rounds each, to keep the HLO small. XLA's CPU runtime runs each trip as several small thunks (the loop's
-  condition, the carry's copies, the round's fusion), and PPO's rollout draws three times a step: the loops were
-  about a sixth of a CartPole iteration on this 2-core CPU (docs/benchmarks.md, "Threefry straight"). Both
-  lowerings do the same 32-bit adds, rotations and xors in the same order.
+  condition, the carry's copies, the round's fusion). Both lowerings do the same 32-bit adds, rotations and xors in
+  the same order. Registered `inline=False`, as JAX registers its own straight rule: one function per shape, called
+  wherever the shape is drawn, so a program's HLO holds the 20 rounds once, not once per draw.
 - **A stable sort of 32-bit integer keys carrying values** (`lax.sort_key_val`; `jax.random.permutation` is one,
   PPO's minibatch shuffle), as one sort of 64-bit words, each a key above its position. XLA's CPU runtime sorts
   one buffer of a native type with `std::sort`'s own comparison, and several buffers through a compiled comparator
-  called per comparison that moves every buffer's elements: about 4 times slower for 512 elements
-  (docs/benchmarks.md, "Sorts packed"). The packed words are distinct and their order is the keys' order, ties
-  by position: a stable sort's order. The keys are read off the words, the values gathered by position.
+  called per comparison that moves every buffer's elements. The packed words are distinct and their order is the
+  keys' order, ties by position: a stable sort's order. The keys are read off the words, the values gathered by
+  position.
 
-Neither changes a result, only the HLO. Both are chosen inside `cpu_lowerings()` only, which wraps fragc's own
-lowerings (the fused, staged, SPMD and host-loop programs): a user's programs lowered outside fragc keep JAX's
-choices. The rules are read and installed through JAX internals (`jax._src`), which no public API exposes; where
-a JAX release moves them, fragc keeps JAX's rule and says nothing (they are speed, never meaning).
+Neither changes a result, only the HLO, and neither wins everywhere: which is faster depends on the processor
+(docs/benchmarks.md). So each rule is on only where a micro-benchmark (`measure`) found it faster, in wall time
+and in CPU time, on the processor it runs on: measured at the first lowering that could use it and kept per
+processor model, core count and JAX version in the user's cache folder (`choices_path()`). `FRAGC_THREEFRY=straight`
+or `rolled` and `FRAGC_SORT=packed` or `jax` decide without measuring.
+
+The rules are taken inside `cpu_lowerings()` only, which wraps fragc's own lowerings (the fused, staged, SPMD and
+host-loop programs): a user's programs lowered outside fragc keep JAX's choices. The block is a JAX configuration
+state that is part of the jit cache's key, so JAX's caches of lowered and compiled functions keep the two apart: a
+function lowered inside the block never hands its HLO to a plain `jax.jit` of the same function outside it, nor the
+reverse. The rules, and that state, are read and installed through JAX internals (`jax._src`), which no public API
+exposes; where a JAX release moves them, fragc keeps JAX's rules and says nothing (they are speed, never meaning).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
+import platform
+import statistics
+import sys
+import tempfile
 import threading
+import time
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-straight_threefry = os.environ.get("FRAGC_THREEFRY", "straight") != "rolled"
-"""Whether `cpu_lowerings()` lowers threefry straight. `FRAGC_THREEFRY=rolled` keeps JAX's CPU lowering: smaller
-programs that compile sooner and step slower, which the test suite (compiles first) takes; benchmarks turn it off
-to measure the choice (bench/population.py's `fragc_rolled` side)."""
+RULES = ("threefry", "sort")
+_FORCED = {"threefry": ("FRAGC_THREEFRY", {"straight": True, "rolled": False, "jax": False}),
+           "sort": ("FRAGC_SORT", {"packed": True, "jax": False})}
+"""Per rule: the environment variable that decides it without measuring, and its values."""
 
-packed_sort = os.environ.get("FRAGC_SORT", "packed") != "jax"
-"""Whether `cpu_lowerings()` packs key-value sorts (`FRAGC_SORT=jax` keeps JAX's lowering; bench/population.py's
-`fragc_rolled` side turns both off)."""
-
-_local = threading.local()
-_installed: dict[str, bool] = {}  # rule name -> whether this JAX's internals were where expected
 _install_lock = threading.Lock()
+_installed: dict[str, bool] = {}  # rule name -> whether this JAX's internals were where expected
+_scope: Any = None  # the configuration state `cpu_lowerings()` sets (None: not made yet; False: JAX moved it)
+_chosen: dict[str, bool] = {}  # rule name -> on, once decided in this process
 
 
-def _route(name: str, find: Callable[[], tuple[Any, Callable, Callable]], chosen: Callable[[], bool]) -> None:
+def forced(rule: str) -> bool | None:
+    """The rule's choice from its environment variable (None: measure). An unknown value is refused."""
+    from fragc.ir.errors import FragcError
+
+    variable, values = _FORCED[rule]
+    value = os.environ.get(variable, "auto")
+    if value == "auto":
+        return None
+    if value not in values:
+        raise FragcError(f"{variable}={value!r}: expected auto, {', '.join(values)}")
+    return values[value]
+
+
+def chosen(rule: str) -> bool:
+    """Whether `rule` is on in this process: its environment variable, else the measured choice for this processor
+    (measured once and kept, see the module)."""
+    if rule not in _chosen:
+        decision = forced(rule)
+        _chosen[rule] = decision if decision is not None else measured_choices()[rule]["on"]
+    return _chosen[rule]
+
+
+@contextlib.contextmanager
+def choosing(**on: bool) -> Iterator[None]:
+    """Decide rules by name for the lowerings inside the block, in every thread (benchmarks and tests):
+    `choosing(threefry=False, sort=False)` lowers as JAX does."""
+    unknown = set(on) - set(RULES)
+    if unknown:
+        raise ValueError(f"unknown CPU lowering rules {sorted(unknown)}; known: {', '.join(RULES)}")
+    before = dict(_chosen)
+    _chosen.update(on)
+    try:
+        yield
+    finally:
+        _chosen.clear()
+        _chosen.update(before)
+
+
+# ---------------------------------------------------------------- the scope and the rules
+
+
+def _make_scope() -> Any:
+    """A JAX configuration state, part of the jit cache's key, that `cpu_lowerings()` sets on its thread."""
+    global _scope
+    if _scope is None:
+        try:
+            from jax._src import config
+
+            _scope = config.bool_state("fragc_cpu_lowerings", False, "Lower with fragc's CPU rules (internal).",
+                                       include_in_jit_key=True, include_in_trace_context=True)
+        except (ImportError, AttributeError, TypeError):
+            _scope = False
+    return _scope
+
+
+def in_scope() -> bool:
+    """Whether this thread is lowering inside `cpu_lowerings()`."""
+    return _scope is not None and _scope is not False and bool(_scope.value)
+
+
+def _route(name: str, find: Callable[[], tuple[Any, Callable, Callable, bool]]) -> None:
     """Route the CPU lowering of a primitive through a choice once per process: `find()` -> (primitive, JAX's
-    rule, fragc's rule); fragc's is taken inside `cpu_lowerings()` while `chosen()`, JAX's elsewhere."""
+    rule, fragc's rule, inline); fragc's is taken inside `cpu_lowerings()` where `chosen(name)`, JAX's elsewhere."""
     with _install_lock:
         if name in _installed:
             return
         try:
             from jax._src.interpreters import mlir
 
-            primitive, jax_rule, fragc_rule = find()
+            primitive, jax_rule, fragc_rule, inline = find()
         except (ImportError, AttributeError, KeyError, TypeError):
             _installed[name] = False
             return
 
         def choose(ctx: Any, *args: Any, **params: Any) -> Any:
-            rule = fragc_rule if getattr(_local, "depth", 0) and chosen() else jax_rule
+            rule = fragc_rule if in_scope() and chosen(name) else jax_rule
             return rule(ctx, *args, **params)
 
-        mlir.register_lowering(primitive, choose, platform="cpu")
+        mlir.register_lowering(primitive, choose, platform="cpu", inline=inline)
         _installed[name] = True
 
 
-def _find_threefry() -> tuple[Any, Callable, Callable]:
+def _find_threefry() -> tuple[Any, Callable, Callable, bool]:
     from jax._src.interpreters import mlir
     from jax._src.random import threefry2x32 as threefry
 
     primitive = threefry.threefry2x32_p
-    return primitive, mlir._platform_specific_lowerings["cpu"][primitive].rule, threefry._threefry2x32_lowering_rule
+    return (primitive, mlir._platform_specific_lowerings["cpu"][primitive].rule,
+            threefry._threefry2x32_lowering_rule, False)
 
 
-def _find_sort() -> tuple[Any, Callable, Callable]:
+def _find_sort() -> tuple[Any, Callable, Callable, bool]:
     import jax
     from jax._src.interpreters import mlir
     from jax._src.lax import lax
@@ -90,7 +162,7 @@ def _find_sort() -> tuple[Any, Callable, Callable]:
             return mlir.lower_fun(functools.partial(_sort_packed, dimension=dimension),
                                   multiple_results=True)(ctx, *operands)
 
-    return lax.sort_p, jax_rule, rule
+    return lax.sort_p, jax_rule, rule, True
 
 
 def _sort_packed(key: Any, *values: Any, dimension: int) -> list[Any]:
@@ -110,13 +182,158 @@ def _sort_packed(key: Any, *values: Any, dimension: int) -> list[Any]:
     return [sorted_key, *(jnp.take_along_axis(v, order, axis=dimension) for v in values)]
 
 
+def _install() -> Any:
+    scope = _make_scope()
+    if scope is not False:
+        _route("threefry", _find_threefry)
+        _route("sort", _find_sort)
+    return scope
+
+
 @contextlib.contextmanager
 def cpu_lowerings() -> Iterator[None]:
-    """Lowerings on this thread inside the block take fragc's CPU rules (see the module)."""
-    _route("threefry", _find_threefry, lambda: straight_threefry)
-    _route("sort", _find_sort, lambda: packed_sort)
-    _local.depth = getattr(_local, "depth", 0) + 1
-    try:
+    """Lowerings on this thread inside the block take fragc's CPU rules where they are on (see the module). Where
+    this process has not decided a rule yet it decides it here, before anything lowers (measuring compiles and
+    runs programs, which a lowering cannot do inside itself)."""
+    for rule in RULES:
+        chosen(rule)
+    with _scope_on():
         yield
-    finally:
-        _local.depth -= 1
+
+
+@contextlib.contextmanager
+def _scope_on() -> Iterator[None]:
+    scope = _install()
+    if scope is False:
+        yield
+        return
+    with scope(True):
+        yield
+
+
+# ---------------------------------------------------------------- measuring the choices
+
+
+def processor() -> str:
+    """This machine's processor model, the cores this process may use, and the JAX version: what a choice is kept
+    under."""
+    import jax
+
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model} | {cores} cores | jax {jax.__version__}"
+
+
+def choices_path() -> str:
+    """Where the measured choices are kept (a JSON object, processor -> rule -> measurement)."""
+    return os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "fragc",
+                        "cpu_lowerings.json")
+
+
+def measured_choices() -> dict[str, dict]:
+    """Per rule: {"on": ..., and the medians measured}, for this processor: read from `choices_path()`, or measured
+    now (a few seconds, once per processor) and written there."""
+    path, key = choices_path(), processor()
+    kept = _read(path)
+    if key in kept and set(RULES) <= set(kept[key]):
+        return kept[key]
+    print(f"fragc: timing its CPU lowering rules on this processor (once; kept in {path})", file=sys.stderr)
+    kept[key] = measure()
+    _write(path, kept)
+    return kept[key]
+
+
+def _read(path: str) -> dict:
+    try:
+        with open(path) as f:
+            kept = json.load(f)
+        return kept if isinstance(kept, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(path: str, kept: dict) -> None:
+    """Atomically (two processes measuring at once each write a whole file); a folder that cannot be written
+    leaves the choice to this process."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), delete=False, suffix=".tmp") as f:
+            json.dump(kept, f, indent=1)
+        os.replace(f.name, path)
+    except OSError:
+        pass
+
+
+def _threefry_program() -> tuple[Callable, Any]:
+    """What PPO's rollout draws: 64 steps, each splitting 16 per-environment keys in 3 and drawing an action and a
+    uniform with two of them."""
+    import jax
+    import jax.numpy as jnp
+
+    def steps(keys: Any) -> Any:
+        def step(keys: Any, _: None) -> tuple[Any, Any]:
+            split = jax.vmap(lambda k: jax.random.split(k, 3))(keys)
+            action = jax.vmap(lambda k: jax.random.categorical(k, jnp.zeros(2)))(split[:, 0])
+            noise = jax.vmap(jax.random.uniform)(split[:, 1])
+            return split[:, 2], action.astype(jnp.float32) + noise
+
+        return jax.lax.scan(step, keys, None, 64)
+
+    return steps, jax.random.split(jax.random.key(0), 16)
+
+
+def _sort_program() -> tuple[Callable, Any]:
+    """What PPO's minibatch shuffle sorts: 16 permutations of 512 steps, one after another."""
+    import jax
+
+    def shuffles(key: Any) -> Any:
+        def shuffle(key: Any, _: None) -> tuple[Any, Any]:
+            key, draw = jax.random.split(key)
+            return key, jax.random.permutation(draw, 512)
+
+        return jax.lax.scan(shuffle, key, None, 16)
+
+    return shuffles, jax.random.key(0)
+
+
+PROGRAMS = {"threefry": _threefry_program, "sort": _sort_program}
+MARGIN = 0.95
+"""A rule is on where its program's median wall time is under this fraction of JAX's, and its CPU time no more."""
+
+
+def measure(rounds: int = 9) -> dict[str, dict]:
+    """Per rule: its micro-benchmark (`PROGRAMS`) compiled with the rule and with JAX's, timed alternately (wall and
+    process CPU time, medians of `rounds`), and whether the rule is on (`MARGIN`)."""
+    import jax
+
+    _install()
+    out = {}
+    for rule in RULES:
+        fn, arg = PROGRAMS[rule]()
+        programs = {}
+        for side, on in (("fragc", True), ("jax", False)):
+            # the other rules off; a function each side (JAX's caches key on the function too)
+            with choosing(**{r: on and r == rule for r in RULES}), _scope_on():
+                programs[side] = jax.jit(lambda a, fn=fn: fn(a)).lower(arg).compile()
+        wall: dict[str, list[float]] = {side: [] for side in programs}
+        cpu: dict[str, list[float]] = {side: [] for side in programs}
+        for side, program in programs.items():
+            jax.block_until_ready(program(arg))
+        for _ in range(rounds):
+            for side, program in programs.items():
+                start, start_cpu = time.perf_counter(), time.process_time()
+                for _ in range(8):
+                    jax.block_until_ready(program(arg))
+                wall[side].append(time.perf_counter() - start)
+                cpu[side].append(time.process_time() - start_cpu)
+        medians = {f"{side}_{what}_s": statistics.median(v) for what, table in (("wall", wall), ("cpu", cpu))
+                   for side, v in table.items()}
+        on = (medians["fragc_wall_s"] < MARGIN * medians["jax_wall_s"]
+              and medians["fragc_cpu_s"] <= medians["jax_cpu_s"])
+        out[rule] = {"on": on, **medians}
+    return out

@@ -2,6 +2,7 @@
 sorts packed into one 64-bit sort, each with the same bits as JAX's lowering, and a user's own programs outside fragc
 keep JAX's choices."""
 
+import json
 import re
 import threading
 
@@ -21,10 +22,10 @@ KEY_VALUE_SORT = re.compile(r"= \(u32\[[0-9,]*\]\{[0-9,]*\}, s32\[[0-9,]*\]\{[0-
 
 
 @pytest.fixture(autouse=True)
-def straight(monkeypatch):
-    """The lowerings users get (tests/conftest.py keeps JAX's threefry for the rest of the suite's compile time)."""
-    monkeypatch.setattr(cpu_lowering, "straight_threefry", True)
-    monkeypatch.setattr(cpu_lowering, "packed_sort", True)
+def straight():
+    """Both rules on (tests/conftest.py keeps JAX's threefry for the rest of the suite's compile time)."""
+    with cpu_lowering.choosing(threefry=True, sort=True):
+        yield
 
 
 def _by_hand(algo, seed, iterations):
@@ -132,3 +133,69 @@ def test_sorts_it_cannot_pack_keep_jax_lowering():
     for program in (float_keys, unstable, alone):
         assert not PACKED_SORT.search(program.as_text())
     np.testing.assert_array_equal(np.asarray(float_keys(floats, jnp.arange(17))[1]), np.arange(17)[::-1])
+
+
+def test_jax_caches_keep_the_block_apart_from_plain_jit_in_either_order():
+    """A function lowered inside `cpu_lowerings()` does not hand its HLO to a later plain `jax.jit` of the same
+    function (JAX caches lowerings by function), nor does a plain lowering hand its HLO to the block."""
+    key = jax.random.key(0)
+
+    def first_in_the_block(k):
+        return jax.random.uniform(k, (4,))
+
+    def first_outside(k):
+        return jax.random.uniform(k, (5,))
+
+    with cpu_lowerings():
+        inside = jax.jit(first_in_the_block).lower(key).compile().as_text()
+    outside = jax.jit(first_in_the_block).lower(key).compile().as_text()
+    assert not ROLLED_THREEFRY.search(inside) and ROLLED_THREEFRY.search(outside)
+
+    outside = jax.jit(first_outside).lower(key).compile().as_text()
+    with cpu_lowerings():
+        inside = jax.jit(first_outside).lower(key).compile().as_text()
+    assert ROLLED_THREEFRY.search(outside) and not ROLLED_THREEFRY.search(inside)
+
+
+def test_the_straight_rule_is_one_function_called_per_draw():
+    """Registered `inline=False` (as JAX's own straight rule): the 20 rounds appear once per shape in the lowered
+    module (here the split's and the six draws'), called where drawn, not written out at every draw."""
+    def draws(key):
+        return [jax.random.uniform(k, (4,)) for k in jax.random.split(key, 6)]
+
+    with cpu_lowerings():
+        text = jax.jit(draws).lower(jax.random.key(0)).as_text()
+    assert len(re.findall(r"func\.func private @threefry2x32", text)) == 2
+    assert len(re.findall(r"call @threefry2x32", text)) >= 2
+
+
+def test_each_rule_is_measured_once_per_processor_and_kept(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(cpu_lowering, "measure", lambda: {"threefry": {"on": False, "fragc_wall_s": 2.0},
+                                                          "sort": {"on": True, "fragc_wall_s": 1.0}})
+    assert cpu_lowering.measured_choices()["sort"]["on"] is True
+    kept = json.loads((tmp_path / "fragc" / "cpu_lowerings.json").read_text())
+    assert kept[cpu_lowering.processor()]["threefry"]["on"] is False
+
+    def measure_again():
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(cpu_lowering, "measure", measure_again)
+    assert cpu_lowering.measured_choices()["threefry"]["on"] is False  # read back, not measured
+
+
+def test_measure_times_both_lowerings_of_each_rule():
+    out = cpu_lowering.measure(rounds=1)
+    assert set(out) == set(cpu_lowering.RULES)
+    for rule, m in out.items():
+        assert all(m[f"{side}_{what}_s"] > 0 for side in ("fragc", "jax") for what in ("wall", "cpu")), rule
+        assert m["on"] == (m["fragc_wall_s"] < cpu_lowering.MARGIN * m["jax_wall_s"]
+                           and m["fragc_cpu_s"] <= m["jax_cpu_s"])
+
+
+@pytest.mark.parametrize("variable", ["FRAGC_THREEFRY", "FRAGC_SORT"])
+def test_an_unknown_choice_is_refused_in_one_line(monkeypatch, variable):
+    monkeypatch.setenv(variable, "fastest")
+    rule = "threefry" if variable == "FRAGC_THREEFRY" else "sort"
+    with pytest.raises(fragc.FragcError, match=f"^{variable}='fastest': expected auto, "):
+        cpu_lowering.forced(rule)
