@@ -1,4 +1,5 @@
 """Bytes that cross devices per iteration (collectives inside fragments, transfers between groups, host steps),
+the kernel launches a GPU would make for a compiled program, estimated from its optimised HLO (`hlo_launches`),
 and the model of seconds per iteration that `policy="auto"` ranks its candidates by (`predict`, below).
 
 Collective bytes are what one device receives per iteration from the
@@ -89,6 +90,131 @@ def hlo_collective_bytes(hlo_text: str) -> int:
         for dtype, dims in _ARRAY.findall(found["shape"]):
             total += int(np.prod([int(d) for d in dims.split(",") if d])) * _BYTES.get(dtype, 4)
     return total
+
+
+# ---------------------------------------------------------------- kernel launches, from optimised HLO
+
+FREE_OPS = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
+                      "add-dependency", "opt-barrier", "domain"})
+"""Instructions that launch no kernel: names of buffers (a bitcast reinterprets one in place) and ordering tokens."""
+
+_COMPUTATION = re.compile(r"^(?P<entry>ENTRY\s+)?%?(?P<name>[^\s(]+)\s+\(.*\{\s*$")
+_HLO_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[^\s=]+\s*=\s*(?P<rest>.*)$")
+_OPCODE = re.compile(r"^\s*(?P<op>[a-z][\w\-]*)\(")
+_CALLED = re.compile(r"\b(?P<key>condition|body|to_apply|true_computation|false_computation)=%?(?P<name>[^\s,{}]+)")
+_BRANCHES = re.compile(r"\bbranch_computations=\{(?P<names>[^}]*)\}")
+_TRIP_COUNT = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(?P<n>\d+)')
+
+
+def _skip_shape(rest: str) -> str:
+    """What follows an instruction's result shape: a tuple shape `(...)` (nested, with `/*index=5*/` comments) or
+    one array shape `f32[4,64]{1,0}`."""
+    if not rest.startswith("("):
+        return rest.split(" ", 1)[1] if " " in rest else ""
+    depth = 0
+    for i, c in enumerate(rest):
+        depth += c == "("
+        depth -= c == ")"
+        if depth == 0:
+            return rest[i + 1:]
+    return ""
+
+
+def _hlo_computations(hlo_text: str) -> tuple[dict[str, list[tuple[str, str]]], str | None]:
+    """HLO text -> ({computation: [(opcode, the instruction's line)]}, the entry computation's name)."""
+    comps: dict[str, list[tuple[str, str]]] = {}
+    entry, current = None, None
+    for line in hlo_text.splitlines():
+        if current is None:
+            header = _COMPUTATION.match(line)
+            if header is not None and not line.startswith("HloModule"):
+                current = header["name"]
+                comps[current] = []
+                entry = current if header["entry"] else entry
+            continue
+        if line.rstrip() == "}":  # a computation's end, in the first column
+            current = None
+            continue
+        found = _HLO_INSTRUCTION.match(line)
+        if found is None:
+            continue
+        op = _OPCODE.match(_skip_shape(found["rest"].strip()))
+        if op is not None:
+            comps[current].append((op["op"], line))
+    return comps, entry
+
+
+def hlo_launches(hlo_text: str, dispatch_trips: int | None = None) -> tuple[int, bool]:
+    """An estimate of the kernels a GPU launches for one call of a program, read from its optimised HLO text
+    (`compiled.as_text()`) -> (launches, exact).
+
+    The method: each instruction of the entry computation, and of every computation it runs through control flow,
+    is one launch, except those that launch nothing (`FREE_OPS`: parameters, constants, tuples and their elements,
+    bitcasts) and the waiting half of an asynchronous pair (`*-done`, `*-update`; its `*-start` is the launch). A
+    `fusion` is one launch (the instructions of its fused computation are not counted), as is every other unfused
+    operation (dot, convolution, custom-call, copy, reduce, sort, scatter, gather, dynamic-update-slice, rng,
+    collectives, and elementwise operations left unfused, which a GPU runs as a kernel each). Computations reached
+    through control flow are counted in place of their instruction: a `call`'s once; a `while`'s body times the trip
+    count XLA found (`"known_trip_count":{"n":...}` in its backend_config) -- with a known trip count XLA's GPU
+    runtime runs the body that many times without evaluating the condition (its `WhileThunk`), so the condition is
+    not counted; a `conditional`'s costliest branch. A loop whose trip count XLA does not know has its body and
+    condition counted once and the estimate marked a lower bound (`exact` False).
+
+    dispatch_trips: the trip count to take for the loops of unknown trip count that the entry computation runs
+      directly (not inside such another loop, nor inside a branch): a fused program's dispatch loop on the CPU,
+      which runs n <= k iterations with n an argument (runtime/fused.py). Given k, the loop's body counts k times and
+      its condition not at all, as on a GPU, where that loop compiles with its trip count k; the count divided by k
+      is then the iteration's (the dispatch loop's body) plus the entry's other work shared over k iterations.
+
+    Limits: this is what a GPU would launch if its compiler made the same program as the one compiled here. Read
+    from the CPU's optimised HLO, it is a proxy: XLA's GPU compiler fuses differently (more elementwise work into
+    fewer, larger kernels; matrix products through cuBLAS or Triton, sometimes with a fused epilogue; reductions
+    split in two), unrolls loops in its own way, and may capture kernels in CUDA graphs (command buffers), which
+    changes what the host submits but not the kernels the device runs. Compare programs by it on the same backend,
+    and check it against a GPU's compiled HLO (or a profile) where one is at hand. Memsets, host-device copies of a
+    loop condition and a conditional's predicate are not counted."""
+    comps, entry = _hlo_computations(hlo_text)
+    if entry is None:  # not HLO text
+        return 0, False
+    memo: dict[tuple[str, bool], tuple[int, bool]] = {}
+
+    def count(name: str, outer: bool) -> tuple[int, bool]:
+        """Launches of one run of computation `name`; `outer`: whether `dispatch_trips` applies to its loops."""
+        if name not in comps:  # a computation the text does not hold: nothing counted, so not exact
+            return 0, False
+        if (name, outer) in memo:
+            return memo[(name, outer)]
+        total, exact = 0, True
+        for op, line in comps[name]:
+            if op in FREE_OPS or op.endswith("-done") or op.endswith("-update"):
+                continue
+            called = {m["key"]: m["name"] for m in _CALLED.finditer(line)}
+            if op == "while" and "body" in called:
+                trips = _TRIP_COUNT.search(line)
+                body, body_exact = count(called["body"], outer and trips is not None)
+                if trips is not None:
+                    total, exact = total + int(trips["n"]) * body, exact and body_exact
+                elif outer and dispatch_trips is not None:
+                    total, exact = total + dispatch_trips * body, exact and body_exact
+                else:
+                    cond, _ = count(called.get("condition", ""), False)
+                    total, exact = total + body + cond, False
+            elif op == "conditional":
+                branches = _BRANCHES.search(line)
+                names = ([b.strip().lstrip("%") for b in branches["names"].split(",") if b.strip()] if branches
+                         else [called[k] for k in ("true_computation", "false_computation") if k in called])
+                counted = [count(b, False) for b in names]
+                total += max((c for c, _ in counted), default=0)
+                exact = exact and all(e for _, e in counted)
+            elif op == "call" and "to_apply" in called:
+                sub, sub_exact = count(called["to_apply"], outer)
+                total, exact = total + sub, exact and sub_exact
+            else:
+                total += 1
+        memo[(name, outer)] = (total, exact)
+        return total, exact
+
+    return count(entry, True)
 
 
 def transfer_bytes(module: Module) -> int:

@@ -32,14 +32,14 @@ from fragc.ir.types import as_arrays
 from fragc.passes.pipeline import PipelineResult
 from fragc.passes.policy import Policy
 
-from .cost import fragment_collective_bytes, hlo_collective_bytes, host_bytes, transfer_bytes
+from .cost import fragment_collective_bytes, hlo_collective_bytes, hlo_launches, host_bytes, transfer_bytes
 from .actions import Action, OnMetrics, Run, check_actions, steps_per_iteration
 from .fused import FusedProgram
 from .multihost import place, to_host
 from .seeds import check_seed
 from .spmd import SpmdProgram
 from .state_diff import differences, only_static, same_leaf_type
-from .stages import Executable, StagedProgram
+from .stages import Executable, StagedProgram, region_stages
 
 EXECUTORS = {"fused": FusedProgram, "staged": StagedProgram, "spmd": SpmdProgram}
 """The executor of each `Schedule.executor`."""
@@ -114,24 +114,66 @@ class Program:
         the iterations one call runs (`iterations_per_dispatch`: k for a fused or SPMD program, 1 for
         a stage of a staged one), and the collective and transfer bytes per iteration; `"total"` sums
         the per-iteration bytes, with the host steps' (ir/host.py) bytes device -> host (`device_to_host_bytes`)
-        and host -> device (`host_to_device_bytes`)."""
+        and host -> device (`host_to_device_bytes`).
+
+        `launches`: the kernel launches one iteration costs on a GPU, estimated from the executable's optimised
+        HLO (runtime/cost.py's `hlo_launches`: a proxy read from this backend's program, not a GPU's), times the
+        calls of the executable an iteration makes (1/k for a fused or SPMD program; a stage of a loop spanning
+        groups its trips; a host loop's step programs once a step and environment group), and `launches_exact`:
+        False where a loop's trip count is unknown to XLA (its body counted once: a lower bound). A fused
+        program's dispatch loop, whose trip count n <= k is an argument on the CPU, counts k trips, so that its
+        body is one iteration's. `"total"` sums the launches per iteration over the executables."""
         out: dict[str, dict[str, float]] = {}
-        per_iter_collectives = 0.0
+        per_iter_collectives = per_iter_launches = 0.0
+        launches_exact = True
+        calls = self._calls_per_iteration()
+        dispatch_loop = isinstance(self._executor, FusedProgram)  # on the CPU, a loop of n <= k trips, n an argument
         for s in self._executor.executables:
             analysis = s.compiled.cost_analysis() or {}
             frags = set(s.fragments)  # s.fragments: one entry a run (a fragment in a loop: one a trip)
             coll = float(sum(fragment_collective_bytes(self.module.fragments[f]) for f in s.fragments))
+            text = s.compiled.as_text()
             if any(self.module.fragments[f].placement.lowering == "jit" for f in frags):
-                coll += float(hlo_collective_bytes(s.compiled.as_text()))
+                coll += float(hlo_collective_bytes(text))
             per_iter_collectives += coll
+            launches, exact = hlo_launches(text, s.iterations if dispatch_loop else None)
+            per_call = calls.get(s.name, 1.0) / s.iterations
+            per_iter_launches += launches * per_call
+            launches_exact = launches_exact and exact
             out[s.name] = {"flops": float(analysis.get("flops", 0.0)),
                            "bytes": float(analysis.get("bytes accessed", 0.0)),
                            "iterations_per_dispatch": s.iterations,
-                           "collective_bytes": coll}
+                           "collective_bytes": coll,
+                           "launches": launches * per_call,
+                           "launches_exact": exact}
         to_host, from_host = host_bytes(self.module)
         out["total"] = {"collective_bytes": per_iter_collectives, "transfer_bytes": float(transfer_bytes(self.module)),
-                        "device_to_host_bytes": float(to_host), "host_to_device_bytes": float(from_host)}
+                        "device_to_host_bytes": float(to_host), "host_to_device_bytes": float(from_host),
+                        "launches": per_iter_launches, "launches_exact": launches_exact}
         return out
+
+    def _calls_per_iteration(self) -> dict[str, float]:
+        """Calls of each executable per call of its iterations, where not one (every program but a staged
+        schedule's runs once a call; `cost` divides by the iterations a call runs): a staged
+        schedule's stages of loops spanning groups (`region_stages`: their regions' trips, an upper bound for
+        branches) and its host loops' programs (runtime/host_loop.py: `.prefix` and `.suffix` once, `.first` and
+        `.last` once a group, `.between{j}` once a step and group, `.step` between consecutive steps, per group)."""
+        calls: dict[str, float] = {}
+        if not isinstance(self._executor, StagedProgram):
+            return calls
+        for stage, _, times in region_stages(self.module):
+            calls[stage.name] = float(times)
+        for loop in getattr(self._executor, "_host_loops", {}).values():
+            steps, groups = loop.node.steps, loop.groups
+            for e in loop.executables:
+                name = e.name.rpartition(".")[2]
+                if name in ("first", "last"):
+                    calls[e.name] = float(groups)
+                elif name == "step":
+                    calls[e.name] = float(max(steps - 1, 0) * groups)
+                elif name.startswith("between"):
+                    calls[e.name] = float(steps * groups)
+        return calls
 
     def memory(self) -> dict[str, dict[str, int]]:
         """Per executable: XLA's memory analysis per device, `argument`, `output` and `temp` bytes (none where
