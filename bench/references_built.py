@@ -1,0 +1,59 @@
+"""Loading the references' own code that `bench/references/build.py` built into bench/references/build/ (gitignored).
+
+A bench that compares with a reference calls `require(name)` first: where the reference is not built it stops with
+the one command that builds it, and never runs a rewrite in its place.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import platform
+import sys
+from types import ModuleType
+
+BUILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "references", "build")
+
+
+def folder(name: str) -> str:
+    return os.path.join(BUILD, name)
+
+
+def built(name: str) -> dict | None:
+    """The reference's REFERENCE.json (repository, commit, patches), or None where it is not built."""
+    try:
+        with open(os.path.join(folder(name), "REFERENCE.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def require(name: str) -> dict:
+    """The reference's REFERENCE.json; exits with the command that builds it where it is not built."""
+    manifest = built(name)
+    if manifest is None:
+        raise SystemExit(f"{name}: the reference's own code is not built in {folder(name)}; build it with "
+                         f"`python bench/references/build.py` (from git mirrors of the references)")
+    return manifest
+
+
+def load(name: str, module: str) -> ModuleType:
+    """Import `module` (a file of the reference, e.g. PureJaxRL's `ppo`) from its built folder."""
+    require(name)
+    path = folder(name)
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return importlib.import_module(module)
+
+
+def processor() -> str:
+    """The processor's model name and the cores this process may use."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model}, {cores} cores"
