@@ -181,7 +181,10 @@ def gae(traj: Transition, gamma: float, lam: float) -> tuple[jax.Array, jax.Arra
         carry = delta + gamma * lam * keep * carry
         return carry, carry
 
-    _, advantages = jax.lax.scan(backward, jnp.zeros_like(deltas[0]), (deltas, not_done), reverse=True)
+    # [T, N]: unrolled 16 steps a trip, as PureJaxRL's: the same operations and bits, an eighth of the loop's trips.
+    # The agents' [T, N, A] keep the loop: unrolled, XLA fuses their multiply-adds otherwise and the last bits move.
+    unroll = 16 if deltas.ndim == 2 else 1
+    _, advantages = jax.lax.scan(backward, jnp.zeros_like(deltas[0]), (deltas, not_done), reverse=True, unroll=unroll)
     return advantages, advantages + traj.value
 
 

@@ -12,11 +12,14 @@ from typing import Any, Callable, Sequence
 
 from jax.sharding import Mesh
 
+from fragc import lowering_workloads
 from fragc.compiler import build
 from fragc.options import CompileOptions, SearchOptions, search_seeds
 from fragc.passes import Policy, Population
 from fragc.runtime.program import Program
 from fragc.search import search
+
+lowering_workloads.register()  # the CPU lowering rules are decided on a training iteration, not a micro-program
 
 
 def compile(

@@ -13,11 +13,13 @@
   keys' order, ties by position: a stable sort's order. The keys are read off the words, the values gathered by
   position.
 
-Neither changes a result, only the HLO, and neither wins everywhere: which is faster depends on the processor
-(docs/benchmarks.md). So each rule is on only where a micro-benchmark (`measure`) found it faster, in wall time
-and in CPU time, on the processor it runs on: measured at the first lowering that could use it and kept per
-processor model, core count and JAX version in the user's cache folder (`choices_path()`). `FRAGC_THREEFRY=straight`
-or `rolled` and `FRAGC_SORT=packed` or `jax` decide without measuring.
+Neither changes a result, only the HLO, and neither wins everywhere: which is faster depends on the processor, and
+on the program, since the rules change how XLA's CPU runtime spreads a program's thunks over its threads
+(docs/benchmarks.md). So each rule is on only where its workload (`WORKLOADS`: for threefry, fragc's PPO iteration,
+fragc/lowering_workloads.py; for the sort, PPO's shuffles) measured faster with it, in wall time and in CPU time, on
+the processor it runs on: measured at the first lowering of a process that has not decided it, and kept per processor
+model, usable cores and JAX version in the user's cache folder (`choices_path()`). `FRAGC_THREEFRY=straight` or
+`rolled` and `FRAGC_SORT=packed` or `jax` decide without measuring.
 
 The rules are taken inside `cpu_lowerings()` only, which wraps fragc's own lowerings (the fused, staged, SPMD and
 host-loop programs): a user's programs lowered outside fragc keep JAX's choices. The block is a JAX configuration
@@ -238,7 +240,7 @@ def choices_path() -> str:
 def measured_choices() -> dict[str, dict]:
     """Per rule: {"on": ..., and the medians measured}, for this processor: read from `choices_path()`, or measured
     now (a few seconds, once per processor) and written there."""
-    path, key = choices_path(), processor()
+    path, key = choices_path(), f"{processor()} | {WORKLOADS_VERSION}"
     kept = _read(path)
     if key in kept and set(RULES) <= set(kept[key]):
         return kept[key]
@@ -267,6 +269,24 @@ def _write(path: str, kept: dict) -> None:
         os.replace(f.name, path)
     except OSError:
         pass
+
+
+def _micro(program: Callable[[], tuple[Callable, Any]], calls: int = 8) -> Callable[[], Callable[[], None]]:
+    """A workload of a jitted micro-program: compiled under the rules chosen when it is built, run `calls` times."""
+    def build() -> Callable[[], None]:
+        import jax
+
+        fn, arg = program()
+        with _scope_on():  # a function each side: JAX's caches key on the function too
+            compiled = jax.jit(lambda a: fn(a)).lower(arg).compile()
+
+        def run() -> None:
+            for _ in range(calls):
+                jax.block_until_ready(compiled(arg))
+
+        return run
+
+    return build
 
 
 def _threefry_program() -> tuple[Callable, Any]:
@@ -301,34 +321,38 @@ def _sort_program() -> tuple[Callable, Any]:
     return shuffles, jax.random.key(0)
 
 
-PROGRAMS = {"threefry": _threefry_program, "sort": _sort_program}
+WORKLOADS: dict[str, Callable[[], Callable[[], None]]] = {"threefry": _micro(_threefry_program),
+                                                          "sort": _micro(_sort_program)}
+"""Per rule, what decides it: a function that builds (compiles) the workload under the rules chosen when it is
+called and returns a function running it once. These are micro-programs; the API layer (fragc/lowering_workloads.py)
+replaces threefry's with a whole training iteration, since a rule's worth in a program also depends on how XLA's
+CPU runtime spreads the program over threads, which a micro-program does not show."""
+WORKLOADS_VERSION = "workloads 2"
+"""Part of a kept choice's key: a change of what decides the rules measures them again."""
 MARGIN = 0.95
-"""A rule is on where its program's median wall time is under this fraction of JAX's, and its CPU time no more."""
+"""A rule is on where its workload's median wall time is under this fraction of JAX's, and its CPU time no more."""
 
 
-def measure(rounds: int = 9) -> dict[str, dict]:
-    """Per rule: its micro-benchmark (`PROGRAMS`) compiled with the rule and with JAX's, timed alternately (wall and
-    process CPU time, medians of `rounds`), and whether the rule is on (`MARGIN`)."""
-    import jax
-
+def measure(rounds: int = 7, workloads: dict[str, Callable[[], Callable[[], None]]] | None = None
+            ) -> dict[str, dict]:
+    """Per rule: its workload (`WORKLOADS`) built with the rule and with JAX's lowering (the other rules off), timed
+    alternately (wall and process CPU time, medians of `rounds`), and whether the rule is on (`MARGIN`)."""
+    workloads = workloads or WORKLOADS
     _install()
     out = {}
     for rule in RULES:
-        fn, arg = PROGRAMS[rule]()
-        programs = {}
+        runs = {}
         for side, on in (("fragc", True), ("jax", False)):
-            # the other rules off; a function each side (JAX's caches key on the function too)
-            with choosing(**{r: on and r == rule for r in RULES}), _scope_on():
-                programs[side] = jax.jit(lambda a, fn=fn: fn(a)).lower(arg).compile()
-        wall: dict[str, list[float]] = {side: [] for side in programs}
-        cpu: dict[str, list[float]] = {side: [] for side in programs}
-        for side, program in programs.items():
-            jax.block_until_ready(program(arg))
+            with choosing(**{r: on and r == rule for r in RULES}):
+                runs[side] = workloads[rule]()
+        wall: dict[str, list[float]] = {side: [] for side in runs}
+        cpu: dict[str, list[float]] = {side: [] for side in runs}
+        for run in runs.values():
+            run()
         for _ in range(rounds):
-            for side, program in programs.items():
+            for side, run in runs.items():
                 start, start_cpu = time.perf_counter(), time.process_time()
-                for _ in range(8):
-                    jax.block_until_ready(program(arg))
+                run()
                 wall[side].append(time.perf_counter() - start)
                 cpu[side].append(time.process_time() - start_cpu)
         medians = {f"{side}_{what}_s": statistics.median(v) for what, table in (("wall", wall), ("cpu", cpu))

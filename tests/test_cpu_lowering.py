@@ -175,7 +175,7 @@ def test_each_rule_is_measured_once_per_processor_and_kept(monkeypatch, tmp_path
                                                           "sort": {"on": True, "fragc_wall_s": 1.0}})
     assert cpu_lowering.measured_choices()["sort"]["on"] is True
     kept = json.loads((tmp_path / "fragc" / "cpu_lowerings.json").read_text())
-    assert kept[cpu_lowering.processor()]["threefry"]["on"] is False
+    assert kept[f"{cpu_lowering.processor()} | {cpu_lowering.WORKLOADS_VERSION}"]["threefry"]["on"] is False
 
     def measure_again():
         raise AssertionError("measured again")
@@ -185,12 +185,31 @@ def test_each_rule_is_measured_once_per_processor_and_kept(monkeypatch, tmp_path
 
 
 def test_measure_times_both_lowerings_of_each_rule():
-    out = cpu_lowering.measure(rounds=1)
+    """Each rule's workload is built once with the rule and once with JAX's lowering, and timed."""
+    built = []
+
+    def workload(rule):
+        def build():
+            built.append((rule, cpu_lowering.chosen(rule)))
+            return lambda: None
+        return build
+
+    out = cpu_lowering.measure(rounds=2, workloads={r: workload(r) for r in cpu_lowering.RULES})
+    assert built == [(r, on) for r in cpu_lowering.RULES for on in (True, False)]
     assert set(out) == set(cpu_lowering.RULES)
     for rule, m in out.items():
-        assert all(m[f"{side}_{what}_s"] > 0 for side in ("fragc", "jax") for what in ("wall", "cpu")), rule
+        assert all(m[f"{side}_{what}_s"] >= 0 for side in ("fragc", "jax") for what in ("wall", "cpu")), rule
         assert m["on"] == (m["fragc_wall_s"] < cpu_lowering.MARGIN * m["jax_wall_s"]
                            and m["fragc_cpu_s"] <= m["jax_cpu_s"])
+
+
+def test_the_micro_workloads_compile_with_and_without_their_rule():
+    import fragc.api  # noqa: F401  (registers the training-iteration workload of threefry)
+
+    assert cpu_lowering.WORKLOADS["threefry"].__module__ == "fragc.lowering_workloads"
+    for on in (True, False):
+        with cpu_lowering.choosing(threefry=False, sort=on):
+            cpu_lowering.WORKLOADS["sort"]()()
 
 
 @pytest.mark.parametrize("variable", ["FRAGC_THREEFRY", "FRAGC_SORT"])
