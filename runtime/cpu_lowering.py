@@ -111,6 +111,10 @@ def _make_scope() -> Any:
     return _scope
 
 
+_make_scope()  # at import: a state added to the jit cache's key makes JAX trace again, once, every function it had
+# compiled before (a benchmark's PureJaxRL train compiled before fragc's runtime was imported compiled twice)
+
+
 def in_scope() -> bool:
     """Whether this thread is lowering inside `cpu_lowerings()`."""
     return _scope is not None and _scope is not False and bool(_scope.value)

@@ -1,0 +1,207 @@
+"""fragc's built-in PPO against PureJaxRL's own `ppo.py`, at PureJaxRL's CartPole-v1 configuration, side by side.
+
+The reference is PureJaxRL's file itself, built at a pinned revision by `python bench/references/build.py` into
+bench/references/build/purejaxrl/ (its patches are listed there). Without it this bench says so and stops: it never
+substitutes a rewrite.
+
+Both sides train the same run: 976 iterations of 4 environments x 128 steps, 4 epochs of 4 minibatches.
+- `purejaxrl`: `jax.jit(make_train(config))(key)`, as its `__main__` runs it (DEBUG off: its per-iteration print
+  callback is logging, not training), the outputs waited for.
+- `fragc`: `prog.run(prog.init(seed), 976)` of `fragc.compile(ppo.PPO(ppo.Config()), "single")`, its metrics
+  fetched as a run fetches them.
+
+Modes (ratios are PureJaxRL's time / fragc's: above 1 fragc is faster):
+- `--mode steady`: one process, both compiled first, then timed alternately (A B A B ...): wall and process CPU
+  time, medians and per-round ratios.
+- `--mode fresh`: each run in a new process, alternating sides: its training time (compiled, then one run) and
+  the whole process's wall time, with the compilation cache of `--cache` (a fresh folder per run: cold).
+
+`--busy N` starts N processes that spin on a core for the whole measurement: "one other busy process on the
+machine" is `--busy 1`. Each result names the processor, the load averages and the reference's revision; JSON goes
+to `--out`.
+
+    python bench/ppo_reference.py --mode steady --repeats 7
+    python bench/ppo_reference.py --mode steady --repeats 7 --busy 1
+    python bench/ppo_reference.py --mode fresh --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import references_built as references  # noqa: E402
+
+from fragc.runtime import cpu_lowering  # noqa: E402,F401  (before any jit: its jit-cache state, runtime/cpu_lowering.py)
+
+CONFIG = {"LR": 2.5e-4, "NUM_ENVS": 4, "NUM_STEPS": 128, "TOTAL_TIMESTEPS": 5e5, "UPDATE_EPOCHS": 4,
+          "NUM_MINIBATCHES": 4, "GAMMA": 0.99, "GAE_LAMBDA": 0.95, "CLIP_EPS": 0.2, "ENT_COEF": 0.01,
+          "VF_COEF": 0.5, "MAX_GRAD_NORM": 0.5, "ACTIVATION": "tanh", "ENV_NAME": "CartPole-v1",
+          "ANNEAL_LR": True, "DEBUG": False}
+"""PureJaxRL's `__main__` configuration of ppo.py (DEBUG off)."""
+ITERATIONS = int(CONFIG["TOTAL_TIMESTEPS"] // CONFIG["NUM_STEPS"] // CONFIG["NUM_ENVS"])  # 976
+SIDES = ("purejaxrl", "fragc")
+
+
+def fragc_config(config: dict):
+    """fragc's PPO config for PureJaxRL's: the same fields (fragc's defaults are PureJaxRL's, checked here)."""
+    from fragc.algos import ppo
+
+    mine = ppo.Config(num_envs=config["NUM_ENVS"], num_steps=config["NUM_STEPS"],
+                      total_steps=int(config["TOTAL_TIMESTEPS"]), lr=config["LR"], anneal_lr=config["ANNEAL_LR"],
+                      update_epochs=config["UPDATE_EPOCHS"], num_minibatches=config["NUM_MINIBATCHES"],
+                      gamma=config["GAMMA"], gae_lambda=config["GAE_LAMBDA"], clip_eps=config["CLIP_EPS"],
+                      ent_coef=config["ENT_COEF"], vf_coef=config["VF_COEF"], max_grad_norm=config["MAX_GRAD_NORM"],
+                      activation=config["ACTIVATION"], env=config["ENV_NAME"])
+    assert mine.iterations == ITERATIONS, (mine.iterations, ITERATIONS)
+    return mine
+
+
+def make_side(side: str):
+    """-> (compile(), run(seed)): compile() builds the side's program; run(seed) trains one whole run and waits."""
+    import jax
+
+    if side == "purejaxrl":
+        ppo = references.load("purejaxrl", "ppo")
+        train = jax.jit(ppo.make_train(dict(CONFIG)))
+
+        def run(seed: int) -> None:
+            jax.block_until_ready(train(jax.random.PRNGKey(seed)))
+
+        def compile_() -> None:  # the first call compiles; the second is timed apart too (it was slower still)
+            run(0)
+            run(0)
+
+        return compile_, run
+
+    import fragc
+    from fragc.algos import ppo
+
+    holder = {}
+
+    def compile_() -> None:
+        holder["prog"] = prog = fragc.compile(ppo.PPO(fragc_config(CONFIG)), "single")
+        prog.run(prog.init(0), ITERATIONS)  # what a run compiles on first use, and a first run
+
+    def run(seed: int) -> None:
+        prog = holder["prog"]
+        state, history = prog.run(prog.init(seed), ITERATIONS)
+        jax.block_until_ready(state)
+
+    return compile_, run
+
+
+def steady(repeats: int) -> dict:
+    """One process: both sides compiled, then timed alternately."""
+    sides = {side: make_side(side) for side in SIDES}
+    for compile_, _ in sides.values():
+        compile_()
+    wall: dict[str, list[float]] = {s: [] for s in SIDES}
+    cpu: dict[str, list[float]] = {s: [] for s in SIDES}
+    loads = []
+    for r in range(repeats):
+        for side, (_, run) in sides.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            run(r + 1)
+            wall[side].append(time.perf_counter() - start)
+            cpu[side].append(time.process_time() - start_cpu)
+        loads.append(os.getloadavg()[0])
+        print(f"round {r}: " + "  ".join(f"{s} {wall[s][-1]:.2f} s (CPU {cpu[s][-1]:.2f} s)" for s in SIDES)
+              + f"  load {loads[-1]:.1f}", flush=True)
+    return {"wall_s": wall, "cpu_s": cpu, "loads": loads}
+
+
+def child(side: str) -> None:
+    """In a fresh process: compile, then one timed run; prints {"compile_s", "train_s"} as JSON."""
+    start = time.perf_counter()
+    compile_, run = make_side(side)
+    compile_()
+    compiled = time.perf_counter()
+    run(1)
+    print(json.dumps({"compile_s": compiled - start, "train_s": time.perf_counter() - compiled}))
+
+
+def fresh(repeats: int, cache: str | None) -> dict:
+    """Each run in a new process, sides alternating: training time, and the whole process's wall time."""
+    out: dict[str, dict[str, list[float]]] = {s: {"train_s": [], "compile_s": [], "process_s": []} for s in SIDES}
+    loads = []
+    for r in range(repeats):
+        for side in SIDES:
+            with tempfile.TemporaryDirectory() as cold:
+                env = dict(os.environ, FRAGC_CACHE_DIR=cache or cold)
+                if cache:
+                    env["JAX_COMPILATION_CACHE_DIR"] = cache
+                start = time.perf_counter()
+                proc = subprocess.run([sys.executable, __file__, "--child", side], capture_output=True, text=True,
+                                      env=env)
+                process_s = time.perf_counter() - start
+            if proc.returncode:
+                raise SystemExit(f"{side} failed:\n{proc.stderr[-3000:]}")
+            got = json.loads(proc.stdout.strip().splitlines()[-1])
+            for key in ("train_s", "compile_s"):
+                out[side][key].append(got[key])
+            out[side]["process_s"].append(process_s)
+        loads.append(os.getloadavg()[0])
+        print(f"round {r}: " + "  ".join(f"{s} train {out[s]['train_s'][-1]:.2f} s, process {out[s]['process_s'][-1]:.2f} s"
+                                          for s in SIDES) + f"  load {loads[-1]:.1f}", flush=True)
+    return {**{f"{k}": {s: out[s][k] for s in SIDES} for k in ("train_s", "compile_s", "process_s")}, "loads": loads}
+
+
+def ratios(times: dict[str, list[float]]) -> dict:
+    """PureJaxRL's time / fragc's: the ratio of medians, and each round's."""
+    each = [p / f for p, f in zip(times["purejaxrl"], times["fragc"])]
+    return {"median_ratio": statistics.median(times["purejaxrl"]) / statistics.median(times["fragc"]),
+            "round_ratios": each, "medians_s": {s: statistics.median(times[s]) for s in SIDES}}
+
+
+def busy(n: int) -> list[subprocess.Popen]:
+    """`n` processes spinning on a core each, until killed."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", choices=("steady", "fresh"), default="steady")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--busy", type=int, default=0, help="processes spinning on a core meanwhile")
+    parser.add_argument("--cache", default=None, help="fresh mode: a compilation cache folder (default: cold)")
+    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child)
+        return
+    revision = references.require("purejaxrl")
+    spinners = busy(args.busy)
+    try:
+        raw = steady(args.repeats) if args.mode == "steady" else fresh(args.repeats, args.cache)
+    finally:
+        for p in spinners:
+            p.kill()
+    measures = ("wall_s", "cpu_s") if args.mode == "steady" else ("train_s", "process_s")
+    result = {"mode": args.mode, "busy": args.busy, "processor": references.processor(),
+              "reference": revision, "config": CONFIG, "iterations": ITERATIONS, "raw": raw,
+              "load_range": [min(raw["loads"]), max(raw["loads"])],
+              **{m: ratios(raw[m]) for m in measures}}
+    print(f"\nPureJaxRL ppo.py @ {revision['commit'][:12]} against fragc's PPO, {args.mode}, {args.busy} busy, "
+          f"{result['processor']}, load {result['load_range'][0]:.1f}-{result['load_range'][1]:.1f}")
+    for m in measures:
+        r = result[m]
+        print(f"  {m:10} PureJaxRL {r['medians_s']['purejaxrl']:.2f} s, fragc {r['medians_s']['fragc']:.2f} s: "
+              f"ratio {r['median_ratio']:.3f} (rounds {min(r['round_ratios']):.3f}-{max(r['round_ratios']):.3f})")
+    os.makedirs(args.out, exist_ok=True)
+    name = f"ppo_reference_{args.mode}_busy{args.busy}.json"
+    with open(os.path.join(args.out, name), "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
