@@ -1,4 +1,5 @@
-"""N seeds of PPO CartPole as one population against PureJaxRL's `jax.jit(jax.vmap(make_train(config)))(keys)`.
+"""N seeds of PPO CartPole as one population against `jax.jit(jax.vmap(...))` of bench/purejaxrl_ppo.py, a rewrite in
+PureJaxRL's style (not PureJaxRL's own ppo.py, which bench/ppo_reference.py runs).
 
 Both sides are written the same way: the members' init, mapped over them (`lax.map`), then one call that trains
 the N members for `--iterations` PPO iterations, whose metrics reach the host. The training call is timed (the

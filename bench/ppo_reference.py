@@ -13,8 +13,10 @@ Both sides train the same run: 976 iterations of 4 environments x 128 steps, 4 e
 Modes (ratios are PureJaxRL's time / fragc's: above 1 fragc is faster):
 - `--mode steady`: one process, both compiled first, then timed alternately (A B A B ...): wall and process CPU
   time, medians and per-round ratios.
-- `--mode fresh`: each run in a new process, alternating sides: its training time (compiled, then one run) and
-  the whole process's wall time, with the compilation cache of `--cache` (a fresh folder per run: cold).
+- `--mode fresh`: each run in a new process, alternating sides, as a user's process runs it: compile
+  (PureJaxRL: `jax.jit(train).lower(key).compile()`; fragc: `fragc.compile`), then one run (fragc's includes
+  `prog.init`; PureJaxRL's program inits itself). Reports the training time and the whole process's wall time,
+  with JAX's compilation cache in `--cache` (both sides), or none (cold).
 
 `--busy N` starts N processes that spin on a core for the whole measurement: "one other busy process on the
 machine" is `--busy 1`. Each result names the processor, the load averages and the reference's revision; JSON goes
@@ -120,12 +122,23 @@ def steady(repeats: int) -> dict:
 
 
 def child(side: str) -> None:
-    """In a fresh process: compile, then one timed run; prints {"compile_s", "train_s"} as JSON."""
+    """In a fresh process, what a user's process does: compile (PureJaxRL: `jax.jit(train).lower(key).compile()`;
+    fragc: `fragc.compile`), then one run; prints {"compile_s", "train_s"} as JSON."""
+    import jax
+
     start = time.perf_counter()
-    compile_, run = make_side(side)
-    compile_()
-    compiled = time.perf_counter()
-    run(1)
+    if side == "purejaxrl":
+        key = jax.random.PRNGKey(1)
+        train = jax.jit(references.load("purejaxrl", "ppo").make_train(dict(CONFIG))).lower(key).compile()
+        compiled = time.perf_counter()
+        jax.block_until_ready(train(key))
+    else:
+        import fragc
+        from fragc.algos import ppo
+
+        prog = fragc.compile(ppo.PPO(fragc_config(CONFIG)), "single")
+        compiled = time.perf_counter()
+        jax.block_until_ready(prog.run(prog.init(1), ITERATIONS)[0])
     print(json.dumps({"compile_s": compiled - start, "train_s": time.perf_counter() - compiled}))
 
 

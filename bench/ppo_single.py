@@ -1,4 +1,6 @@
-"""fragc's single-device PPO against two baselines, timed alternately in one process.
+"""fragc's single-device PPO against two baselines, timed alternately in one process. Neither is PureJaxRL's own
+code: the speed goal's baseline, PureJaxRL's ppo.py itself, is bench/ppo_reference.py's. The side named `purejaxrl`
+here is a rewrite (second row).
 
 - `purejaxrl`: PPO written independently, the way PureJaxRL writes it
   (`bench/purejaxrl_ppo.py`: closures, a `TrainState`, the info dict as

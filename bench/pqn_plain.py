@@ -1,4 +1,5 @@
-"""PQN written the way purejaxql writes it (purejaxql/pqn_gymnax.py), independently of fragc's PQN, timed against
+"""A rewrite, not the reference (purejaxql's own pqn_gymnax.py is bench/pqn_reference.py's baseline): PQN written
+the way purejaxql writes it (purejaxql/pqn_gymnax.py), independently of fragc's PQN, timed against
 `fragc run pqn`'s program (policy single).
 
 The plain side: closures over one `make_train`, a flax `TrainState`, one PRNG key split per step (and split

@@ -1,6 +1,6 @@
-"""PPO written the way PureJaxRL writes it (purejaxrl/ppo.py), independently of fragc's PPO.
-
-The reference point of the speed benchmarks: closures over one `make_train`,
+"""A rewrite: PPO written the way PureJaxRL writes it (purejaxrl/ppo.py), independently of fragc's PPO. It is not
+PureJaxRL's code, and measured about 1.4x slower than the file it imitates: speed goals are set against PureJaxRL's
+own ppo.py (bench/ppo_reference.py). It stays as a second row and as a port on fragc (bench/lowering.py): closures over one `make_train`,
 a flax `TrainState`, one PRNG key split per step, gymnax's `LogWrapper` for
 episode statistics, GAE that treats every episode end as terminal (PureJaxRL
 ignores truncation), and the whole per-step info dict returned as metrics.

@@ -1,4 +1,5 @@
-"""SAC written the way CleanRL writes it (cleanrl/sac_continuous_action.py), in plain JAX and independently of
+"""A rewrite, not the reference (CleanRL's own JAX SAC builds in bench/references/, where torch is installed): SAC
+written the way CleanRL writes it (cleanrl/sac_continuous_action.py), in plain JAX and independently of
 fragc's SAC, timed against `fragc run sac`'s program (policy single).
 
 The plain side: closures over one `make_train`, flax `TrainState`s for the actor and for the twin critics (their

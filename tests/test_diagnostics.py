@@ -146,12 +146,13 @@ def rollout(T=4, N=2):
 
 
 def test_ppo_learn_reports_the_learning_rate_and_explained_variance():
-    """Two minibatch updates from the optimizer's step 0 of 5 iterations x 2 epochs x 2 minibatches: the mean of
-    lr (1 - 0/20) and lr (1 - 1/20); the explained variance of the GAE targets by the rollout's values."""
+    """One update (2 epochs x 2 minibatches) from the optimizer's step 0 of 5 iterations x 2 epochs x 2
+    minibatches: the mean of lr (1 - k/20), k = 0..3; the explained variance of the GAE targets by the rollout's
+    values."""
     algo = ScriptedPPO(ppo.Config(num_envs=2, num_steps=4, num_minibatches=2, update_epochs=2, total_steps=40))
     traj = rollout()
     _, metrics = jax.jit(algo.learn)(ppo.Learner(SCALARS, algo.optimizer.init(SCALARS), jax.random.key(0)), traj)
-    np.testing.assert_allclose(metrics["learning_rate"], 2.5e-4 * np.mean([1 - 0 / 20, 1 - 1 / 20]), rtol=1e-6)
+    np.testing.assert_allclose(metrics["learning_rate"], 2.5e-4 * np.mean([1 - k / 20 for k in range(4)]), rtol=1e-6)
     _, targets = ppo.gae(traj, 0.99, 0.95)
     np.testing.assert_allclose(metrics["explained_variance"], cleanrl_explained_variance(targets, traj.value),
                                rtol=1e-4)

@@ -6,7 +6,7 @@ import pytest
 
 import fragc
 import user_shapes
-from fragc.algos import ppo
+from fragc.algos import ppo, pqn
 from fragc.ir.graph import For
 from fragc.ir import ParseError, format_module, parse, verify
 from fragc.passes import BUILTIN, default_passes, resolve, run_pipeline
@@ -119,9 +119,9 @@ def test_a_broken_text_names_what_is_wrong(algo_module):
 
 
 def test_an_unrolled_for_region_prints_and_parses_back():
-    """`lax.scan(..., unroll=True)` around fragment calls (the learner's epochs with a CNN on the CPU) keeps its
+    """`lax.scan(..., unroll=True)` around fragment calls (PQN's epochs with a CNN on the CPU) keeps its
     unrolling through the IR: printed, parsed back, and lowered with it."""
-    algo = ppo.PPO(ppo.Config(num_envs=8, num_steps=8, num_minibatches=2, update_epochs=2))
+    algo = pqn.PQN(pqn.Config(num_envs=8, num_steps=8, num_minibatches=2, num_epochs=2))
     algo.__dict__["unroll"] = True  # what a CNN on the CPU resolves to
     module = fragc.trace(algo)
     loop = next(n for n in module.graph.nodes if isinstance(n, For))
@@ -129,4 +129,4 @@ def test_an_unrolled_for_region_prints_and_parses_back():
     text = str(module)
     assert " = for trips=2 unroll=2 consts(" in text
     assert structure(parse(text)) == structure(module)
-    assert "unroll=" not in str(fragc.trace(ppo.PPO(ppo.Config(num_envs=8, num_steps=8))))  # the MLP's loops stay
+    assert "unroll=" not in str(fragc.trace(pqn.PQN(pqn.Config(num_envs=8, num_steps=8))))  # the MLP's loops stay
