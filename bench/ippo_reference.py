@@ -1,0 +1,262 @@
+"""fragc's built-in IPPO against JaxMARL's own `ippo_ff_mpe.py`, at JaxMARL's MPE_simple_spread_v3 configuration,
+side by side.
+
+The reference is JaxMARL's file itself, built at a pinned revision by `python bench/references/build.py` into
+bench/references/build/jaxmarl/ (no patches). Without it this bench says so and stops: it never substitutes a
+rewrite.
+
+The configuration is JaxMARL's `config/ippo_ff_mpe.yaml`, as the script's hydra `main` passes it to `make_train`
+(`OmegaConf.to_container` of the yaml: its keys are already the upper-case ones `make_train` reads), with one
+seed trained instead of `main`'s NUM_SEEDS=10 under `jax.vmap`, and TOTAL_TIMESTEPS from `--total-steps` (default
+1e6, the run the issue measured; the yaml's own is 1e7). So both sides train 16 environments x 128 steps x 3 agents
+per iteration, 4 epochs of 4 minibatches, total_steps // 2048 iterations (488 at 1e6).
+- `jaxmarl`: `jax.jit(make_train(config))(key)`, the outputs waited for. `make_train` logs through
+  `jax.experimental.io_callback` -> `wandb.log` on every update; that callback is part of the reference as it
+  runs (it is in the jitted program, a host round trip per update), so it stays, with `wandb.init(mode="disabled")`
+  first (the yaml's own WANDB_MODE), as bench/references/README.md says.
+- `fragc`: `prog.run(prog.init(seed), iterations)` of `fragc.compile(ippo.IPPO(ippo.Config(...)), "single")`, what
+  `fragc run ippo` builds; its metrics fetched as a run fetches them. fragc's ippo.Config defaults are JaxMARL's
+  yaml: `fragc_config` checks them field by field against the yaml actually read, and raises where they differ.
+
+Where the two algorithms differ (the same hyperparameters, not the same arithmetic in every detail):
+- Truncation: JaxMARL's GAE stops at every `done` (MPE's 25-step time limit included) without bootstrapping;
+  fragc's PPO bootstraps a truncated step from V of the state it reached (one batched critic pass over the
+  trajectory's next observations), and stops only at termination. On MPE every episode ends by truncation.
+- Keys: JaxMARL splits one key per step for the actions and one per environment for the steps; fragc carries a
+  key per environment. The random streams differ; the work does not.
+- Logging: JaxMARL's per-update io_callback (above); fragc's metrics come back once, at the end of `run`.
+
+Modes (ratios are JaxMARL's time / fragc's: above 1 fragc is faster):
+- `--mode steady`: one process, both compiled first, then timed alternately (A B A B ...): wall and process CPU
+  time, medians and per-round ratios.
+- `--mode fresh`: each run in a new process, alternating sides: its training time (compiled, then one run) and
+  the whole process's wall time, with the compilation cache of `--cache` (a fresh folder per run: cold).
+
+`--busy N` starts N processes that spin on a core for the whole measurement. Each result names the processor, the
+load averages and the reference's revision; JSON goes to `--out`/ippo_reference_<mode>_busy<N>.json.
+
+    python bench/ippo_reference.py --mode steady --repeats 7
+    python bench/ippo_reference.py --mode steady --repeats 7 --busy 1
+    python bench/ippo_reference.py --mode fresh --repeats 5
+    python bench/ippo_reference.py --mode steady --repeats 1 --total-steps 1e5     # a quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import references_built as references  # noqa: E402
+
+from fragc.runtime import cpu_lowering  # noqa: E402,F401  (before any jit: its jit-cache state, runtime/cpu_lowering.py)
+
+NAME = "jaxmarl"
+SIDES = (NAME, "fragc")
+DEFAULT_TOTAL_STEPS = 1e6
+"""The run the issue measured (the yaml's TOTAL_TIMESTEPS is 1e7: `--total-steps 1e7` for it)."""
+
+
+def reference_config(total_steps: float) -> dict:
+    """The config JaxMARL's hydra `main` passes to `make_train`: `OmegaConf.to_container` of ippo_ff_mpe.yaml,
+    with TOTAL_TIMESTEPS = `total_steps` (one seed is trained: NUM_SEEDS is `main`'s vmap, not make_train's)."""
+    from omegaconf import OmegaConf
+
+    path = os.path.join(references.folder(NAME), "config", "ippo_ff_mpe.yaml")
+    config = OmegaConf.to_container(OmegaConf.load(path))
+    config["TOTAL_TIMESTEPS"] = total_steps
+    config["NUM_SEEDS"] = 1
+    return config
+
+
+def iterations(config: dict) -> int:
+    """JaxMARL's NUM_UPDATES."""
+    return int(config["TOTAL_TIMESTEPS"] // config["NUM_STEPS"] // config["NUM_ENVS"])
+
+
+def fragc_config(config: dict):
+    """fragc's IPPO config for JaxMARL's: fragc's defaults (meant to be JaxMARL's yaml), checked field by field
+    against the yaml read here; only total_steps is set. Raises where any field differs."""
+    from fragc.algos import ippo
+
+    mine = ippo.Config(total_steps=int(config["TOTAL_TIMESTEPS"]))
+    pairs = {"env": ("ENV_NAME", lambda v: f"jaxmarl:{v}"), "num_envs": ("NUM_ENVS", int),
+             "num_steps": ("NUM_STEPS", int), "total_steps": ("TOTAL_TIMESTEPS", int), "lr": ("LR", float),
+             "anneal_lr": ("ANNEAL_LR", bool), "update_epochs": ("UPDATE_EPOCHS", int),
+             "num_minibatches": ("NUM_MINIBATCHES", int), "gamma": ("GAMMA", float),
+             "gae_lambda": ("GAE_LAMBDA", float), "clip_eps": ("CLIP_EPS", float), "ent_coef": ("ENT_COEF", float),
+             "vf_coef": ("VF_COEF", float), "max_grad_norm": ("MAX_GRAD_NORM", float),
+             "activation": ("ACTIVATION", str)}
+    # what JaxMARL's script fixes in code rather than in its yaml: ActorCritic's two 64-unit layers per MLP, the
+    # clipped value loss, one network for all agents, no environment arguments
+    fixed = {"hidden": 64, "clip_value": True, "shared_params": True}
+    wrong = [f"{field}: fragc {getattr(mine, field)!r}, JaxMARL {key}={convert(config[key])!r}"
+             for field, (key, convert) in pairs.items() if getattr(mine, field) != convert(config[key])]
+    wrong += [f"{field}: fragc {getattr(mine, field)!r}, JaxMARL's script {value!r}"
+              for field, value in fixed.items() if getattr(mine, field) != value]
+    if config.get("ENV_KWARGS"):
+        wrong.append(f"ENV_KWARGS: JaxMARL {config['ENV_KWARGS']!r}, fragc takes none")
+    if mine.iterations != iterations(config):
+        wrong.append(f"iterations: fragc {mine.iterations}, JaxMARL NUM_UPDATES {iterations(config)}")
+    if wrong:
+        raise SystemExit("fragc's ippo.Config disagrees with JaxMARL's ippo_ff_mpe.yaml:\n  " + "\n  ".join(wrong))
+    return mine
+
+
+def make_side(side: str, config: dict):
+    """-> (compile(), run(seed)): compile() builds the side's program; run(seed) trains one whole run and waits."""
+    import jax
+
+    if side == NAME:
+        import wandb
+
+        wandb.init(mode="disabled")  # make_train's io_callback calls wandb.log on every update
+        module = references.load(NAME, "ippo_ff_mpe")
+        train = jax.jit(module.make_train(dict(config)))
+
+        def run(seed: int) -> None:
+            jax.block_until_ready(train(jax.random.PRNGKey(seed)))
+
+        def compile_() -> None:  # the first call compiles; the second is timed apart too, as ppo_reference does
+            run(0)
+            run(0)
+
+        return compile_, run
+
+    import fragc
+    from fragc.algos import ippo
+
+    holder = {}
+    n = iterations(config)
+
+    def compile_() -> None:
+        holder["prog"] = prog = fragc.compile(ippo.IPPO(fragc_config(config)), "single")
+        prog.run(prog.init(0), n)  # what a run compiles on first use, and a first run
+
+    def run(seed: int) -> None:
+        prog = holder["prog"]
+        state, history = prog.run(prog.init(seed), n)
+        jax.block_until_ready(state)
+
+    return compile_, run
+
+
+def steady(repeats: int, config: dict) -> dict:
+    """One process: both sides compiled, then timed alternately."""
+    sides = {side: make_side(side, config) for side in SIDES}
+    for compile_, _ in sides.values():
+        compile_()
+    wall: dict[str, list[float]] = {s: [] for s in SIDES}
+    cpu: dict[str, list[float]] = {s: [] for s in SIDES}
+    loads = []
+    for r in range(repeats):
+        for side, (_, run) in sides.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            run(r + 1)
+            wall[side].append(time.perf_counter() - start)
+            cpu[side].append(time.process_time() - start_cpu)
+        loads.append(os.getloadavg()[0])
+        print(f"round {r}: " + "  ".join(f"{s} {wall[s][-1]:.2f} s (CPU {cpu[s][-1]:.2f} s)" for s in SIDES)
+              + f"  load {loads[-1]:.1f}", flush=True)
+    return {"wall_s": wall, "cpu_s": cpu, "loads": loads}
+
+
+def child(side: str, config: dict) -> None:
+    """In a fresh process: compile, then one timed run; prints {"compile_s", "train_s"} as JSON."""
+    start = time.perf_counter()
+    compile_, run = make_side(side, config)
+    compile_()
+    compiled = time.perf_counter()
+    run(1)
+    print(json.dumps({"compile_s": compiled - start, "train_s": time.perf_counter() - compiled}))
+
+
+def fresh(repeats: int, cache: str | None, total_steps: float) -> dict:
+    """Each run in a new process, sides alternating: training time, and the whole process's wall time."""
+    out: dict[str, dict[str, list[float]]] = {s: {"train_s": [], "compile_s": [], "process_s": []} for s in SIDES}
+    loads = []
+    for r in range(repeats):
+        for side in SIDES:
+            with tempfile.TemporaryDirectory() as cold:
+                env = dict(os.environ, FRAGC_CACHE_DIR=cache or cold)
+                if cache:
+                    env["JAX_COMPILATION_CACHE_DIR"] = cache
+                start = time.perf_counter()
+                proc = subprocess.run([sys.executable, __file__, "--child", side, "--total-steps", repr(total_steps)],
+                                      capture_output=True, text=True, env=env)
+                process_s = time.perf_counter() - start
+            if proc.returncode:
+                raise SystemExit(f"{side} failed:\n{proc.stderr[-3000:]}")
+            got = json.loads(proc.stdout.strip().splitlines()[-1])
+            for key in ("train_s", "compile_s"):
+                out[side][key].append(got[key])
+            out[side]["process_s"].append(process_s)
+        loads.append(os.getloadavg()[0])
+        print(f"round {r}: " + "  ".join(f"{s} train {out[s]['train_s'][-1]:.2f} s, process {out[s]['process_s'][-1]:.2f} s"
+                                          for s in SIDES) + f"  load {loads[-1]:.1f}", flush=True)
+    return {**{f"{k}": {s: out[s][k] for s in SIDES} for k in ("train_s", "compile_s", "process_s")}, "loads": loads}
+
+
+def ratios(times: dict[str, list[float]]) -> dict:
+    """JaxMARL's time / fragc's: the ratio of medians, and each round's."""
+    each = [p / f for p, f in zip(times[NAME], times["fragc"])]
+    return {"median_ratio": statistics.median(times[NAME]) / statistics.median(times["fragc"]),
+            "round_ratios": each, "medians_s": {s: statistics.median(times[s]) for s in SIDES}}
+
+
+def busy(n: int) -> list[subprocess.Popen]:
+    """`n` processes spinning on a core each, until killed."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", choices=("steady", "fresh"), default="steady")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--busy", type=int, default=0, help="processes spinning on a core meanwhile")
+    parser.add_argument("--total-steps", type=float, default=DEFAULT_TOTAL_STEPS,
+                        help="TOTAL_TIMESTEPS of both sides (default 1e6; the yaml's is 1e7)")
+    parser.add_argument("--cache", default=None, help="fresh mode: a compilation cache folder (default: cold)")
+    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    revision = references.require(NAME)
+    config = reference_config(args.total_steps)
+    fragc_config(config)  # the configs agree, or stop before anything is timed
+    if args.child:
+        child(args.child, config)
+        return
+    spinners = busy(args.busy)
+    try:
+        raw = steady(args.repeats, config) if args.mode == "steady" else fresh(args.repeats, args.cache,
+                                                                              args.total_steps)
+    finally:
+        for p in spinners:
+            p.kill()
+    measures = ("wall_s", "cpu_s") if args.mode == "steady" else ("train_s", "process_s")
+    result = {"mode": args.mode, "busy": args.busy, "processor": references.processor(),
+              "reference": revision, "config": config, "iterations": iterations(config), "raw": raw,
+              "load_range": [min(raw["loads"]), max(raw["loads"])],
+              **{m: ratios(raw[m]) for m in measures}}
+    print(f"\nJaxMARL ippo_ff_mpe.py @ {revision['commit'][:12]} against fragc's IPPO, {config['ENV_NAME']}, "
+          f"{iterations(config)} iterations, {args.mode}, {args.busy} busy, "
+          f"{result['processor']}, load {result['load_range'][0]:.1f}-{result['load_range'][1]:.1f}")
+    for m in measures:
+        r = result[m]
+        print(f"  {m:10} JaxMARL {r['medians_s'][NAME]:.2f} s, fragc {r['medians_s']['fragc']:.2f} s: "
+              f"ratio {r['median_ratio']:.3f} (rounds {min(r['round_ratios']):.3f}-{max(r['round_ratios']):.3f})")
+    os.makedirs(args.out, exist_ok=True)
+    name = f"ippo_reference_{args.mode}_busy{args.busy}.json"
+    with open(os.path.join(args.out, name), "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
