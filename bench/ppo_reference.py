@@ -25,6 +25,7 @@ to `--out`.
     python bench/ppo_reference.py --mode steady --repeats 7
     python bench/ppo_reference.py --mode steady --repeats 7 --busy 1
     python bench/ppo_reference.py --mode fresh --repeats 5
+    python bench/ppo_reference.py --mode steady --repeats 7 --k 976    # fragc's whole run in one dispatch
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ def fragc_config(config: dict):
     return mine
 
 
-def make_side(side: str):
-    """-> (compile(), run(seed)): compile() builds the side's program; run(seed) trains one whole run and waits."""
+def make_side(side: str, k: int = 16):
+    """-> (compile(), run(seed)): compile() builds the side's program (fragc's with `k` iterations a dispatch);
+    run(seed) trains one whole run and waits."""
     import jax
 
     if side == "purejaxrl":
@@ -90,7 +92,7 @@ def make_side(side: str):
     holder = {}
 
     def compile_() -> None:
-        holder["prog"] = prog = fragc.compile(ppo.PPO(fragc_config(CONFIG)), "single")
+        holder["prog"] = prog = fragc.compile(ppo.PPO(fragc_config(CONFIG)), "single", iterations_per_dispatch=k)
         prog.run(prog.init(0), ITERATIONS)  # what a run compiles on first use, and a first run
 
     def run(seed: int) -> None:
@@ -101,9 +103,9 @@ def make_side(side: str):
     return compile_, run
 
 
-def steady(repeats: int) -> dict:
+def steady(repeats: int, k: int) -> dict:
     """One process: both sides compiled, then timed alternately."""
-    sides = {side: make_side(side) for side in SIDES}
+    sides = {side: make_side(side, k) for side in SIDES}
     for compile_, _ in sides.values():
         compile_()
     wall: dict[str, list[float]] = {s: [] for s in SIDES}
@@ -121,7 +123,7 @@ def steady(repeats: int) -> dict:
     return {"wall_s": wall, "cpu_s": cpu, "loads": loads}
 
 
-def child(side: str) -> None:
+def child(side: str, k: int) -> None:
     """In a fresh process, what a user's process does: compile (PureJaxRL: `jax.jit(train).lower(key).compile()`;
     fragc: `fragc.compile`), then one run; prints {"compile_s", "train_s"} as JSON."""
     import jax
@@ -136,13 +138,13 @@ def child(side: str) -> None:
         import fragc
         from fragc.algos import ppo
 
-        prog = fragc.compile(ppo.PPO(fragc_config(CONFIG)), "single")
+        prog = fragc.compile(ppo.PPO(fragc_config(CONFIG)), "single", iterations_per_dispatch=k)
         compiled = time.perf_counter()
         jax.block_until_ready(prog.run(prog.init(1), ITERATIONS)[0])
     print(json.dumps({"compile_s": compiled - start, "train_s": time.perf_counter() - compiled}))
 
 
-def fresh(repeats: int, cache: str | None) -> dict:
+def fresh(repeats: int, cache: str | None, k: int) -> dict:
     """Each run in a new process, sides alternating: training time, and the whole process's wall time."""
     out: dict[str, dict[str, list[float]]] = {s: {"train_s": [], "compile_s": [], "process_s": []} for s in SIDES}
     loads = []
@@ -153,8 +155,8 @@ def fresh(repeats: int, cache: str | None) -> dict:
                 if cache:
                     env["JAX_COMPILATION_CACHE_DIR"] = cache
                 start = time.perf_counter()
-                proc = subprocess.run([sys.executable, __file__, "--child", side], capture_output=True, text=True,
-                                      env=env)
+                proc = subprocess.run([sys.executable, __file__, "--child", side, "--k", str(k)],
+                                      capture_output=True, text=True, env=env)
                 process_s = time.perf_counter() - start
             if proc.returncode:
                 raise SystemExit(f"{side} failed:\n{proc.stderr[-3000:]}")
@@ -186,32 +188,35 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--busy", type=int, default=0, help="processes spinning on a core meanwhile")
     parser.add_argument("--cache", default=None, help="fresh mode: a compilation cache folder (default: cold)")
+    parser.add_argument("--k", type=int, default=16, help=f"fragc's iterations a dispatch (16, its default; "
+                        f"{ITERATIONS}: the whole run in one dispatch, as PureJaxRL's one program)")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child)
+        child(args.child, args.k)
         return
     revision = references.require("purejaxrl")
     spinners = busy(args.busy)
     try:
-        raw = steady(args.repeats) if args.mode == "steady" else fresh(args.repeats, args.cache)
+        raw = steady(args.repeats, args.k) if args.mode == "steady" else fresh(args.repeats, args.cache, args.k)
     finally:
         for p in spinners:
             p.kill()
     measures = ("wall_s", "cpu_s") if args.mode == "steady" else ("train_s", "process_s")
-    result = {"mode": args.mode, "busy": args.busy, "processor": references.processor(),
+    result = {"mode": args.mode, "busy": args.busy, "k": args.k, "processor": references.processor(),
               "reference": revision, "config": CONFIG, "iterations": ITERATIONS, "raw": raw,
               "load_range": [min(raw["loads"]), max(raw["loads"])],
               **{m: ratios(raw[m]) for m in measures}}
-    print(f"\nPureJaxRL ppo.py @ {revision['commit'][:12]} against fragc's PPO, {args.mode}, {args.busy} busy, "
+    print(f"\nPureJaxRL ppo.py @ {revision['commit'][:12]} against fragc's PPO (k={args.k}), {args.mode}, "
+          f"{args.busy} busy, "
           f"{result['processor']}, load {result['load_range'][0]:.1f}-{result['load_range'][1]:.1f}")
     for m in measures:
         r = result[m]
         print(f"  {m:10} PureJaxRL {r['medians_s']['purejaxrl']:.2f} s, fragc {r['medians_s']['fragc']:.2f} s: "
               f"ratio {r['median_ratio']:.3f} (rounds {min(r['round_ratios']):.3f}-{max(r['round_ratios']):.3f})")
     os.makedirs(args.out, exist_ok=True)
-    name = f"ppo_reference_{args.mode}_busy{args.busy}.json"
+    name = f"ppo_reference_{args.mode}_busy{args.busy}_k{args.k}.json"
     with open(os.path.join(args.out, name), "w") as f:
         json.dump(result, f, indent=1)
 
