@@ -13,7 +13,9 @@ import platform
 import sys
 from types import ModuleType
 
-BUILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "references", "build")
+BUILD = os.environ.get("FRAGC_REFERENCES_BUILD") or os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                   "references", "build")
+"""Where the references are built (`FRAGC_REFERENCES_BUILD` moves it: the tests point it at an empty folder)."""
 
 
 def folder(name: str) -> str:

@@ -296,3 +296,15 @@ def test_jaxmarl_ippo_with_its_maths_side(bench):
                          / "jaxmarl_ippo.json").read_text())
     assert set(result["env_steps_per_s"]) == {"jaxmarl", "fragc", "fragc_no_trunc"}
     assert set(result["per_repeat_ratio_medians"]) == {"fragc", "fragc_no_trunc"}
+
+
+@pytest.mark.parametrize("script", ["ppo_reference", "ippo_reference", "pqn_reference"])
+def test_a_reference_bench_without_its_reference_says_so_and_runs_no_rewrite(script, tmp_path):
+    """Where bench/references/build.py has not built the reference, each bench stops with one line naming the
+    command that builds it; none substitutes a rewrite."""
+    env = dict(os.environ, FRAGC_REFERENCES_BUILD=str(tmp_path))
+    proc = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), "--repeats", "1", "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in said, said[-2000:]
+    assert "not built" in said and "bench/references/build.py" in said, said[-2000:]
