@@ -14,8 +14,7 @@ Modes (ratios are PureJaxRL's time / fragc's: above 1 fragc is faster):
 - `--mode steady`: one process, both compiled first, then timed alternately (A B A B ...): wall and process CPU
   time, medians and per-round ratios.
 - `--mode fresh`: each run in a new process, alternating sides, as a user's process runs it: compile
-  (PureJaxRL: `jax.jit(train).lower(key).compile()`; fragc: `fragc.compile`), then one run (fragc's includes
-  `prog.init`; PureJaxRL's program inits itself). Reports the training time and the whole process's wall time,
+  (PureJaxRL: `jax.jit(train).lower(key).compile()`; fragc: `fragc.compile` and `prog.init`), then one run. Reports the training time and the whole process's wall time,
   with JAX's compilation cache in `--cache` (both sides), or none (cold).
 
 `--busy N` starts N processes that spin on a core for the whole measurement: "one other busy process on the
@@ -139,8 +138,9 @@ def child(side: str, k: int) -> None:
         from fragc.algos import ppo
 
         prog = fragc.compile(ppo.PPO(fragc_config(CONFIG)), "single", iterations_per_dispatch=k)
+        state = jax.block_until_ready(prog.init(1))  # (PureJaxRL's program makes its state inside, a few ms)
         compiled = time.perf_counter()
-        jax.block_until_ready(prog.run(prog.init(1), ITERATIONS)[0])
+        jax.block_until_ready(prog.run(state, ITERATIONS)[0])
     print(json.dumps({"compile_s": compiled - start, "train_s": time.perf_counter() - compiled}))
 
 
