@@ -30,17 +30,13 @@ to `--out`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import references_built as references  # noqa: E402
+import side_by_side  # noqa: E402
 
 from fragc.runtime import cpu_lowering  # noqa: E402,F401  (before any jit: its jit-cache state, runtime/cpu_lowering.py)
 
@@ -79,8 +75,7 @@ def make_side(side: str, k: int = 16):
         def run(seed: int) -> None:
             jax.block_until_ready(train(jax.random.PRNGKey(seed)))
 
-        def compile_() -> None:  # the first call compiles; the second is timed apart too (it was slower still)
-            run(0)
+        def compile_() -> None:  # compiles, and a first run
             run(0)
 
         return compile_, run
@@ -102,84 +97,32 @@ def make_side(side: str, k: int = 16):
     return compile_, run
 
 
-def steady(repeats: int, k: int) -> dict:
-    """One process: both sides compiled, then timed alternately."""
-    sides = {side: make_side(side, k) for side in SIDES}
-    for compile_, _ in sides.values():
-        compile_()
-    wall: dict[str, list[float]] = {s: [] for s in SIDES}
-    cpu: dict[str, list[float]] = {s: [] for s in SIDES}
-    loads = []
-    for r in range(repeats):
-        for side, (_, run) in sides.items():
-            start, start_cpu = time.perf_counter(), time.process_time()
-            run(r + 1)
-            wall[side].append(time.perf_counter() - start)
-            cpu[side].append(time.process_time() - start_cpu)
-        loads.append(os.getloadavg()[0])
-        print(f"round {r}: " + "  ".join(f"{s} {wall[s][-1]:.2f} s (CPU {cpu[s][-1]:.2f} s)" for s in SIDES)
-              + f"  load {loads[-1]:.1f}", flush=True)
-    return {"wall_s": wall, "cpu_s": cpu, "loads": loads}
-
-
 def child(side: str, k: int) -> None:
     """In a fresh process, what a user's process does: compile (PureJaxRL: `jax.jit(train).lower(key).compile()`;
-    fragc: `fragc.compile`), then one run; prints {"compile_s", "train_s"} as JSON."""
+    fragc: `fragc.compile` and `prog.init`), then one run timed."""
     import jax
 
-    start = time.perf_counter()
+    holder = {}
     if side == "purejaxrl":
         key = jax.random.PRNGKey(1)
-        train = jax.jit(references.load("purejaxrl", "ppo").make_train(dict(CONFIG))).lower(key).compile()
-        compiled = time.perf_counter()
-        jax.block_until_ready(train(key))
+
+        def compile_() -> None:
+            holder["train"] = jax.jit(references.load("purejaxrl", "ppo").make_train(dict(CONFIG))).lower(key).compile()
+
+        def run() -> None:
+            jax.block_until_ready(holder["train"](key))
     else:
         import fragc
         from fragc.algos import ppo
 
-        prog = fragc.compile(ppo.PPO(fragc_config(CONFIG)), "single", iterations_per_dispatch=k)
-        state = jax.block_until_ready(prog.init(1))  # (PureJaxRL's program makes its state inside, a few ms)
-        compiled = time.perf_counter()
-        jax.block_until_ready(prog.run(state, ITERATIONS)[0])
-    print(json.dumps({"compile_s": compiled - start, "train_s": time.perf_counter() - compiled}))
+        def compile_() -> None:
+            holder["prog"] = prog = fragc.compile(ppo.PPO(fragc_config(CONFIG)), "single", iterations_per_dispatch=k)
+            holder["state"] = jax.block_until_ready(prog.init(1))  # (PureJaxRL's program makes its state inside)
 
+        def run() -> None:
+            jax.block_until_ready(holder["prog"].run(holder["state"], ITERATIONS)[0])
 
-def fresh(repeats: int, cache: str | None, k: int) -> dict:
-    """Each run in a new process, sides alternating: training time, and the whole process's wall time."""
-    out: dict[str, dict[str, list[float]]] = {s: {"train_s": [], "compile_s": [], "process_s": []} for s in SIDES}
-    loads = []
-    for r in range(repeats):
-        for side in SIDES:
-            with tempfile.TemporaryDirectory() as cold:
-                env = dict(os.environ, FRAGC_CACHE_DIR=cache or cold)
-                if cache:
-                    env["JAX_COMPILATION_CACHE_DIR"] = cache
-                start = time.perf_counter()
-                proc = subprocess.run([sys.executable, __file__, "--child", side, "--k", str(k)],
-                                      capture_output=True, text=True, env=env)
-                process_s = time.perf_counter() - start
-            if proc.returncode:
-                raise SystemExit(f"{side} failed:\n{proc.stderr[-3000:]}")
-            got = json.loads(proc.stdout.strip().splitlines()[-1])
-            for key in ("train_s", "compile_s"):
-                out[side][key].append(got[key])
-            out[side]["process_s"].append(process_s)
-        loads.append(os.getloadavg()[0])
-        print(f"round {r}: " + "  ".join(f"{s} train {out[s]['train_s'][-1]:.2f} s, process {out[s]['process_s'][-1]:.2f} s"
-                                          for s in SIDES) + f"  load {loads[-1]:.1f}", flush=True)
-    return {**{f"{k}": {s: out[s][k] for s in SIDES} for k in ("train_s", "compile_s", "process_s")}, "loads": loads}
-
-
-def ratios(times: dict[str, list[float]]) -> dict:
-    """PureJaxRL's time / fragc's: the ratio of medians, and each round's."""
-    each = [p / f for p, f in zip(times["purejaxrl"], times["fragc"])]
-    return {"median_ratio": statistics.median(times["purejaxrl"]) / statistics.median(times["fragc"]),
-            "round_ratios": each, "medians_s": {s: statistics.median(times[s]) for s in SIDES}}
-
-
-def busy(n: int) -> list[subprocess.Popen]:
-    """`n` processes spinning on a core each, until killed."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    side_by_side.timed_child(compile_, run)
 
 
 def main() -> None:
@@ -197,28 +140,17 @@ def main() -> None:
         child(args.child, args.k)
         return
     revision = references.require("purejaxrl")
-    spinners = busy(args.busy)
-    try:
-        raw = steady(args.repeats, args.k) if args.mode == "steady" else fresh(args.repeats, args.cache, args.k)
-    finally:
-        for p in spinners:
-            p.kill()
-    measures = ("wall_s", "cpu_s") if args.mode == "steady" else ("train_s", "process_s")
-    result = {"mode": args.mode, "busy": args.busy, "k": args.k, "processor": references.processor(),
-              "reference": revision, "config": CONFIG, "iterations": ITERATIONS, "raw": raw,
-              "load_range": [min(raw["loads"]), max(raw["loads"])],
-              **{m: ratios(raw[m]) for m in measures}}
-    print(f"\nPureJaxRL ppo.py @ {revision['commit'][:12]} against fragc's PPO (k={args.k}), {args.mode}, "
-          f"{args.busy} busy, "
-          f"{result['processor']}, load {result['load_range'][0]:.1f}-{result['load_range'][1]:.1f}")
-    for m in measures:
-        r = result[m]
-        print(f"  {m:10} PureJaxRL {r['medians_s']['purejaxrl']:.2f} s, fragc {r['medians_s']['fragc']:.2f} s: "
-              f"ratio {r['median_ratio']:.3f} (rounds {min(r['round_ratios']):.3f}-{max(r['round_ratios']):.3f})")
-    os.makedirs(args.out, exist_ok=True)
-    name = f"ppo_reference_{args.mode}_busy{args.busy}_k{args.k}.json"
-    with open(os.path.join(args.out, name), "w") as f:
-        json.dump(result, f, indent=1)
+    with side_by_side.spinning(args.busy):
+        if args.mode == "steady":
+            raw = side_by_side.steady({side: make_side(side, args.k) for side in SIDES}, args.repeats)
+        else:
+            raw = side_by_side.fresh(__file__, SIDES, args.repeats, args.cache, ["--k", str(args.k)])
+    processor = references.processor()
+    side_by_side.summary(
+        raw, args.mode, "purejaxrl", "PureJaxRL",
+        f"PureJaxRL ppo.py @ {revision['commit'][:12]} against fragc's PPO (k={args.k}), {args.mode}, {args.busy} busy, "
+        f"{processor}", args.out, f"ppo_reference_{args.mode}_busy{args.busy}_k{args.k}",
+        busy=args.busy, k=args.k, processor=processor, reference=revision, config=CONFIG, iterations=ITERATIONS)
 
 
 if __name__ == "__main__":

@@ -60,17 +60,13 @@ load averages and the reference's revision; JSON goes to `--out`/pqn_reference_<
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import references_built as references  # noqa: E402
+import side_by_side  # noqa: E402
 
 from fragc.runtime import cpu_lowering  # noqa: E402,F401  (before any jit: its jit-cache state, runtime/cpu_lowering.py)
 
@@ -150,8 +146,7 @@ def make_side(side: str, config: dict):
         def run(seed: int) -> None:
             jax.block_until_ready(train(jax.random.split(jax.random.PRNGKey(seed), config["NUM_SEEDS"])))
 
-        def compile_() -> None:  # the first call compiles; the second is timed apart too, as ppo_reference does
-            run(0)
+        def compile_() -> None:  # compiles, and a first run
             run(0)
 
         return compile_, run
@@ -174,72 +169,10 @@ def make_side(side: str, config: dict):
     return compile_, run
 
 
-def steady(repeats: int, config: dict) -> dict:
-    """One process: both sides compiled, then timed alternately."""
-    sides = {side: make_side(side, config) for side in SIDES}
-    for compile_, _ in sides.values():
-        compile_()
-    wall: dict[str, list[float]] = {s: [] for s in SIDES}
-    cpu: dict[str, list[float]] = {s: [] for s in SIDES}
-    loads = []
-    for r in range(repeats):
-        for side, (_, run) in sides.items():
-            start, start_cpu = time.perf_counter(), time.process_time()
-            run(r + 1)
-            wall[side].append(time.perf_counter() - start)
-            cpu[side].append(time.process_time() - start_cpu)
-        loads.append(os.getloadavg()[0])
-        print(f"round {r}: " + "  ".join(f"{s} {wall[s][-1]:.2f} s (CPU {cpu[s][-1]:.2f} s)" for s in SIDES)
-              + f"  load {loads[-1]:.1f}", flush=True)
-    return {"wall_s": wall, "cpu_s": cpu, "loads": loads}
-
-
 def child(side: str, config: dict) -> None:
-    """In a fresh process: compile, then one timed run; prints {"compile_s", "train_s"} as JSON."""
-    start = time.perf_counter()
+    """In a fresh process: compile (and a first run), then one timed run."""
     compile_, run = make_side(side, config)
-    compile_()
-    compiled = time.perf_counter()
-    run(1)
-    print(json.dumps({"compile_s": compiled - start, "train_s": time.perf_counter() - compiled}))
-
-
-def fresh(repeats: int, cache: str | None, extra: list[str]) -> dict:
-    """Each run in a new process, sides alternating: training time, and the whole process's wall time."""
-    out: dict[str, dict[str, list[float]]] = {s: {"train_s": [], "compile_s": [], "process_s": []} for s in SIDES}
-    loads = []
-    for r in range(repeats):
-        for side in SIDES:
-            with tempfile.TemporaryDirectory() as cold:
-                env = dict(os.environ, FRAGC_CACHE_DIR=cache or cold)
-                if cache:
-                    env["JAX_COMPILATION_CACHE_DIR"] = cache
-                start = time.perf_counter()
-                proc = subprocess.run([sys.executable, __file__, "--child", side, *extra],
-                                      capture_output=True, text=True, env=env)
-                process_s = time.perf_counter() - start
-            if proc.returncode:
-                raise SystemExit(f"{side} failed:\n{proc.stderr[-3000:]}")
-            got = json.loads(proc.stdout.strip().splitlines()[-1])
-            for key in ("train_s", "compile_s"):
-                out[side][key].append(got[key])
-            out[side]["process_s"].append(process_s)
-        loads.append(os.getloadavg()[0])
-        print(f"round {r}: " + "  ".join(f"{s} train {out[s]['train_s'][-1]:.2f} s, process {out[s]['process_s'][-1]:.2f} s"
-                                          for s in SIDES) + f"  load {loads[-1]:.1f}", flush=True)
-    return {**{f"{k}": {s: out[s][k] for s in SIDES} for k in ("train_s", "compile_s", "process_s")}, "loads": loads}
-
-
-def ratios(times: dict[str, list[float]]) -> dict:
-    """purejaxql's time / fragc's: the ratio of medians, and each round's."""
-    each = [p / f for p, f in zip(times[NAME], times["fragc"])]
-    return {"median_ratio": statistics.median(times[NAME]) / statistics.median(times["fragc"]),
-            "round_ratios": each, "medians_s": {s: statistics.median(times[s]) for s in SIDES}}
-
-
-def busy(n: int) -> list[subprocess.Popen]:
-    """`n` processes spinning on a core each, until killed."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    side_by_side.timed_child(compile_, lambda: run(1))
 
 
 def main() -> None:
@@ -263,30 +196,20 @@ def main() -> None:
         return
     extra = ([] if args.total_steps is None else ["--total-steps", repr(args.total_steps)]) + (
         ["--test-during-training"] if args.test_during_training else [])
-    spinners = busy(args.busy)
-    try:
-        raw = steady(args.repeats, config) if args.mode == "steady" else fresh(args.repeats, args.cache, extra)
-    finally:
-        for p in spinners:
-            p.kill()
-    measures = ("wall_s", "cpu_s") if args.mode == "steady" else ("train_s", "process_s")
-    result = {"mode": args.mode, "busy": args.busy, "processor": references.processor(),
-              "reference": revision, "config": config,
-              "test_during_training": args.test_during_training, "iterations": iterations(config), "raw": raw,
-              "load_range": [min(raw["loads"]), max(raw["loads"])],
-              **{m: ratios(raw[m]) for m in measures}}
-    print(f"\npurejaxql pqn_gymnax.py @ {revision['commit'][:12]} against fragc's PQN, {config['ENV_NAME']}, "
-          f"{iterations(config)} iterations, test during training "
-          f"{'on' if args.test_during_training else 'off'}, {args.mode}, {args.busy} busy, "
-          f"{result['processor']}, load {result['load_range'][0]:.1f}-{result['load_range'][1]:.1f}")
-    for m in measures:
-        r = result[m]
-        print(f"  {m:10} purejaxql {r['medians_s'][NAME]:.2f} s, fragc {r['medians_s']['fragc']:.2f} s: "
-              f"ratio {r['median_ratio']:.3f} (rounds {min(r['round_ratios']):.3f}-{max(r['round_ratios']):.3f})")
-    os.makedirs(args.out, exist_ok=True)
-    name = f"pqn_reference_{args.mode}_busy{args.busy}.json"
-    with open(os.path.join(args.out, name), "w") as f:
-        json.dump(result, f, indent=1)
+    with side_by_side.spinning(args.busy):
+        if args.mode == "steady":
+            raw = side_by_side.steady({side: make_side(side, config) for side in SIDES}, args.repeats)
+        else:
+            raw = side_by_side.fresh(__file__, SIDES, args.repeats, args.cache, extra)
+    processor = references.processor()
+    side_by_side.summary(
+        raw, args.mode, NAME, "purejaxql",
+        f"purejaxql pqn_gymnax.py @ {revision['commit'][:12]} against fragc's PQN, {config['ENV_NAME']}, "
+        f"{iterations(config)} iterations, test during training {'on' if args.test_during_training else 'off'}, "
+        f"{args.mode}, {args.busy} busy, {processor}",
+        args.out, f"pqn_reference_{args.mode}_busy{args.busy}", busy=args.busy, processor=processor,
+        reference=revision, config=config, test_during_training=args.test_during_training,
+        iterations=iterations(config))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import platform
 import sys
 from types import ModuleType
 
@@ -50,12 +49,8 @@ def load(name: str, module: str) -> ModuleType:
 
 
 def processor() -> str:
-    """The processor's model name and the cores this process may use."""
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{model}, {cores} cores"
+    """The processor's model name, the cores this process may use and JAX's version (fragc's own description of
+    the machine it decides its CPU lowerings for)."""
+    from fragc.runtime.cpu_lowering import processor as described
+
+    return described()
