@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from fragc.compiler import build
+from fragc.options import CompileOptions
 from fragc.runtime import cpu_lowering
 
 ITERATIONS = 32
@@ -22,9 +24,8 @@ def ppo_iterations() -> Callable[[], None]:
     import jax
 
     from fragc.algos import ppo
-    from fragc.api import compile
 
-    prog = compile(ppo.PPO(ppo.Config()), "single", devices=1, iterations_per_dispatch=ITERATIONS)
+    prog = build(ppo.PPO(ppo.Config()), CompileOptions(policy="single", devices=1, iterations_per_dispatch=ITERATIONS))
     state = [prog.init(0)]
 
     def run() -> None:
