@@ -26,14 +26,10 @@ Where the two algorithms differ (the same hyperparameters, not the same arithmet
   key per environment. The random streams differ; the work does not.
 - Logging: JaxMARL's per-update io_callback (above); fragc's metrics come back once, at the end of `run`.
 
-Modes (ratios are JaxMARL's time / fragc's: above 1 fragc is faster):
-- `--mode steady`: one process, both compiled first, then timed alternately (A B A B ...): wall and process CPU
-  time, medians and per-round ratios.
-- `--mode fresh`: each run in a new process, alternating sides: its training time (compiled, then one run) and
-  the whole process's wall time, with the compilation cache of `--cache` (a fresh folder per run: cold).
-
-`--busy N` starts N processes that spin on a core for the whole measurement. Each result names the processor, the
-load averages and the reference's revision; JSON goes to `--out`/ippo_reference_<mode>_busy<N>.json.
+Ratios are JaxMARL's time / fragc's: above 1, fragc is faster.
+`--mode steady` (one process, A B A B), `--mode fresh` (new processes) and `--busy N` (N processes spinning
+meanwhile) are bench/side_by_side.py's. Each result names the processor, the load averages and the reference's
+revision; JSON goes to `--out`.
 
     python bench/ippo_reference.py --mode steady --repeats 7
     python bench/ippo_reference.py --mode steady --repeats 7 --busy 1
@@ -106,41 +102,21 @@ def fragc_config(config: dict):
     return mine
 
 
-def make_side(side: str, config: dict):
-    """-> (compile(), run(seed)): compile() builds the side's program; run(seed) trains one whole run and waits."""
+def make_side(side: str, config: dict) -> side_by_side.Side:
+    """The side's (compile(), run(seed))."""
     import jax
 
     if side == NAME:
         import wandb
 
         wandb.init(mode="disabled")  # make_train's io_callback calls wandb.log on every update
-        module = references.load(NAME, "ippo_ff_mpe")
-        train = jax.jit(module.make_train(dict(config)))
-
-        def run(seed: int) -> None:
-            jax.block_until_ready(train(jax.random.PRNGKey(seed)))
-
-        def compile_() -> None:  # compiles, and a first run
-            run(0)
-
-        return compile_, run
-
+        train = jax.jit(references.load(NAME, "ippo_ff_mpe").make_train(dict(config)))
+        return side_by_side.jitted_side(train, jax.random.PRNGKey)
     import fragc
     from fragc.algos import ippo
 
-    holder = {}
-    n = iterations(config)
-
-    def compile_() -> None:
-        holder["prog"] = prog = fragc.compile(ippo.IPPO(fragc_config(config)), "single")
-        prog.run(prog.init(0), n)  # what a run compiles on first use, and a first run
-
-    def run(seed: int) -> None:
-        prog = holder["prog"]
-        state, history = prog.run(prog.init(seed), n)
-        jax.block_until_ready(state)
-
-    return compile_, run
+    return side_by_side.fragc_side(lambda: fragc.compile(ippo.IPPO(fragc_config(config)), "single"),
+                                   iterations(config))
 
 
 def child(side: str, config: dict) -> None:

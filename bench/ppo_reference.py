@@ -63,38 +63,18 @@ def fragc_config(config: dict):
     return mine
 
 
-def make_side(side: str, k: int = 16):
-    """-> (compile(), run(seed)): compile() builds the side's program (fragc's with `k` iterations a dispatch);
-    run(seed) trains one whole run and waits."""
+def make_side(side: str, k: int = 16) -> side_by_side.Side:
+    """The side's (compile(), run(seed)); fragc's with `k` iterations a dispatch."""
     import jax
 
     if side == "purejaxrl":
-        ppo = references.load("purejaxrl", "ppo")
-        train = jax.jit(ppo.make_train(dict(CONFIG)))
-
-        def run(seed: int) -> None:
-            jax.block_until_ready(train(jax.random.PRNGKey(seed)))
-
-        def compile_() -> None:  # compiles, and a first run
-            run(0)
-
-        return compile_, run
-
+        train = jax.jit(references.load("purejaxrl", "ppo").make_train(dict(CONFIG)))
+        return side_by_side.jitted_side(train, jax.random.PRNGKey)
     import fragc
     from fragc.algos import ppo
 
-    holder = {}
-
-    def compile_() -> None:
-        holder["prog"] = prog = fragc.compile(ppo.PPO(fragc_config(CONFIG)), "single", iterations_per_dispatch=k)
-        prog.run(prog.init(0), ITERATIONS)  # what a run compiles on first use, and a first run
-
-    def run(seed: int) -> None:
-        prog = holder["prog"]
-        state, history = prog.run(prog.init(seed), ITERATIONS)
-        jax.block_until_ready(state)
-
-    return compile_, run
+    return side_by_side.fragc_side(
+        lambda: fragc.compile(ppo.PPO(fragc_config(CONFIG)), "single", iterations_per_dispatch=k), ITERATIONS)
 
 
 def child(side: str, k: int) -> None:

@@ -117,3 +117,31 @@ def summary(raw: dict, mode: str, baseline: str, label: str, title: str, out: st
     with open(os.path.join(out, f"{name}.json"), "w") as f:
         json.dump(result, f, indent=1)
     return result
+
+
+def jitted_side(train: Callable, argument: Callable[[int], object]) -> Side:
+    """A reference's side: `train` (jitted) called on `argument(seed)`, waited for; compiled by a first call."""
+    import jax
+
+    def run(seed: int) -> None:
+        jax.block_until_ready(train(argument(seed)))
+
+    return lambda: run(0), run
+
+
+def fragc_side(build: Callable[[], object], iterations: int) -> Side:
+    """fragc's side: `build()` -> its Program (compiled, then run once, as a run compiles on first use); each run
+    trains `iterations` from `prog.init(seed)`."""
+    import jax
+
+    holder = {}
+
+    def compile_() -> None:
+        holder["prog"] = prog = build()
+        prog.run(prog.init(0), iterations)
+
+    def run(seed: int) -> None:
+        prog = holder["prog"]
+        jax.block_until_ready(prog.run(prog.init(seed), iterations)[0])
+
+    return compile_, run

@@ -33,17 +33,19 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import platform
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from typing import Any, Callable, Iterator
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+from .reporting import read_json, user_cache_folder, write_json
 
 RULES = ("threefry", "sort")
 _FORCED = {"threefry": ("FRAGC_THREEFRY", {"straight": True, "rolled": False, "jax": False}),
@@ -52,7 +54,6 @@ _FORCED = {"threefry": ("FRAGC_THREEFRY", {"straight": True, "rolled": False, "j
 
 _install_lock = threading.Lock()
 _installed: dict[str, bool] = {}  # rule name -> whether this JAX's internals were where expected
-_scope: Any = None  # the configuration state `cpu_lowerings()` sets (None: not made yet; False: JAX moved it)
 _chosen: dict[str, bool] = {}  # rule name -> on, once decided in this process
 
 
@@ -75,7 +76,6 @@ def chosen(rule: str) -> bool:
     if rule not in _chosen:
         decision = forced(rule)
         if decision is None:  # measured on the CPU; where another backend is the default, JAX's rule, unmeasured
-            import jax
 
             decision = measured_choices()[rule]["on"] if jax.default_backend() == "cpu" else False
         _chosen[rule] = decision
@@ -102,26 +102,25 @@ def choosing(**on: bool) -> Iterator[None]:
 
 
 def _make_scope() -> Any:
-    """A JAX configuration state, part of the jit cache's key, that `cpu_lowerings()` sets on its thread."""
-    global _scope
-    if _scope is None:
-        try:
-            from jax._src import config
+    """A JAX configuration state, part of the jit cache's key, that `cpu_lowerings()` sets on its thread; False
+    where this JAX has no such internals."""
+    try:
+        from jax._src import config
 
-            _scope = config.bool_state("fragc_cpu_lowerings", False, "Lower with fragc's CPU rules (internal).",
-                                       include_in_jit_key=True, include_in_trace_context=True)
-        except (ImportError, AttributeError, TypeError):
-            _scope = False
-    return _scope
+        return config.bool_state("fragc_cpu_lowerings", False, "Lower with fragc's CPU rules (internal).",
+                                 include_in_jit_key=True, include_in_trace_context=True)
+    except (ImportError, AttributeError, TypeError):
+        return False
 
 
-_make_scope()  # at import: a state added to the jit cache's key makes JAX trace again, once, every function it had
-# compiled before (a benchmark's PureJaxRL train compiled before fragc's runtime was imported compiled twice)
+_SCOPE = _make_scope()
+"""Made at import: a state added to the jit cache's key makes JAX trace again, once, every function it had compiled
+before (a benchmark's PureJaxRL train compiled before fragc's runtime was imported compiled twice)."""
 
 
 def in_scope() -> bool:
     """Whether this thread is lowering inside `cpu_lowerings()`."""
-    return _scope is not None and _scope is not False and bool(_scope.value)
+    return _SCOPE is not False and bool(_SCOPE.value)
 
 
 def _route(name: str, find: Callable[[], tuple[Any, Callable, Callable, bool]]) -> None:
@@ -156,7 +155,6 @@ def _find_threefry() -> tuple[Any, Callable, Callable, bool]:
 
 
 def _find_sort() -> tuple[Any, Callable, Callable, bool]:
-    import jax
     from jax._src.interpreters import mlir
     from jax._src.lax import lax
 
@@ -178,8 +176,6 @@ def _find_sort() -> tuple[Any, Callable, Callable, bool]:
 def _sort_packed(key: Any, *values: Any, dimension: int) -> list[Any]:
     """`lax.sort_key_val`'s stable order of 32-bit `key` along `dimension`, by one sort of 64-bit words: the key
     (its order as unsigned bits) above its position."""
-    import jax
-    import jax.numpy as jnp
 
     ordered = key.astype(jnp.uint32) ^ np.uint32(0x80000000) if key.dtype == jnp.int32 else key
     position = jax.lax.broadcasted_iota(jnp.uint64, key.shape, dimension)
@@ -192,12 +188,10 @@ def _sort_packed(key: Any, *values: Any, dimension: int) -> list[Any]:
     return [sorted_key, *(jnp.take_along_axis(v, order, axis=dimension) for v in values)]
 
 
-def _install() -> Any:
-    scope = _make_scope()
-    if scope is not False:
+def _install() -> None:
+    if _SCOPE is not False:
         _route("threefry", _find_threefry)
         _route("sort", _find_sort)
-    return scope
 
 
 @contextlib.contextmanager
@@ -213,11 +207,8 @@ def cpu_lowerings() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _scope_on() -> Iterator[None]:
-    scope = _install()
-    if scope is False:
-        yield
-        return
-    with scope(True):
+    _install()
+    with contextlib.nullcontext() if _SCOPE is False else _SCOPE(True):
         yield
 
 
@@ -227,7 +218,6 @@ def _scope_on() -> Iterator[None]:
 def processor() -> str:
     """This machine's processor model, the cores this process may use, and the JAX version: what a choice is kept
     under."""
-    import jax
 
     model = platform.processor() or platform.machine()
     try:
@@ -241,48 +231,25 @@ def processor() -> str:
 
 def choices_path() -> str:
     """Where the measured choices are kept (a JSON object, processor -> rule -> measurement)."""
-    return os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "fragc",
-                        "cpu_lowerings.json")
+    return os.path.join(user_cache_folder(), "cpu_lowerings.json")
 
 
 def measured_choices() -> dict[str, dict]:
     """Per rule: {"on": ..., and the medians measured}, for this processor: read from `choices_path()`, or measured
     now (a few seconds, once per processor) and written there."""
     path, key = choices_path(), f"{processor()} | {WORKLOADS_VERSION}"
-    kept = _read(path)
+    kept = read_json(path) or {}
     if key in kept and set(RULES) <= set(kept[key]):
         return kept[key]
     print(f"fragc: timing its CPU lowering rules on this processor (once; kept in {path})", file=sys.stderr)
     kept[key] = measure()
-    _write(path, kept)
+    write_json(path, kept)  # atomically: two processes measuring at once each write a whole file
     return kept[key]
-
-
-def _read(path: str) -> dict:
-    try:
-        with open(path) as f:
-            kept = json.load(f)
-        return kept if isinstance(kept, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _write(path: str, kept: dict) -> None:
-    """Atomically (two processes measuring at once each write a whole file); a folder that cannot be written
-    leaves the choice to this process."""
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(path), delete=False, suffix=".tmp") as f:
-            json.dump(kept, f, indent=1)
-        os.replace(f.name, path)
-    except OSError:
-        pass
 
 
 def _micro(program: Callable[[], tuple[Callable, Any]], calls: int = 8) -> Callable[[], Callable[[], None]]:
     """A workload of a jitted micro-program: compiled under the rules chosen when it is built, run `calls` times."""
     def build() -> Callable[[], None]:
-        import jax
 
         fn, arg = program()
         with _scope_on():  # a function each side: JAX's caches key on the function too
@@ -300,8 +267,6 @@ def _micro(program: Callable[[], tuple[Callable, Any]], calls: int = 8) -> Calla
 def _threefry_program() -> tuple[Callable, Any]:
     """What PPO's rollout draws: 64 steps, each splitting 16 per-environment keys in 3 and drawing an action and a
     uniform with two of them."""
-    import jax
-    import jax.numpy as jnp
 
     def steps(keys: Any) -> Any:
         def step(keys: Any, _: None) -> tuple[Any, Any]:
@@ -317,7 +282,6 @@ def _threefry_program() -> tuple[Callable, Any]:
 
 def _sort_program() -> tuple[Callable, Any]:
     """What PPO's minibatch shuffle sorts: 16 permutations of 512 steps, one after another."""
-    import jax
 
     def shuffles(key: Any) -> Any:
         def shuffle(key: Any, _: None) -> tuple[Any, Any]:

@@ -32,22 +32,3 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-def read_json(path: str) -> dict | None:
-    """The file's JSON, None where it is missing or damaged (the search then runs again)."""
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def write_json(path: str, obj: dict) -> None:
-    """Written to a file of its own first, then renamed: a reader never sees half a file."""
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        partial = f"{path}.{os.getpid()}.tmp"
-        with open(partial, "w") as f:
-            json.dump(obj, f, indent=1, default=str)
-        os.replace(partial, path)
-    except OSError:  # a cache that cannot be written costs a search next time, nothing else
-        pass

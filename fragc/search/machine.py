@@ -19,8 +19,9 @@ from fragc.compiler import build
 from fragc.ir.frontend import fragment
 from fragc.options import CompileOptions
 from fragc.runtime.cost import Machine, jaxpr_cost
+from fragc.runtime.reporting import read_json, write_json
 
-from .cache import cache_folder, digest, read_json, write_json
+from .cache import cache_folder, digest
 from .candidates import group_sizes_of
 
 
