@@ -48,7 +48,7 @@ sys.path.insert(0, HERE)
 import references_built as references  # noqa: E402
 import side_by_side  # noqa: E402
 
-from fragc.runtime import cpu_lowering  # noqa: E402,F401  (before any jit: its jit-cache state, runtime/cpu_lowering.py)
+from fragc.runtime import cpu_lowering  # noqa: E402,F401  (before any jit: its jit-cache state, src/fragc/runtime/cpu_lowering.py)
 
 NAME = "jaxmarl"
 SIDES = (NAME, "fragc")

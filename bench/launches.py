@@ -4,7 +4,7 @@
                              [--lowering straight rolled] [--out bench/results]
 
 Both sides run PureJaxRL's CartPole-v1 configuration (`CONFIG` below; fragc: `ppo.Config(num_envs=N)`, whose
-defaults are that configuration), and both are counted by runtime/cost.py's `hlo_launches`: the kernels a GPU would
+defaults are that configuration), and both are counted by src/fragc/runtime/cost.py's `hlo_launches`: the kernels a GPU would
 launch for the program this backend compiled (fusions and unfused operations, loop bodies times their trip
 counts; its docstring says the method and its limits). Where this runs on a CPU, the count is a proxy for a GPU's.
 
@@ -19,7 +19,7 @@ counts; its docstring says the method and its limits). Where this runs on a CPU,
   environments); at 2048 environments NUM_UPDATES is 1 and the whole program is the set-up plus one iteration.
 
 `--lowering`: how `jax.random`'s threefry is lowered, the same on both sides. `straight` (default), as JAX lowers it
-for a GPU: 20 rounds one after another, fused (fragc's CPU rule, runtime/cpu_lowering.py, taken for both programs
+for a GPU: 20 rounds one after another, fused (fragc's CPU rule, src/fragc/runtime/cpu_lowering.py, taken for both programs
 through `cpu_lowerings()`). `rolled`: JAX's own CPU lowering, a loop of 5 trips a draw, each trip several
 launches: a CPU artifact that a GPU does not have, which dominates PureJaxRL's CPU count (many draws a step). Both
 lowerings sort as JAX does. On a GPU both are the GPU's own lowering (fragc's rules are the CPU's), and the count

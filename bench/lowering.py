@@ -81,7 +81,7 @@ def main() -> None:
     }
     for n, v in result["env_steps_per_s"].items():
         print(f"{n:12}{v:>12.0f} env-steps/s (median)")
-    print(f"throughput ratio fragc/plain_jit: median {result['ratio_median']:.3f} "
+    print(f"throughput ratio src/fragc/plain_jit: median {result['ratio_median']:.3f} "
           f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
     print(f"CPU-time ratio (plain_jit CPU s / fragc CPU s, > 1: fragc does less work): median "
           f"{result['cpu_ratio_median']:.3f} (min {min(cpu_ratios):.3f}, max {max(cpu_ratios):.3f})")

@@ -15,7 +15,7 @@ Both compile first (not timed); then the sides alternate, `--repeats` rounds per
 purejaxrl s / fragc s (> 1: fragc is faster) is taken per round, then the median.
 
 - `purejaxrl_straight` (`--purejaxrl-straight`): PureJaxRL's program lowered as fragc lowers its own, with fragc's
-  CPU lowerings (runtime/cpu_lowering.py: threefry straight, key-value sorts packed): what of fragc's lead is those
+  CPU lowerings (src/fragc/runtime/cpu_lowering.py: threefry straight, key-value sorts packed): what of fragc's lead is those
   lowering choices.
 - `fragc_rolled` (`--fragc-rolled`): fragc's population with JAX's own CPU lowerings (threefry a 5-trip loop a
   draw, the minibatch shuffle's sort two buffers), the other half of that measure.
@@ -71,7 +71,7 @@ def purejaxrl_side(config: ppo.Config, n: int, iterations: int, straight: bool =
     """PureJaxRL's `jax.jit(jax.vmap(train))`, its members' init mapped (`lax.map`) before it; -> a function of a
     seed. PureJaxRL's own `jax.jit(jax.vmap(make_train(config)))(keys)` vmaps init too, whose orthogonal
     initializer's batched QR (jaxlib's LAPACK kernels) deadlocked XLA's CPU thread pool here at N = 8 (no CPU
-    time for minutes, as runtime/program.py `_init_fn` tells of fragc's vmapped init before it mapped its own)."""
+    time for minutes, as src/fragc/runtime/program.py `_init_fn` tells of fragc's vmapped init before it mapped its own)."""
     train = purejaxrl_ppo.make_train(config)
     init = jax.jit(lambda keys: jax.lax.map(train.init, keys))
     keys = jax.random.split(jax.random.key(0), n)

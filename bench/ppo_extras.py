@@ -9,7 +9,7 @@ fragc's built-in PPO does three things PureJaxRL's does not:
   the rollout, so that a truncated episode bootstraps. Off: PureJaxRL's `next_value` (the next step's value, the last
   observation's at the end) and `done` as termination.
 - **diagnostics**: approx_kl, clip_fraction, explained_variance and the learning rate, from what the loss already
-  computes (algos/diagnostics.py). Off: those metrics dropped inside the fragments, so XLA removes their work.
+  computes (src/fragc/algos/diagnostics.py). Off: those metrics dropped inside the fragments, so XLA removes their work.
 
 Each variant is fragc's PPO with one thing changed (a subclass here, never shipped), compiled under "single" as the
 built-in one is, all timed alternately in one process (side_by_side.steady) with PureJaxRL's own `ppo.py` (built by

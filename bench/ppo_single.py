@@ -177,8 +177,8 @@ def main() -> None:
         loads.append(os.getloadavg()[0])
     baselines = [b for b in sides if b != "fragc"]
     sps = {n: [args.iterations * steps / t for t in ts] for n, ts in times.items()}
-    ratios = {f"fragc/{b}": [a / c for a, c in zip(sps["fragc"], sps[b])] for b in baselines}
-    cpu_ratios = {f"fragc/{b}": [c / a for a, c in zip(cpu["fragc"], cpu[b])] for b in baselines}
+    ratios = {f"src/fragc/{b}": [a / c for a, c in zip(sps["fragc"], sps[b])] for b in baselines}
+    cpu_ratios = {f"src/fragc/{b}": [c / a for a, c in zip(cpu["fragc"], cpu[b])] for b in baselines}
     compile_s = {n: statistics.median(v) for n, v in compiles.items()}
     result = {
         "config": {"env": config.env, "num_envs": config.num_envs, "num_steps": config.num_steps,
@@ -205,7 +205,7 @@ def main() -> None:
         print(f"CPU-time ratio {n} (baseline CPU s / fragc CPU s): median {statistics.median(r):.3f} "
               f"(min {min(r):.3f}, max {max(r):.3f})")
     if compiles:
-        print(f"compile ratio fragc/purejaxrl: {result['compile_ratio']:.2f}")
+        print(f"compile ratio src/fragc/purejaxrl: {result['compile_ratio']:.2f}")
     print(f"load average after each round: {min(loads):.1f}-{max(loads):.1f}")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "ppo_single.json"), "w") as f:

@@ -4,7 +4,7 @@ rows of bench/results.py are judged against (docs/results.md).
 
     python bench/random_policy.py --env envpool:Breakout-v5 --games 200 --seed 0
 
-Steps fragc's own host pool (algos/host_envs.py), the one `fragc run` trains on, with CleanRL's Atari options.
+Steps fragc's own host pool (src/fragc/algos/host_envs.py), the one `fragc run` trains on, with CleanRL's Atari options.
 """
 
 from __future__ import annotations

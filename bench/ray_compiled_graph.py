@@ -1,5 +1,5 @@
 """A Ray call's cost on this machine: plain actor calls against Ray's compiled graphs (`ray.dag`), for two workers
-called together as an environment fleet calls them (algos/ray_envs.py), each stepping E HalfCheetah-v5
+called together as an environment fleet calls them (src/fragc/algos/ray_envs.py), each stepping E HalfCheetah-v5
 environments. docs/distributed.md ("Measured on a quiet machine") has the numbers and why compiled graphs were not
 built into the fleet.
 

@@ -1,4 +1,4 @@
-"""Remote environment workers (algos/ray_envs.py) against the local host pool, on a Ray cluster of several raylets
+"""Remote environment workers (src/fragc/algos/ray_envs.py) against the local host pool, on a Ray cluster of several raylets
 on this machine (`ray.cluster_utils.Cluster`, as Ray tests itself).
 
     python bench/ray_envs.py [--env gymnasium:HalfCheetah-v5] [--raylets 2] [--seconds 3]

@@ -11,7 +11,7 @@ reach the algorithm's threshold, the interquartile mean (IQM) over seeds and its
 confidence interval (2,000 replications, seed 0), computed by `fragc.sinks.stats` with rliable (Agarwal et al. 2021);
 before rliable this file had its own percentile bootstrap of the same statistic (docs/results.md says which rows
 were computed with which). A row whose config sets `eval_every` reports the same of each seed's last greedy
-evaluation (`eval_return`, algos/evaluation.py) on a line of its own, and under "greedy_eval" in its JSON. Each
+evaluation (`eval_return`, src/fragc/algos/evaluation.py) on a line of its own, and under "greedy_eval" in its JSON. Each
 run also writes OUT/NAME.png: the learning curves (IQM over seeds at each iteration, 95% bands).
 
 Each row's configuration, step budget and threshold come from a named public reference (the comments beside RUNS;
@@ -145,7 +145,7 @@ CLEANRL_PPO_ATARI = {  # CleanRL's ppo_atari_envpool.py: 8 envs x 128 steps, 4 e
     "num_envs": 8, "num_steps": 128, "total_steps": 10_000_000, "lr": 2.5e-4, "anneal_lr": True,  # annealed over
     "update_epochs": 4, "num_minibatches": 4, "gamma": 0.99, "gae_lambda": 0.95, "clip_eps": 0.1,  # 1e7 steps,
     "clip_value": True, "ent_coef": 0.01, "vf_coef": 0.5, "max_grad_norm": 0.5, "network": "nature_cnn",  # clip 0.1
-}  # (its env options are algos/host_envs.py's ATARI_OPTIONS); 1e7 steps are days on this CPU: run with --steps
+}  # (its env options are src/fragc/algos/host_envs.py's ATARI_OPTIONS); 1e7 steps are days on this CPU: run with --steps
 RUNS += [(f"ppo_{game.lower()}_envpool", "ppo", "single", 1, None, {"env": f"envpool:{game}-v5", **CLEANRL_PPO_ATARI})
          for game in ("Breakout", "Pong")]
 """Atari rows: a bench against a random policy's score (bench/random_policy.py), run with `--only` and `--steps`."""

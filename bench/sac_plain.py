@@ -289,7 +289,7 @@ def main() -> None:
             jax.block_until_ready(sides[name][1](states[name]))
             times[name].append(time.perf_counter() - start)
     sps = {n: [args.iterations * steps / t for t in ts] for n, ts in times.items()}
-    ratios = {f"fragc/{b}": [a / c for a, c in zip(sps["fragc"], sps[b])] for b in SIDES[1:]}
+    ratios = {f"src/fragc/{b}": [a / c for a, c in zip(sps["fragc"], sps[b])] for b in SIDES[1:]}
     result = {
         "config": {"env": config.env, "num_envs": config.num_envs, "num_steps": config.num_steps,
                    "gradient_steps": config.gradient_steps, "batch_size": config.batch_size,

@@ -29,7 +29,7 @@ os.environ.setdefault("XLA_FLAGS", OPT0 + " --xla_cpu_use_fusion_emitters=false 
 # programs, 6% less compile time in test_policies.py and test_sac.py (alternated, 2 pairs); tests/test_cpu_lowering.py
 # checks the straight lowering itself. Inherited by the `fragc` subprocesses, as XLA_FLAGS is.
 os.environ.setdefault("FRAGC_THREEFRY", "rolled")
-# The packed sort decided, not measured per processor (runtime/cpu_lowering.py): the suite's programs are the same
+# The packed sort decided, not measured per processor (src/fragc/runtime/cpu_lowering.py): the suite's programs are the same
 # on every machine, and tests/test_cpu_lowering.py checks the measuring itself.
 os.environ.setdefault("FRAGC_SORT", "packed")
 IN_A_CHILD = "FRAGC_TEST_XLA_DEFAULTS"

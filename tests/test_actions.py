@@ -1,4 +1,4 @@
-"""Periodic actions on the training driver (runtime/actions.py): when each hook runs, with what."""
+"""Periodic actions on the training driver (src/fragc/runtime/actions.py): when each hook runs, with what."""
 
 import functools
 

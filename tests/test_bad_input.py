@@ -352,6 +352,6 @@ def test_warnings_on_the_command_line_are_one_line():
 
     message = "checkpoint 96 in 'D' is damaged; falling back to the previous one"
     with one_line_warnings():
-        shown = warnings.formatwarning(UserWarning(message), UserWarning, "runtime/checkpoint.py", 182)
+        shown = warnings.formatwarning(UserWarning(message), UserWarning, "src/fragc/runtime/checkpoint.py", 182)
     assert shown == f"fragc: warning: {message}\n"
     assert not warnings.formatwarning(UserWarning(message), UserWarning, "x.py", 1).startswith("fragc:")  # restored

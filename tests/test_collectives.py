@@ -97,7 +97,7 @@ def test_cost_counts_the_bytes_each_device_receives(deterministic):
 
 
 def test_one_replica_on_one_device_compiles_without_all_reduces():
-    """`lower_fragment` drops a one-replica body's reductions (ir/collectives.py `without_unit_reductions`):
+    """`lower_fragment` drops a one-replica body's reductions (src/fragc/ir/collectives.py `without_unit_reductions`):
     XLA would keep each as an all-reduce over one device (a collective kernel a gradient step on a GPU). The
     single program has none left, and still equals the reference interpreter."""
     from toy_algos import Regression

@@ -1,4 +1,4 @@
-"""runtime/cost.py: the collective bytes (GSPMD fragments) and the kernel launches read from XLA's optimised HLO."""
+"""src/fragc/runtime/cost.py: the collective bytes (GSPMD fragments) and the kernel launches read from XLA's optimised HLO."""
 
 import jax
 import jax.numpy as jnp
@@ -155,7 +155,7 @@ def test_a_loop_of_unknown_trip_count_is_a_lower_bound_unless_it_is_the_dispatch
         '  %w = (s32[], f32[8]{0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{}}',
         "  ROOT %y = f32[8]{0} get-tuple-element(%w), index=1")
     assert hlo_launches(text) == (2 + 1, False)  # body and condition once
-    # a fused program's dispatch loop of n <= k trips (runtime/fused.py): k trips of its body, as a GPU compiles it
+    # a fused program's dispatch loop of n <= k trips (src/fragc/runtime/fused.py): k trips of its body, as a GPU compiles it
     assert hlo_launches(text, dispatch_trips=5) == (5 * 2, True)
 
 

@@ -1,4 +1,4 @@
-"""fragc's CPU lowerings (runtime/cpu_lowering.py): threefry straight (no 5-trip loop per random draw) and key-value
+"""fragc's CPU lowerings (src/fragc/runtime/cpu_lowering.py): threefry straight (no 5-trip loop per random draw) and key-value
 sorts packed into one 64-bit sort, each with the same bits as JAX's lowering, and a user's own programs outside fragc
 keep JAX's choices."""
 

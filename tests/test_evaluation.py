@@ -1,4 +1,4 @@
-"""Evaluation episodes (algos/evaluation.py): the `evaluate` fragment, role "evaluator", in an `if` region.
+"""Evaluation episodes (src/fragc/algos/evaluation.py): the `evaluate` fragment, role "evaluator", in an `if` region.
 
 Most checks run a toy whose weights act in CartPole (`EvaluatedRegression`: tests/toy_algos.py's
 regression, evaluated every 2 iterations), small enough to compile under several policies: its `eval_return`

@@ -1,5 +1,5 @@
-"""The frontend's own files import at their top, and ir/sweep.py never imports the frontend that builds on it (the
-cycle ir/frontend.py <-> ir/sweep.py hid behind a function-local import; issue 42). Read from the source, so that
+"""The frontend's own files import at their top, and src/fragc/ir/sweep.py never imports the frontend that builds on it (the
+cycle src/fragc/ir/frontend.py <-> src/fragc/ir/sweep.py hid behind a function-local import; issue 42). Read from the source, so that
 an import inside a function counts too."""
 
 import ast
@@ -8,8 +8,8 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).parent.parent
-FRONTEND_FILES = ["ir/frontend.py", "ir/graph_builder.py", "ir/types.py", "ir/sweep.py", "ir/traps.py",
-                  "ir/replicas.py"]
+FRONTEND_FILES = ["src/fragc/ir/frontend.py", "src/fragc/ir/graph_builder.py", "src/fragc/ir/types.py", "src/fragc/ir/sweep.py", "src/fragc/ir/traps.py",
+                  "src/fragc/ir/replicas.py"]
 
 
 def imports(path):
@@ -32,5 +32,5 @@ def test_imports_are_at_the_top(path):
 
 
 def test_sweep_does_not_import_the_frontend():
-    imported = [name for node, _ in imports("ir/sweep.py") for name in names(node)]
+    imported = [name for node, _ in imports("src/fragc/ir/sweep.py") for name in names(node)]
     assert not [name for name in imported if "frontend" in name], imported

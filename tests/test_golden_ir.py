@@ -64,7 +64,7 @@ def test_regression_dot():
 
 def test_bodies_are_printed_on_request_at_per_replica_shapes():
     traced = format_module(fragc.trace(Regression()), bodies=True)
-    assert "psum[" in traced  # the pmean inside @learn, one replica (ir/collectives.py)
+    assert "psum[" in traced  # the pmean inside @learn, one replica (src/fragc/ir/collectives.py)
     assert "random_split" in traced
     assert "{ lambda ; a:f32[3] b:f32[8,3] c:f32[8]. let" in traced  # @learn(w, x, y) at global shapes
     placed = format_module(final_module(Regression(), "anakin", 8), bodies=True)

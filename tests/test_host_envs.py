@@ -1,4 +1,4 @@
-"""Host environments (algos/host_envs.py): a gymnax environment stepped on the host through the host path
+"""Host environments (src/fragc/algos/host_envs.py): a gymnax environment stepped on the host through the host path
 gives the device path's trajectory step for step; the Gymnasium backend equals a plain Gymnasium loop; the
 IR shows the host step and its bytes; policies that cannot run host environments say so in one line."""
 

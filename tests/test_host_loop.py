@@ -1,4 +1,4 @@
-"""The host loop (ir/time_loop.py, runtime/host_loop.py): a rollout that steps host environments runs its time
+"""The host loop (src/fragc/ir/time_loop.py, src/fragc/runtime/host_loop.py): a rollout that steps host environments runs its time
 loop from Python, its environments in `env_groups` groups. Every group count computes the synchronous numbers:
 the reference interpreter's, and the device path's for a gymnax environment stepped on the host."""
 
@@ -110,7 +110,7 @@ def test_the_ir_and_the_executables_show_the_host_loop(single_two_groups):
 
 def test_a_one_replica_host_loop_compiles_without_all_reduces(single_two_groups):
     """A one-replica fragment's reductions over `replica` are dropped before its host loop's programs compile, as
-    `lower_fragment` drops them (ir/collectives.py): PPO's rollout psums its episode metrics after the time loop,
+    `lower_fragment` drops them (src/fragc/ir/collectives.py): PPO's rollout psums its episode metrics after the time loop,
     in the suffix, which XLA would keep as an all-reduce over one device. (The numbers: the test above.)"""
     prog = single_two_groups
     rollout = prog.module.fragments["rollout"]

@@ -1,4 +1,4 @@
-"""ir/jax_compat.py reads a scan equation's operand groups whichever JAX release made it (0.10's num_consts /
+"""src/fragc/ir/jax_compat.py reads a scan equation's operand groups whichever JAX release made it (0.10's num_consts /
 num_carry, 0.11's ft_in): checked on the installed JAX against the scan's own operands."""
 
 import jax

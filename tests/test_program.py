@@ -120,7 +120,7 @@ def test_state_of_the_wrong_type_is_refused():
 
 
 def test_a_static_trip_dispatch_loop_runs_k_and_compiles_a_remainder_only_when_a_run_needs_one(monkeypatch):
-    """Off the CPU the dispatch loop's trip count is k, fixed at compile time (runtime/fused.py): forced here,
+    """Off the CPU the dispatch loop's trip count is k, fixed at compile time (src/fragc/runtime/fused.py): forced here,
     its optimised HLO has a known trip count, a run of whole dispatches uses it alone, and a run that ends with a
     shorter dispatch compiles the run-time-n loop once; both give the plain loop's state."""
     from fragc.runtime import fused

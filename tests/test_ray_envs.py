@@ -1,4 +1,4 @@
-"""Remote environment workers (algos/ray_envs.py): host environments stepped by Ray actors, placed by the IR.
+"""Remote environment workers (src/fragc/algos/ray_envs.py): host environments stepped by Ray actors, placed by the IR.
 
 The fleet's spec, its placement and printing, and bad input run without Ray. The rest share one local Ray of 2
 CPUs for the module (starting it takes 10-20 s on 2 loaded cores, hence `-m slow`): a fleet computes the local

@@ -1,4 +1,4 @@
-"""Populations over hyperparameters (ir/sweep.py): each member is the single run of its configuration and seed,
+"""Populations over hyperparameters (src/fragc/ir/sweep.py): each member is the single run of its configuration and seed,
 the values are printed in the IR and refused in one line when they cannot be swept."""
 
 import dataclasses
@@ -458,7 +458,7 @@ def test_a_users_algorithm_sweeps_its_config_and_each_member_follows_a_plain_jax
 
 def test_a_jitted_helper_reading_the_config_follows_each_members_values_after_a_single_run_traced_it():
     """JAX caches the helper's jaxpr with the config's own lr (a constant) when the single run traces it; each trace
-    has a tracing-cache scope of its own (ir/frontend.py `_JIT_CACHE_SCOPE`), so each member's update uses its own
+    has a tracing-cache scope of its own (src/fragc/ir/frontend.py `_JIT_CACHE_SCOPE`), so each member's update uses its own
     lr."""
     algo, lrs, iterations = JittedUpdateRegression(), [0.05, 0.2], 2
     fragc.compile(algo, "single")

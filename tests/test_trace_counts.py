@@ -50,7 +50,7 @@ def test_the_counter_sees_a_second_trace():
     assert counter.snapshot()["calls"] == {"init": 1, "iteration": 1, "rollout": 1, "learn": 1}
 
 
-# ---------------------------------------------------------------- JAX's tracing cache across traces (ir/frontend.py)
+# ---------------------------------------------------------------- JAX's tracing cache across traces (src/fragc/ir/frontend.py)
 
 
 def _regression_calling(helper, inner_fragment=None):

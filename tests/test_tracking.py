@@ -1,4 +1,4 @@
-"""Tracking sinks (fragc/sinks/tracking.py): one short run into TensorBoard, W&B (offline) and MLflow at once, each
+"""Tracking sinks (src/fragc/sinks/tracking.py): one short run into TensorBoard, W&B (offline) and MLflow at once, each
 read back with its own reader (not a mocked client): the same numbers as the run's history at the same env
 steps, the hyperparameters, and the IR header."""
 
@@ -160,7 +160,7 @@ def test_tensorboard_video_is_an_animated_gif(tracked):
 
 
 def test_eval_return_only_where_it_evaluated():
-    """eval_every=3: the iterations run before the 1st, 4th, 7th, ... evaluated (algos/evaluation.py); eval_return
+    """eval_every=3: the iterations run before the 1st, 4th, 7th, ... evaluated (src/fragc/algos/evaluation.py); eval_return
     (the latest evaluation's, every row) is written at those only, the other metrics at every iteration."""
     prog = types.SimpleNamespace(population=(), algo=types.SimpleNamespace(config=types.SimpleNamespace(eval_every=3)))
     run = Run(prog, start=2, stop_at=6, steps_per_iteration=10, lead=True)

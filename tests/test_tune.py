@@ -1,4 +1,4 @@
-"""`fragc tune` (fragc/tune.py): each trial's score, as Optuna is told it, is its single run's; a pruned trial's
+"""`fragc tune` (src/fragc/tune.py): each trial's score, as Optuna is told it, is its single run's; a pruned trial's
 slot restarts with the next trial; a stored study continues; bad input is one line before anything is written."""
 
 import dataclasses

@@ -290,7 +290,7 @@ def test_a_python_value_where_fragc_traces_an_array_is_refused_in_one_line(algo,
 
 
 class LogsLosses(Base):
-    """A learner fragment that returns nothing and logs its argument through `jax.debug.callback` (what ir/traps.py
+    """A learner fragment that returns nothing and logs its argument through `jax.debug.callback` (what src/fragc/ir/traps.py
     tells a user to do with a print between fragments), once an iteration and once each trip of a scan."""
 
     logged: list

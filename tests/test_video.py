@@ -1,4 +1,4 @@
-"""Videos of a policy (fragc/sinks/video.py): from a checkpoint to .mp4 and .gif, and CaptureVideo during a run.
+"""Videos of a policy (src/fragc/sinks/video.py): from a checkpoint to .mp4 and .gif, and CaptureVideo during a run.
 
 Frame counts are checked against episodes played here with plain gymnax (or Gymnasium) and the network's
 argmax: an episode of T steps is T + 1 frames (its first state and each state reached)."""
@@ -81,7 +81,7 @@ def plain(algo):
 
 def episode_lengths(algo, params, episodes, seed, max_steps=MAX_STEPS):
     """Steps of each greedy episode, played with gymnax's own step (which resets itself: the flags say when
-    an episode ends) from the keys fragc/sinks/video.py documents."""
+    an episode ends) from the keys src/fragc/sinks/video.py documents."""
     env, env_params, act = plain(algo)
     lengths = []
     for key in jax.random.split(jax.random.key(seed), episodes):
@@ -106,7 +106,7 @@ def parse(*argv):
 
 
 def test_command_writes_mp4(run, rendered, tmp_path, capsys):
-    """`fragc video D --out agent.mp4 ...` (fragc/cli/video.py): the frames of the episodes played with plain
+    """`fragc video D --out agent.mp4 ...` (src/fragc/cli/video.py): the frames of the episodes played with plain
     gymnax."""
     algo, folder, seen, _ = run
     lengths = episode_lengths(algo, seen[4], 2, seed=1)

@@ -1,6 +1,6 @@
 """Seconds per `fragc.compile` of PPO (its defaults) under four policies in one fresh process, as `fragc bench ppo
 --policies ...` compiles them, and the seconds of each trace among them: how much a process's later traces reuse
-of its earlier ones (JAX's tracing cache, scoped per trace: ir/frontend.py `_JIT_CACHE_SCOPE`). No persistent
+of its earlier ones (JAX's tracing cache, scoped per trace: src/fragc/ir/frontend.py `_JIT_CACHE_SCOPE`). No persistent
 compilation cache.
 
     JAX_NUM_CPU_DEVICES=8 python bench/experiments/repeated_compiles.py

@@ -1,6 +1,6 @@
 """(CPU) `jax.random.permutation` of N rows of L elements, as PPO's minibatch shuffle draws it in a population:
 JAX's CPU lowering (a stable sort of two buffers, keys and positions, through a compiled comparator) against
-fragc's (`runtime/cpu_lowering.py`: one sort of 64-bit words, key above position). Both programs are checked
+fragc's (`src/fragc/runtime/cpu_lowering.py`: one sort of 64-bit words, key above position). Both programs are checked
 equal, then timed alternately; prints the medians and their ratio (docs/benchmarks.md, "Sorts packed").
 
     python bench/experiments/sort_lowering.py [--rows 64] [--length 512] [--repeats 7] [--calls 50]

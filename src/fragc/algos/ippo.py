@@ -1,0 +1,207 @@
+"""IPPO and MAPPO on JaxMARL's environments (`jaxmarl:MPE_simple_spread_v3`, `jaxmarl:SMAX_3m`).
+
+PPO's fragments run unchanged on the agent axis: the runner's observations are [N, A, D] (src/fragc/algos/marl_envs.py),
+the rollout samples one action per agent, and the trajectory is [T, N, A, ...]; the learner's minibatches hold
+every agent's step. What differs is the network: each agent's actor reads its own observation (logits masked to
+the available actions on SMAX), IPPO's critic its own observation too, MAPPO's the world state (a centralised
+critic). Parameters are shared between agents (JaxMARL's baselines), or with `shared_params=False` each agent holds
+its own, stacked over a leading agent axis: the rollout vmaps the network over the agents, and the learner is the
+fragment `learn_agents`, PPO's update vmapped over the agents, which declares its agent axes, so that a policy can
+place the agents' learners on devices of their own (`agent_learners`, docs/marl.md).
+
+Defaults are JaxMARL's feed-forward IPPO on MPE (baselines/IPPO/config/ippo_ff_mpe.yaml); `preset="auto"` sets
+JaxMARL's values for SMAX (ippo_rnn_smax.yaml, mappo_homogenous_rnn_smax.yaml: their networks are recurrent, these
+are feed-forward) on the fields left at their defaults.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+import fragc
+from fragc.algos import ppo
+from fragc.algos.diagnostics import episode_metrics
+from fragc.algos.envs import Runner, VecEnv, split_env_name
+from fragc.algos.marl_envs import AgentLayout, AgentsRunner
+from fragc.algos.validation import algo_name
+from fragc.ir.errors import FragcError
+
+SMAX = {"lr": 0.004, "num_envs": 128, "clip_eps": 0.05, "max_grad_norm": 0.25, "activation": "relu", "hidden": 128}
+"""JaxMARL's SMAX baselines (IPPO's and MAPPO's configs agree on these)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(ppo.Config):
+    env: str = "jaxmarl:MPE_simple_spread_v3"
+    """A JaxMARL environment: jaxmarl:MPE_simple_spread_v3, jaxmarl:SMAX_3m (fragc envs)."""
+    num_envs: int = 16
+    """Environments stepped in parallel (each with every agent)."""
+    total_steps: int = 10_000_000
+    """Environment steps over the whole run (JaxMARL's TOTAL_TIMESTEPS: steps of all agents at once)."""
+    shared_params: bool = True
+    """One network for every agent (JaxMARL's baselines); False: each agent its own, stacked over an agent axis."""
+    preset: str = "auto"
+    """auto: JaxMARL's values for the environment's family (SMAX) on the fields left at their defaults; none: the
+    fields as given."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.preset not in ("auto", "none"):
+            raise FragcError(f"{algo_name(self)}: preset must be auto or none, got {self.preset!r}")
+        if self.eval_every:
+            raise FragcError(f"{algo_name(self)}: evaluation episodes (eval_every) take one agent's greedy action; "
+                             "the multi-agent algorithms have none yet: leave eval_every at 0")
+
+    def presets(self) -> dict[str, Any]:
+        return SMAX if "SMAX_" in self.env else {}
+
+
+def with_preset(config: Config) -> Config:
+    """`config` with its family's preset on the fields that still hold their class defaults."""
+    if config.preset != "auto":
+        return config
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    return dataclasses.replace(config, **{k: v for k, v in config.presets().items() if getattr(config, k) == defaults[k]})
+
+
+class AgentsActorCritic(nn.Module):
+    """PPO's two MLPs on an agent's row: the actor on its own observation (logits of unavailable actions pushed
+    to -1e10, as JaxMARL masks them), the critic on its own observation (IPPO) or the world state (MAPPO)."""
+
+    layout: AgentLayout
+    hidden: int
+    activation: str
+    centralised: bool
+
+    def setup(self) -> None:
+        self.actor = ppo.MLP(self.hidden, self.layout.num_actions, 0.01, self.activation)
+        self.critic = ppo.MLP(self.hidden, 1, 1.0, self.activation)
+
+    def __call__(self, rows: jax.Array) -> tuple[jax.Array, jax.Array]:
+        logits = self.actor(self.layout.own(rows))
+        mask = self.layout.mask(rows)
+        return (logits if mask is None else jnp.where(mask, logits, -1e10)), self.value(rows)
+
+    def value(self, rows: jax.Array) -> jax.Array:
+        return jnp.squeeze(self.critic(self.layout.world(rows) if self.centralised else self.layout.own(rows)), -1)
+
+
+def per_agent(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`tx` for each agent on its own slice of parameters stacked over a leading agent axis (its own norm clip)."""
+    return optax.GradientTransformation(jax.vmap(tx.init), jax.vmap(tx.update))
+
+
+AGENT_LEARNER = ppo.Learner(params=0, opt_state=0, key=None)
+"""The agent axes of a learner whose agents hold their own parameters: its parameters and optimizer state are
+stacked over agents, the minibatch key is one for all."""
+
+AGENT_RUNNER = AgentsRunner(env_state=None, obs=1, key=None, episode_return=1, last_return=1, has_return=1,
+                            episode_length=1, last_length=1, last_won=None)
+"""The agent axes of the runner: each agent's observation row and episode statistics ([N, A, ...]); JaxMARL's
+states, the keys and the win flags are the environment's."""
+
+
+def agents_fragment(fragment: Any, agent_axes: tuple) -> Any:
+    """PPO's fragment `fragment` (its body and environment axes) with the agent axes declared beside them."""
+    return fragc.fragment(role=fragment.role, in_axes=fragment.in_axes, out_axes=fragment.out_axes,
+                          agent_axes=agent_axes)(fragment.fn)
+
+
+class IPPO(ppo.PPO):
+    """Independent PPO (de Witt et al. 2020), JaxMARL's baseline: each agent's critic sees its own observation."""
+
+    Config = Config
+    centralised = False
+    one_agent = False  # True on the view that `learn_agents` runs for one agent
+
+    def __init__(self, config: Config = Config()):
+        super().__init__(with_preset(config))
+        self.rollout = (self.rollout_shared if config.shared_params else self.rollout_agents)
+
+    # COLLECT TRAJECTORIES: PPO's rollout, the runner's rows and the trajectory [T, N, A, ...] over agents, the
+    # parameters too where each agent holds its own
+    rollout_shared = agents_fragment(ppo.PPO.rollout, ((None, AGENT_RUNNER), (2, AGENT_RUNNER, None)))
+    rollout_agents = agents_fragment(ppo.PPO.rollout, ((0, AGENT_RUNNER), (2, AGENT_RUNNER, None)))
+    # UPDATE NETWORK: PPO's update on the agents' steps (shared parameters)
+    learn = agents_fragment(ppo.PPO.learn, ((None, 2), (None, None)))
+    learner_skips_next_obs = True  # both learners are PPO's update, which reads V(s_{t+1}) only: no s_{t+1} to shuffle
+
+    @functools.cached_property
+    def env(self) -> VecEnv:
+        if split_env_name(self.config.env)[0] != "jaxmarl":
+            raise FragcError(f"{algo_name(self.config)} is a multi-agent algorithm; {self.config.env} is a single-agent "
+                             "environment (use ppo, or a jaxmarl: environment)")
+        return VecEnv(self.config.env, world_state=self.centralised)  # the world state only for MAPPO's critic
+
+    @property
+    def num_agents(self) -> int:
+        return self.env.num_agents
+
+    @property
+    def stacked(self) -> bool:
+        """Whether parameters are stacked over agents here (not on the one-agent view)."""
+        return not self.config.shared_params and not self.one_agent
+
+    @functools.cached_property
+    def network(self) -> nn.Module:
+        if self.network_name != "mlp":
+            raise FragcError(f"{algo_name(self.config)}: network must be mlp (or auto), got {self.config.network!r}")
+        return AgentsActorCritic(self.env.layout, self.config.hidden, self.config.activation, self.centralised)
+
+    def init_params(self, key: jax.Array) -> Any:
+        if not self.stacked:
+            return super().init_params(key)
+        return jax.vmap(super().init_params)(jax.random.split(key, self.num_agents))
+
+    @property
+    def optimizer(self) -> optax.GradientTransformation:
+        return per_agent(super().optimizer) if self.stacked else super().optimizer
+
+    def apply_network(self, params: Any, obs: jax.Array, **kwargs: Any) -> Any:
+        """The network on rows [..., A, D]; with stacked parameters each agent's on its own rows."""
+        if not self.stacked:
+            return super().apply_network(params, obs, **kwargs)
+        out_axes = -1 if kwargs.get("method") == "value" else (-2, -1)
+        apply = lambda p, o: ppo.PPO.apply_network(self, p, o, **kwargs)  # noqa: E731
+        return jax.vmap(apply, in_axes=(0, -2), out_axes=out_axes)(params, obs)
+
+    def learn_fragment(self) -> Any:
+        return self.learn if self.config.shared_params else self.learn_agents
+
+    def episode_metrics(self, runner: Runner) -> dict:
+        """The team's statistics (each agent's last episode, averaged as JaxMARL logs them), each agent's return,
+        and on SMAX the fraction of environments whose last episode was won."""
+        metrics = episode_metrics(runner)
+        completed = jnp.maximum(fragc.psum(jnp.sum(runner.has_return, 0)), 1)
+        agents = fragc.psum(jnp.sum(runner.last_return * runner.has_return, 0)) / completed
+        metrics.update({f"episode_return_agent{i}": agents[i] for i in range(self.num_agents)})
+        if self.env.smax:
+            finished = runner.has_return[:, 0]
+            metrics["win_rate"] = (fragc.psum(jnp.sum(runner.last_won * finished))
+                                   / jnp.maximum(fragc.psum(jnp.sum(finished)), 1))
+        return metrics
+
+    def episodes_ended(self, done: jax.Array) -> jax.Array:
+        """The environments' episodes that ended ([T, N, A] `done`): an episode ends for every agent at once
+        (an agent's own `done` comes earlier where it dies, on SMAX), so where all agents are done."""
+        return fragc.psum(jnp.sum(jnp.all(done, -1)))
+
+    # UPDATE NETWORKS: each agent's own, PPO's update vmapped over the agent axis
+    @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None),
+                    agent_axes=((AGENT_LEARNER, 2), (AGENT_LEARNER, 0)))
+    def learn_agents(self, learner: ppo.Learner, traj: ppo.Transition) -> tuple[ppo.Learner, dict]:
+        one = copy.copy(self)
+        one.one_agent = True
+        update = functools.partial(ppo.PPO.learn.fn, one)
+        return jax.vmap(update, in_axes=(AGENT_LEARNER, 2), out_axes=(AGENT_LEARNER, 0))(learner, traj)
+
+
+
