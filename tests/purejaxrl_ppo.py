@@ -4,7 +4,7 @@ Run it like a built-in algorithm; its config's fields are the options:
 
     fragc run tests/purejaxrl_ppo.py:PPO --total-steps 500000 --json
     fragc bench tests/purejaxrl_ppo.py:PPO --policies single,anakin --devices 8
-    fragc launch -n 2 -- fragc run tests/purejaxrl_ppo.py:PPO --policy anakin --devices 4
+    fragc launch -n 2 -- fragc run tests/purejaxrl_ppo.py:PPO --policy anakin --devices 4 --num-envs 8
 
 docs/porting.md walks through the port step by step. The changes from
 PureJaxRL's `make_train`: the config is a dataclass; `train`'s closures become
