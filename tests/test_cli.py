@@ -165,3 +165,17 @@ def test_the_search_options_reach_the_search_and_default_to_its_own():
 
     options = search_options(parse(["run", "ppo", "--policy", "auto", "--auto-top", "2", "--memory-limit", "1"], "ppo"))
     assert (options.top, options.budget, options.memory_limit, options.cache) == (2, 60.0, 2**20, True)
+
+
+def test_run_help_lists_the_algorithms_options_first_then_the_runs_in_groups(capsys):
+    """`fragc run ALGO --help`: the config's own fields (PPO's, then the evaluation fields it inherits), before the
+    run's own options, which come in groups."""
+    with pytest.raises(SystemExit):
+        main(["run", "ppo", "--help"])
+    out = capsys.readouterr().out
+    titles = [line[:-1] for line in out.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
+    assert titles == ["positional arguments", "options of ppo", "options", "where it runs", "run length and seed",
+                      "output", "checkpoints", "several processes (jax.distributed)"]
+    mine = out[out.index("options of ppo:"):out.index("\noptions:")]
+    assert mine.index("--env STR") < mine.index("--clip-eps") < mine.index("--eval-every")
+    assert out.index("--policy POLICY", out.index("where it runs:")) > out.index("--clip-eps")

@@ -196,7 +196,9 @@ def config_options(parser: argparse.ArgumentParser, algo: str, values: Any = Non
     group = parser.add_argument_group(f"options of {algo}",
                                       f"fields of {config_cls.__module__}.{config_cls.__qualname__}; {description}")
     own = set(parser._option_string_actions)  # argparse's table of the option strings taken so far
-    for field in dataclasses.fields(config_cls):
+    declared_here = set(vars(config_cls).get("__annotations__", {}))
+    fields = sorted(dataclasses.fields(config_cls), key=lambda f: f.name not in declared_here)  # its own first
+    for field in fields:
         if not field.init:
             continue
         if field.name == "iterations" and parser.prog == "fragc run":
@@ -287,10 +289,12 @@ def config_fields(spec: str) -> list[str]:
 # ------------------------------------------------------------------ placement, search, processes
 
 
-def placement_options(parser: argparse.ArgumentParser) -> None:
-    """ALGO, --config and where it runs: `fragc run` and `fragc ir`."""
+def placement_options(parser: argparse.ArgumentParser, group: Any = None) -> None:
+    """ALGO, --config and where it runs (in `group`, an argument group of `parser`, where given): `fragc run` and
+    `fragc ir`."""
     algo_argument(parser)
     config_file_option(parser)
+    parser = group if group is not None else parser
     parser.add_argument("--policy", default="single", help="distribution policy (default single)")
     parser.add_argument("--devices", type=count, default=None, help="devices to use; simulated on CPU if needed")
     parser.add_argument("--env-groups", type=groups, default=None, metavar="G",
@@ -321,6 +325,16 @@ def search_options(parser: argparse.ArgumentParser, explain: bool = True) -> Non
                              "limit where it reports one, none on CPU)")
     parser.add_argument("--no-auto-cache", action="store_true",
                         help="with --policy auto: search again, ignoring the decision cached on disk")
+
+
+def algorithm_options_first(parser: argparse.ArgumentParser) -> None:
+    """List the algorithm's options (`config_options`' group) first in --help, before the command's own groups:
+    what a user tunes before where and how it runs. (argparse prints groups in its list's order.)"""
+    groups = parser._action_groups
+    mine = [g for g in groups if (g.title or "").startswith("options of ")]
+    for group in mine:
+        groups.remove(group)
+        groups.insert(1, group)  # after the positional arguments
 
 
 def process_options(parser: argparse.ArgumentParser) -> None:

@@ -26,49 +26,58 @@ from fragc.training import algo_meta, train
 
 from . import config_file
 from .algorithm import compile_algo, env_name, fit_fleet_envs, make_algo, program_devices
-from .options import config_options, count, placement_options, process_options, search_options, seed
+from .options import (algorithm_options_first, config_options, count, placement_options, process_options,
+                      search_options, seed)
 
 
 def add_options(parser: argparse.ArgumentParser, algo: str | None) -> None:
-    placement_options(parser)
-    parser.add_argument("--ray-address", default=None, metavar="HOST:PORT",
-                        help="with --env-fleet: the Ray cluster to join (default RAY_ADDRESS, else a local Ray is "
-                        "started)")
-    parser.add_argument("--seed", type=seed, default=0, help="PRNG seed, 0 to 2**32 - 1 (default 0)")
-    parser.add_argument("--iterations", type=count, default=None, metavar="N",
+    """ALGO and --config; then, in --help, the algorithm's hyperparameters first and the run's own options in
+    groups after them (added after the run's own, so that a field named like one of them is told apart)."""
+    placement = parser.add_argument_group("where it runs")
+    placement_options(parser, placement)
+    placement.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                           help="with --env-fleet: the Ray cluster to join (default RAY_ADDRESS, else a local Ray is "
+                           "started)")
+    placement.add_argument("--iterations-per-dispatch", type=count, default=16,
+                           help="iterations scanned per dispatch (default 16; searched under --policy auto)")
+    search_options(placement)
+    length = parser.add_argument_group("run length and seed")
+    length.add_argument("--seed", type=seed, default=0, help="PRNG seed, 0 to 2**32 - 1 (default 0)")
+    length.add_argument("--iterations", type=count, default=None, metavar="N",
                         help="train N iterations: sets the config's `iterations` field where it has one, else its "
                              "total_steps to N iterations' env steps; for an algorithm without either (or without a "
                              "config), the run length itself")
-    parser.add_argument("--print-config", action="store_true",
+    output = parser.add_argument_group("output")
+    output.add_argument("--print-config", action="store_true",
                         help="print the resolved configuration (these options and the algorithm's config) as a "
                              "--config file, in the format of --config (default TOML), and exit without training")
-    parser.add_argument("--iterations-per-dispatch", type=count, default=16,
-                        help="iterations scanned per dispatch (default 16; searched under --policy auto)")
-    search_options(parser)
-    output_options(parser)
-    parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout (progress goes to stderr)")
-    parser.add_argument("--checkpoint-dir", default=None, metavar="DIR", help="save the whole training state here")
-    parser.add_argument("--checkpoint-every", type=count, default=64, metavar="K",
-                        help="iterations between checkpoints (default 64; rounded up to whole dispatches)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the latest good checkpoint in --checkpoint-dir")
-    parser.add_argument("--stop-after", type=count, default=None, metavar="K",
-                        help="run at most K iterations now (checkpointed), to be continued with --resume")
-    parser.add_argument("--no-cache", action="store_true",
-                        help="do not use the persistent compilation cache (default: on, in FRAGC_CACHE_DIR or "
-                             "~/.cache/fragc)")
-    parser.add_argument("--capture-video", action="store_true",
+    output_options(output)
+    output.add_argument("--json", action="store_true", help="print a JSON summary on stdout (progress goes to stderr)")
+    output.add_argument("--capture-video", action="store_true",
                         help="record a greedy evaluation episode every --video-every evaluations (needs "
                              "--eval-every; videos go to TRACK_DIR/videos; pip install 'fragc[video]')")
-    parser.add_argument("--video-every", type=count, default=5, metavar="K",
+    output.add_argument("--video-every", type=count, default=5, metavar="K",
                         help="evaluations between videos with --capture-video (default 5)")
-    process_options(parser)
+    output.add_argument("--no-cache", action="store_true",
+                        help="do not use the persistent compilation cache (default: on, in FRAGC_CACHE_DIR or "
+                             "~/.cache/fragc)")
+    checkpoints = parser.add_argument_group("checkpoints")
+    checkpoints.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                             help="save the whole training state here")
+    checkpoints.add_argument("--checkpoint-every", type=count, default=64, metavar="K",
+                             help="iterations between checkpoints (default 64; rounded up to whole dispatches)")
+    checkpoints.add_argument("--resume", action="store_true",
+                             help="continue from the latest good checkpoint in --checkpoint-dir")
+    checkpoints.add_argument("--stop-after", type=count, default=None, metavar="K",
+                             help="run at most K iterations now (checkpointed), to be continued with --resume")
+    process_options(parser.add_argument_group("several processes (jax.distributed)"))
     if algo is not None:
         config_options(parser, algo)
         if "--total-steps" not in parser._option_string_actions:  # a config without total_steps, or none
-            parser.add_argument("--total-steps", type=count, default=None, metavar="N",
+            length.add_argument("--total-steps", type=count, default=None, metavar="N",
                                 help="train N env steps: N // steps_per_iteration iterations (where the algorithm "
                                      "has steps_per_iteration)")
+        algorithm_options_first(parser)
 
 
 def output_options(parser: argparse.ArgumentParser, quiet: str = "print only the final line",
