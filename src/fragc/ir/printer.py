@@ -80,16 +80,24 @@ class _Aliases:
         return out
 
     def _fields(self, t: TreeType) -> list[str]:
-        parts, fields, offset = t.path_parts, [], 0
-        for child in t.treedef.children():
+        """One line a leaf, except a subtree at any depth that has an alias (an optimizer's moments, the
+        parameters' type: `opt_state.1.0.mu: !Params`), one line for it."""
+        return self._subtree_fields(t.treedef, t.leaves, t.path_parts, 0, 0)
+
+    def _subtree_fields(self, treedef: Any, leaves: Sequence, parts: Sequence, offset: int, depth: int) -> list[str]:
+        fields = []
+        for child in treedef.children():
             n = child.num_leaves
-            sub = TreeType(child, t.leaves[offset : offset + n])
+            sub = TreeType(child, tuple(leaves[offset : offset + n]))
+            path = ".".join(parts[offset][: depth + 1]) if n else ""
             if n > 1 and _key(sub) in self.names:
-                fields.append(f"    {parts[offset][0]}: !{self.names[_key(sub)]},")
+                fields.append(f"    {path}: !{self.names[_key(sub)]},")
             elif n > 1 and (placed := self.placed(sub)) is not None:
-                fields.append(f"    {parts[offset][0]}: {placed},")
+                fields.append(f"    {path}: {placed},")
+            elif n > 1 and child.children():
+                fields += self._subtree_fields(child, leaves, parts, offset, depth + 1)
             else:
-                fields += [f"    {'.'.join(parts[i])}: {t.leaves[i]}," for i in range(offset, offset + n)]
+                fields += [f"    {'.'.join(parts[i])}: {leaves[i]}," for i in range(offset, offset + n)]
             offset += n
         return fields
 
