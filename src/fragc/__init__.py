@@ -21,6 +21,7 @@ __getattr__, __dir__, __all__ = lazy_names(__name__, {
     "fragc.ir.sweep": ("PBT", "SweepState"),
     "fragc.runtime.program": ("Program",),
     "fragc.training": ("TrainResult", "train"),
+    "fragc.inference": ("load_policy", "export_policy"),
 }, submodules=("actions", "distributed"))
 __version__ = "0.1.0"
 
@@ -36,3 +37,4 @@ if TYPE_CHECKING:  # what type checkers and editors see
     from fragc.passes import Policy, RolePlacement, population
     from fragc.runtime.program import Program
     from fragc.training import TrainResult, train
+    from fragc.inference import export_policy, load_policy

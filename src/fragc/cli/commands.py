@@ -46,6 +46,7 @@ COMMANDS = {
     "launch": Command("launch", "run a command as N local processes of one multi-process run"),
     "plot": Command("plot", "draw the learning curve of a --metrics file to PNG"),
     "video": Command("video", "render the policy of a checkpoint folder to .mp4 or .gif"),
+    "export": Command("export", "write a checkpoint's policy as flax msgpack and a config, for fragc.load_policy"),
 }
 """Every command: its module and its help line (argparse formats help strings with %: `%%` is a percent sign)."""
 
