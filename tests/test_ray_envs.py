@@ -152,6 +152,23 @@ def test_bad_fleet_input_is_one_line_writing_nothing(capsys, monkeypatch, tmp_pa
     assert os.listdir(tmp_path) == []
 
 
+def test_rays_own_startup_failure_is_one_line(monkeypatch):
+    """Ray raises a bare Exception when its node times out during startup (under load): one line, not Ray's
+    traceback."""
+    ray = ray_envs.import_ray()
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+
+    def timed_out(**_):
+        raise Exception("The current node timed out during startup. This could happen because some of the Ray "
+                        "processes failed to startup.\n(30 more lines)")
+
+    monkeypatch.setattr(ray, "init", timed_out)
+    with pytest.raises(FragcError) as err:
+        ray_envs.connect(None)
+    assert str(err.value) == ("cannot start or join a local Ray: The current node timed out during startup. This "
+                              "could happen because some of the Ray processes failed to startup.")
+
+
 def test_a_head_that_stops_answering_ends_the_run_in_one_line(monkeypatch):
     """The head watch without a cluster: a socket stands for the head's GCS, answering, then closed; the watch
     says so once it has not answered for `lost_after_s` (its exit recorded here instead of ending the process)."""

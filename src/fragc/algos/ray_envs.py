@@ -78,7 +78,8 @@ def connect(address: str | None = None) -> Any:
             warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called")
             ray.init(address=address or "local", include_dashboard=False, log_to_driver=False, logging_level="ERROR",
                      configure_logging=True)
-    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as err:
+    except Exception as err:  # noqa: BLE001 - Ray raises bare Exceptions too ("The current node timed out during
+        # startup" under load): any failure to start or join is one line, not Ray's traceback
         where = f"the Ray cluster at '{address}'" if address else "a local Ray"
         raise FragcError(f"cannot start or join {where}: {str(err).splitlines()[0][:200]}") from err
     return ray
