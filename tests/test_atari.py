@@ -133,3 +133,20 @@ def test_evaluation_counts_whole_games_at_their_score_as_training_does():
     episodes = Episodes(jax.random.split(jax.random.key(0), 2), jnp.arange(2, dtype=jnp.int32))
     # the game's score over both lives (4 + 7), not the clipped reward of the first life (1)
     assert float(jax.jit(evaluator.evaluate)(None, episodes)) == 11.0
+
+
+def test_ppo_takes_cleanrls_atari_values_on_an_atari_game_unless_given(capsys):
+    """On an EnvPool Atari game PPO's CartPole defaults give way to CleanRL's ppo_atari_envpool.py values, field by
+    field where the config does not give them; --help states both defaults."""
+    from fragc import algos
+    from fragc.cli import main
+
+    atari = algos.make("ppo", env="envpool:Breakout-v5").config
+    assert (atari.num_envs, atari.clip_eps, atari.network, atari.total_steps) == (8, 0.1, "nature_cnn", 10_000_000)
+    assert algos.make("ppo", env="envpool:Breakout-v5", num_envs=16, clip_eps=0.2).config.num_envs == 16
+    for other in ("CartPole-v1", "envpool:CartPole-v1"):
+        config = algos.make("ppo", env=other).config
+        assert (config.num_envs, config.clip_eps, config.network) == (4, 0.2, "auto")
+    with pytest.raises(SystemExit):
+        main(["run", "ppo", "--help"])
+    assert "(default 0.2; on an envpool: Atari game 0.1)" in " ".join(capsys.readouterr().out.split())

@@ -56,13 +56,35 @@ def load(spec: str) -> tuple[type, type | None]:
     return algo_cls, config_class(algo_cls, spec)
 
 
+ATARI_DEFAULTS = {
+    "ppo": {"num_envs": 8, "clip_eps": 0.1, "network": "nature_cnn", "total_steps": 10_000_000},
+}
+"""Where a built-in's defaults (CartPole's) give way on an EnvPool Atari game (`--env envpool:Breakout-v5`): CleanRL's
+`ppo_atari_envpool.py` values, for each field the config does not give."""
+
+
+def env_defaults(spec: str, env: Any) -> dict[str, Any]:
+    """The defaults `spec` takes on environment `env` beside its config's own (`ATARI_DEFAULTS`)."""
+    if spec not in ATARI_DEFAULTS or not isinstance(env, str) or not env.startswith("envpool:"):
+        return {}
+    from fragc.algos.host_envs import is_envpool_atari
+
+    try:
+        atari = is_envpool_atari(env.split(":", 1)[1])
+    except Exception:  # noqa: BLE001 - an unknown id or EnvPool missing: making the environment says so
+        return {}
+    return dict(ATARI_DEFAULTS[spec]) if atari else {}
+
+
 def make(spec: str, **config: Any) -> Any:
-    """The algorithm `spec` names, with its config's defaults overridden by `config`."""
+    """The algorithm `spec` names, with its config's defaults overridden by `config` (and, for a built-in on an
+    EnvPool Atari game, CleanRL's Atari values where `config` does not give them: `ATARI_DEFAULTS`)."""
     algo_cls, config_cls = load(spec)
     if config_cls is None:
         if config:
             raise FragcError(f"{spec} takes no config, got {', '.join(sorted(config))}")
         return algo_cls()
+    config = {**env_defaults(spec, config.get("env")), **config}
     try:
         built = config_cls(**config)
     except (TypeError, ValueError, AssertionError) as err:  # a user's config checking its values

@@ -208,7 +208,10 @@ def config_options(parser: argparse.ArgumentParser, algo: str, values: Any = Non
         if flag in own:
             what += f" (config field {field.name}: {flag} is {parser.prog}'s own option)"
             flag = "--config-" + flag[2:]
-        help = escaped(" ".join(filter(None, [docs.get(field.name, "") + what, default_of(field)])))
+        default = default_of(field)
+        if field.name in algos.ATARI_DEFAULTS.get(algo, {}):  # a built-in's default on an EnvPool Atari game
+            default = f"{default[:-1]}; on an envpool: Atari game {shown(algos.ATARI_DEFAULTS[algo][field.name])})"
+        help = escaped(" ".join(filter(None, [docs.get(field.name, "") + what, default])))
         parse = values(kind) if values else kind
         options = dict(dest=f"cfg_{field.name}", type=parse, default=None, metavar=TYPE_NAMES.get(kind, "VALUE"),
                        help=help.strip())
