@@ -5,6 +5,7 @@ import dataclasses
 import functools
 import json
 import re
+import shlex
 
 import jax
 import numpy as np
@@ -53,15 +54,19 @@ def population() -> TrialPopulation:
 
 
 @functools.cache
-def by_hand(lr: float, seed: int = 0) -> float:
-    """The reference: the trial's configuration run as a plain JAX loop, its mean score over the last 2 of 20
-    iterations (a tenth)."""
+def scores_by_hand(lr: float, seed: int = 0) -> tuple[float, ...]:
+    """The reference: the trial's configuration run as a plain JAX loop, its score at each of 20 iterations."""
     state, scores = jax.jit(Fit().init)(jax.random.key(seed)), []
     step = jax.jit(regression_by_hand, static_argnums=1)
     for _ in range(ITERATIONS):
         state, metrics = step(state, 1, lr)
         scores.append(-float(metrics["loss"]))
-    return float(np.mean(scores[-2:]))
+    return tuple(scores)
+
+
+def by_hand(lr: float, seed: int = 0) -> float:
+    """A trial's score by hand: its mean score over the last 2 of 20 iterations (a tenth)."""
+    return float(np.mean(scores_by_hand(lr, seed)[-2:]))
 
 
 class PruneTrialZero(optuna.pruners.BasePruner):
@@ -101,6 +106,36 @@ def test_a_stored_study_continues_with_its_trials_and_refuses_another_setup(caps
     assert main([*TUNE, "--trials", "3", "--study-dir", study_dir, "--lr", "0.01..0.5"]) == 2
     assert re.search(r"was made with another space; continue it", capsys.readouterr().err)
     assert len(open_study(study_dir).trials) == 3
+
+
+def test_tune_ends_with_the_command_that_reruns_its_best_trial_and_trials_is_the_studys_total(capsys, tmp_path,
+                                                                                              monkeypatch):
+    """The command printed runs the best trial's configuration (`fragc run`, checked against the plain JAX loop);
+    a rerun with as many --trials as the study has runs nothing, compiles nothing, and says so in one line."""
+    from fragc.cli import main
+
+    argv = [*TUNE, "--trials", "2", "--num-envs", "8", "--study-dir", str(tmp_path / "study")]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out.splitlines()[-1])
+    words = shlex.split(first["rerun"])
+    options = dict(zip(words[3::2], words[4::2]))
+    assert words[:3] == ["fragc", "run", f"{__file__}:Fit"] and len(words) % 2 == 1
+    assert options == {"--num-envs": "8", "--lr": repr(first["best"]["config"]["lr"]), "--iterations": str(ITERATIONS),
+                       "--seed": "0"}
+    assert main([*words[1:], "--json"]) == 0
+    rerun = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert rerun["iterations"] == ITERATIONS
+    assert rerun["final_metrics"]["score"] == pytest.approx(scores_by_hand(first["best"]["config"]["lr"])[-1],
+                                                             rel=1e-5)
+
+    monkeypatch.setattr("fragc.cli.tune.TrialPopulation", None)  # nothing to run: nothing compiled
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    again = json.loads(captured.out.splitlines()[-1])
+    assert (again["ran"], again["dispatches"], again["trials"], again["rerun"]) == (0, 0, first["trials"],
+                                                                                    first["rerun"])
+    assert ("the study already has 2 trials (--trials is the total): nothing to run; pass --trials 4 to run 2 more"
+            in captured.err.splitlines())
 
 
 @pytest.mark.parametrize("argv,message", [

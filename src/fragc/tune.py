@@ -19,6 +19,8 @@ Optuna is an optional extra (`pip install 'fragc[tune]'`), imported when a study
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import json
 import math
 import os
 import warnings
@@ -28,11 +30,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fragc.api import compile_with
+from fragc.compiler import run_passes, warn_per_replica
 from fragc.ir.errors import FragcError
 from fragc.ir.sweep import check_grid, swept
 from fragc.options import CompileOptions
 from fragc.passes.policy import population
+from fragc.runtime.program import Program
 from fragc.sinks import stats
 
 JOURNAL = "journal.log"
@@ -157,15 +160,24 @@ def check_space(algo: Any, space: Sequence[Range]) -> None:
 class TrialPopulation:
     """One compiled population of `slots` x `len(seeds)` members over the fields of `space`, and the fresh
     member states that trials start from. Member `slot * len(seeds) + j` runs seed `seeds[j]`. `exact`: the
-    members one after another, each bit for bit its single run (`population(..., exact=True)`), not vectorised."""
+    members one after another, each bit for bit its single run (`population(..., exact=True)`), not vectorised.
+    `metric`, if given, must be one the iteration reports: checked once the algorithm is traced, before XLA compiles
+    anything."""
 
     def __init__(self, algo: Any, space: Sequence[Range], slots: int, seeds: Sequence[int], devices: int | None,
-                 iterations_per_dispatch: int, exact: bool = False):
+                 iterations_per_dispatch: int, exact: bool = False, metric: str | None = None):
         self.fields, self.seeds, self.slots = [r.field for r in space], list(seeds), slots
         self.count = slots * len(self.seeds)
         defaults = {f: [getattr(algo.config, f)] for f in self.fields}
         policy = population("single", self.count, exact=exact, **defaults)  # the values are the state's: set per trial
-        self.prog = compile_with(algo, CompileOptions(policy, devices, iterations_per_dispatch=iterations_per_dispatch))
+        # `compiler.build` of a population, in two steps: the metric is checked between tracing and compiling
+        options = CompileOptions(policy, devices, iterations_per_dispatch=iterations_per_dispatch)
+        pipeline, devs, resolved = run_passes(algo, options)
+        self.metrics = pipeline.final.metric_names()
+        if metric is not None:
+            self.check_metric(metric)
+        warn_per_replica(pipeline.final)
+        self.prog = Program(algo, pipeline, devs, resolved)
         template = self.prog.init(0)
         self.tree = jax.tree.structure(template)
         self.hyper = {f: np.array(template.hyper[f]) for f in self.fields}  # a copy to write into
@@ -187,11 +199,18 @@ class TrialPopulation:
         made = jax.tree.unflatten(self.tree, jax.tree.leaves(made))  # the static fields the program traced
         self.state = self.prog.place_state(jax.tree.map(lambda new, old: _where(fresh, new, old), made, self.state))
 
+    def check_metric(self, metric: str) -> None:
+        """`metric` is one the iteration reports (else one line naming them, and the closest)."""
+        if metric not in self.metrics:
+            close = difflib.get_close_matches(metric, self.metrics, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise FragcError(f"tune: the algorithm reports no metric '{metric}'{hint}; it reports "
+                             f"{', '.join(self.metrics) or 'none'}")
+
     def run(self, iterations: int, metric: str) -> np.ndarray:
         """Run `iterations` iterations -> the metric, [members, iterations] (each member's mean per iteration)."""
+        self.check_metric(metric)
         self.state, history = self.prog.run(self.state, iterations)
-        if metric not in history:
-            raise FragcError(f"tune: the algorithm reports no metric '{metric}'; it reports {', '.join(history)}")
         rows = np.asarray(history[metric], np.float64)
         return rows.reshape(rows.shape[0], rows.shape[1], -1).mean(axis=2)
 
@@ -222,17 +241,62 @@ def open_study(directory: str | None, sampler: str = "tpe", pruner: str = "none"
     trials already stored, so a continued study does not draw its first trials again."""
     optuna = optuna_module()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = None
-    if directory is not None:
-        storage = optuna.storages.JournalStorage(
-            optuna.storages.journal.JournalFileBackend(os.path.join(directory, JOURNAL)))
-    stored = _stored_trials(optuna, storage, name)
-    study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
-                                sampler=make_sampler(optuna, sampler, seed + stored), pruner=make_pruner(optuna, pruner))
+    storage, journal = None, None if directory is None else os.path.join(directory, JOURNAL)
+    if journal is not None and os.path.exists(journal):
+        check_journal(journal)
+    try:
+        if journal is not None:
+            storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(journal))
+        stored = _stored_trials(optuna, storage, name)
+        study = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True,
+                                    sampler=make_sampler(optuna, sampler, seed + stored),
+                                    pruner=make_pruner(optuna, pruner))
+    except DAMAGED as err:
+        if journal is None:
+            raise
+        raise damaged_journal(journal, _why(err)) from None
     if setup is not None:
         _check_setup(study, setup, directory)
     _retry_interrupted(optuna, study)
     return study
+
+
+DAMAGED = (ValueError, KeyError, TypeError, IndexError, AttributeError, AssertionError)
+"""What Optuna raises replaying a journal that `check_journal` lets by but that is not one it wrote: operations
+it does not know or that contradict each other (AssertionError, KeyError, TypeError)."""
+
+
+def check_journal(journal: str) -> None:
+    """`journal` is whole: text, each line a JSON operation, the last one ended (one line naming the file and the
+    damage otherwise). Optuna itself skips a last line cut off (another process may be writing it) and appends
+    its next operation to it, which damages the line for good; one study is written by one `fragc tune`."""
+    with open(journal, "rb") as f:
+        data = f.read()
+    try:
+        *lines, rest = data.decode("utf-8").split("\n")  # as Optuna reads it
+    except UnicodeDecodeError as err:
+        raise damaged_journal(journal, f"it is not text: {_why(err)}") from None
+    if rest:
+        raise damaged_journal(journal, f"its last line ({len(lines) + 1}) is cut off")
+    for number, line in enumerate(lines, start=1):
+        try:
+            operation = json.loads(line)
+        except ValueError as err:
+            raise damaged_journal(journal, f"line {number} is not JSON: {_why(err)}") from None
+        if not (isinstance(operation, dict) and "op_code" in operation):
+            raise damaged_journal(journal, f"line {number} is not one of Optuna's operations")
+
+
+def damaged_journal(journal: str, why: str) -> FragcError:
+    """One line: `journal` cannot be read as a study, why, and what to do."""
+    return FragcError(f"tune: '{journal}' is damaged, not a study Optuna can read ({why}); move it away to start a "
+                      f"new study, or give another --study-dir")
+
+
+def _why(err: BaseException) -> str:
+    """An exception in a few words, on one line."""
+    text = (str(err).splitlines() or [""])[0][:120]
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def _stored_trials(optuna: Any, storage: Any, name: str) -> int:
@@ -310,7 +374,10 @@ class TuneResult:
 
 def tune(pop: TrialPopulation, study: Any, space: Sequence[Range], trials: int, iterations: int,
          metric: str = "episode_return", log: TextIO | None = None) -> TuneResult:
-    """Run the study's trials in `pop`'s slots until it has `trials` finished (completed or pruned) trials."""
+    """Run the study's trials in `pop`'s slots until it has `trials` finished (completed or pruned) trials: `trials`
+    is the study's total, the stored ones included. A `metric` the algorithm does not report is refused before any
+    trial is asked for."""
+    pop.check_metric(metric)
     left = trials - len(finished(study))
     result = TuneResult(study, 0, 0)
     slots: list[Slot | None] = [None] * pop.slots

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shlex
 import sys
 from typing import Any
 
@@ -21,10 +22,11 @@ from fragc.devices import devices
 from fragc.ir.errors import FragcError
 from fragc.runtime.reporting import config_dict, enable_compilation_cache
 from fragc.sinks.tracking import check_writable
-from fragc.tune import (JOURNAL, TrialPopulation, best, check_space, default_space, finished, open_study,
-                        optuna_module, params_text, parse_range, summary, trials_table, tune)
+from fragc.tune import (JOURNAL, TrialPopulation, TuneResult, best, check_space, default_space, finished,
+                        open_study, optuna_module, params_text, parse_range, summary, trials_table, tune)
 
 from .options import algo_argument, config_options, count, seed
+from .run import own_parser
 from .sweep import make_folder, run_iterations, seed_list
 
 
@@ -39,7 +41,8 @@ def add_options(parser: argparse.ArgumentParser, algo: str | None) -> None:
     """`fragc tune`'s options; with `algo` known, its config fields, each a value or a range to search."""
     algo_argument(parser)
     parser.add_argument("--trials", type=count, default=32, metavar="N",
-                        help="trials in the study, those stored included: a rerun runs the missing ones (default 32)")
+                        help="trials in the study in all, those stored included: a rerun runs the missing ones, and "
+                             "nothing where the study has N already (default 32)")
     parser.add_argument("--batch", type=count, default=8, metavar="B",
                         help="trials run at once, as one population program (default 8)")
     parser.add_argument("--seeds", type=seed_list, default=[0], metavar="SEEDS",
@@ -91,27 +94,73 @@ def main(args: argparse.Namespace) -> int:
     setup = {"algo": args.algo, "config": config_dict(algo), "space": [r.text() for r in space],
              "fields": [r.field for r in space], "iterations": iterations, "seeds": args.seeds, "metric": args.metric}
     stored = os.path.exists(os.path.join(out, JOURNAL))
-    study = _open(args, out, setup) if stored else None  # another setup's study: refused before compiling
-    slots = min(args.batch, args.trials)
-    pop = TrialPopulation(algo, space, slots, args.seeds, args.devices, args.iterations_per_dispatch, args.exact)
+    study = _open(args, out, setup) if stored else None  # another setup's, or damaged: refused before compiling
+    log = sys.stderr if args.json else sys.stdout
+    done = len(finished(study)) if study is not None else 0
+    if done >= args.trials:  # --trials is the study's total: nothing to compile
+        print(f"the study already has {done} trials (--trials is the total): nothing to run; pass --trials "
+              f"{done + args.trials} to run {args.trials} more", file=log)
+        return _report(args, out, study, fixed, iterations, TuneResult(study, 0, 0), log)
+    slots = min(args.batch, args.trials - done)
+    pop = TrialPopulation(algo, space, slots, args.seeds, args.devices, args.iterations_per_dispatch, args.exact,
+                          metric=args.metric)  # a metric the algorithm does not report: refused before compiling
     make_folder(out, "the study's folder")
     study = study or _open(args, out, setup)
-    log = sys.stderr if args.json else sys.stdout
     if not args.quiet:
-        print(f"fragc tune {args.algo}: {args.trials} trials ({len(finished(study))} stored), {slots} at once as one "
-              f"population of {pop.count} members ({len(args.seeds)} seed(s) each), {iterations} iterations each; "
-              f"searching {', '.join(f'{r.field} {r.text()}' for r in space)}; compiled in "
-              f"{pop.prog.compile_seconds:.1f} s", file=log)
+        print(f"fragc tune {args.algo}: {args.trials} trials in all ({done} stored, {args.trials - done} to run), "
+              f"{slots} at once as one population of {pop.count} members ({len(args.seeds)} seed(s) each), "
+              f"{iterations} iterations each; searching {', '.join(f'{r.field} {r.text()}' for r in space)}; "
+              f"compiled in {pop.prog.compile_seconds:.1f} s", file=log)
     result = tune(pop, study, space, args.trials, iterations, args.metric, log=None if args.quiet else log)
+    return _report(args, out, study, fixed, iterations, result, log)
+
+
+def _report(args: argparse.Namespace, out: str, study: Any, fixed: dict, iterations: int, result: TuneResult,
+            log: Any) -> int:
+    """The table of trials, the best one and the command that reruns it, where the study is stored; the JSON
+    summary on stdout with --json."""
     print(trials_table(study), file=log)
     top = best(study)
+    rerun = None if top is None else rerun_command(args, fixed, top.params, iterations)
     if top is not None:
         print(f"best: trial {top.number}, score {top.value:.2f}: {params_text(top.params)}", file=log)
+        more = f" (its score is the mean over --seeds {_seeds_text(args.seeds)}: one run each)" \
+            if len(args.seeds) > 1 else ""
+        print(f"rerun it: {rerun}{more}", file=log)
     print(f"the study is stored in {os.path.join(out, JOURNAL)}: a rerun with --study-dir {out} continues it",
           file=log)
     if args.json:
-        print(json.dumps(summary(study, result)))
+        print(json.dumps({**summary(study, result), "rerun": rerun}))
     return 0
+
+
+def rerun_command(args: argparse.Namespace, fixed: dict, params: dict, iterations: int) -> str:
+    """`fragc run ALGO` with the options tune was given one value, a trial's values and its first seed (and
+    `--iterations` where tune was given it), in `fragc run`'s own option names."""
+    flags = _run_flags(args.algo)
+    words = ["fragc", "run", args.algo]
+    for field, value in {**fixed, **params}.items():
+        flag = flags.get(field, "--" + field.replace("_", "-"))
+        text = str(value).lower() if isinstance(value, bool) else value if isinstance(value, str) else repr(value)
+        words += [flag, text]
+    if args.iterations is not None:
+        words += ["--iterations", str(iterations)]
+    words += ["--seed", str(args.seeds[0])]
+    return shlex.join(words)
+
+
+def _run_flags(algo: str) -> dict[str, str]:
+    """Each config field's option under `fragc run` (`--config-NAME` where it is named like one of run's own)."""
+    flags = {}
+    for action in own_parser(algo)._actions:
+        named = [o for o in action.option_strings if not o.startswith("--no-")]  # not a bool's negation
+        if action.dest.startswith("cfg_") and named:
+            flags[action.dest[4:]] = named[0]
+    return flags
+
+
+def _seeds_text(seeds: list[int]) -> str:
+    return ",".join(str(s) for s in seeds)
 
 
 def _space(name: str, algo: Any, ranges: dict[str, str]) -> list:
