@@ -4,6 +4,7 @@ regions trip by trip and by the branch index's value) and against `jax.jit` of t
 
 import dataclasses
 import functools
+import inspect
 
 import chex
 import jax
@@ -332,6 +333,63 @@ def test_unsupported_shapes_are_refused_in_one_line_naming_the_call(algo, words)
     assert "\n" not in message
     for w in words:
         assert w in message
+
+
+class CondMetricKeys(Base):
+    """Metrics from a cond whose branches return different keys: an extra metric on even iterations only."""
+
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        w, m = self.learn(state.w, data.x, y, self.lr)
+        metrics = jax.lax.cond(state.step % 2 == 0, lambda: {**m, "target_gap": jnp.sum(w - state.target)},
+                               lambda: m)
+        return self.finish(state, w, data, metrics)
+
+
+class CondMetricStructure(Base):
+    """Branches returning the same key, a scalar in one and a (loss, score) pair in the other."""
+
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        w, m = self.learn(state.w, data.x, y, self.lr)
+        metrics = jax.lax.cond(state.step % 2 == 0, lambda: {"loss": m["loss"]},
+                               lambda: {"loss": (m["loss"], jnp.mean(y))})
+        return self.finish(state, w, data, metrics)
+
+
+class SwitchMetricKeys(Base):
+    """A switch whose last case names its metric differently (as dicts of one size: JAX compares their keys)."""
+
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        w, m = self.learn(state.w, data.x, y, self.lr)
+        metrics = jax.lax.switch(state.step % 3, [lambda: {"loss": m["loss"]}, lambda: {"loss": 2 * m["loss"]},
+                                                  lambda: {"score": jnp.mean(y)}])
+        return self.finish(state, w, data, metrics)
+
+
+def line_of(cls, text: str) -> str:
+    """`tests/test_control_flow.py:N`, N the line of `cls`'s source that holds `text`."""
+    lines, start = inspect.getsourcelines(cls)
+    return f"tests/test_control_flow.py:{start + next(i for i, line in enumerate(lines) if text in line)}"
+
+
+@pytest.mark.parametrize("algo,api,words", [
+    (CondMetricKeys, "jax.lax.cond", ["lax.cond", "true_fun and false_fun", "'target_gap' in one branch only"]),
+    (CondMetricStructure, "jax.lax.cond", ["lax.cond", "at ['loss']: true_fun returns a pytree leaf but false_fun a "
+                                                       "tuple"]),
+    (SwitchMetricKeys, "jax.lax.switch", ["lax.switch", "branch 0 and branch 2", "each of 'loss', 'score' in one "
+                                                                                 "branch only"]),
+])
+def test_branches_returning_different_metrics_are_refused_in_one_line_naming_the_keys_and_the_line(algo, api, words):
+    """JAX reports branches of different pytrees in eight lines from inside its cond; fragc in one, naming the
+    keys (or the path) where the branches differ and the user's line of the cond."""
+    with pytest.raises(fragc.FragcError) as err:
+        fragc.trace(algo())
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"{algo.__name__}.iteration: the branches")
+    for w in words + [f" at {line_of(algo, api)} "]:
+        assert w in message, w
 
 
 class HostRolloutInLoop(ppo.PPO):

@@ -251,10 +251,35 @@ class WhileSpanning(Base):
         return self.finish(state, w, data, {"loss": loss, "trips": n})
 
 
+class SwitchSpanning(Base):
+    """A three-way switch on the actor's result (how many environments drew a positive reward), whose cases span
+    both groups under actor_learner: one calls no fragment (it passes the learner's step through), one samples on
+    the actors, one takes another learner step."""
+
+    def iteration(self, state):
+        y, data = self.sample(state.w, state.data)
+        w, m = self.learn(state.w, data.x, y, self.lr)
+        case = jnp.sum(y > 0) % 3
+
+        def keep():
+            return w, m["loss"]
+
+        def evaluate():
+            y_eval, _ = self.sample(w, data)
+            return w, jnp.mean(y_eval)
+
+        def extra_step():
+            w_extra, m_extra = self.learn(w, data.x, y, 0.01)
+            return w_extra, m_extra["loss"]
+
+        w, score = jax.lax.switch(case, [keep, evaluate, extra_step])
+        return self.finish(state, w, data, {**m, "score": score, "case": case})
+
+
 SHAPES = {
     "const_float": ConstFloat, "jnp_scalar": JnpScalar, "numpy_scalar": NumpyScalar, "const_metric": ConstMetric,
     "int_metric": IntMetric, "keywords": Keywords, "two_calls": TwoCalls, "scan": Scan, "fori_loop": ForiLoop,
     "cond": CondSync, "switch": Switch, "nested": Nested, "actor_learner_scan": ActorLearnerScan,
     "scan_minibatches": ScanMinibatches, "spanning_cond": SpanningCond, "while_loss": WhileLoss,
-    "while_spanning": WhileSpanning,
+    "while_spanning": WhileSpanning, "switch_spanning": SwitchSpanning,
 }

@@ -577,6 +577,7 @@ def trace(algo: Any, name: str | None = None) -> Module:
             closed = jax.make_jaxpr(flat_iteration)(*state_leaves)
     except TypeError as err:
         _explain_python_value(algo, flat_iteration.__name__, state, err)
+        traps.explain_branch_outputs(algo, err)
         raise
     finally:
         _TRACING.reset(token)

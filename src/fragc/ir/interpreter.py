@@ -25,8 +25,8 @@ from jax.extend import core as jex
 from .errors import FragcError
 from .host import start_host_call
 from .module import (
-    HOST, REPLICA, Delay, For, FragmentDef, Glue, Graph, HostLoop, If, Module, Run, Stage, Transfer, Use, While,
-    walk_graphs,
+    HOST, REPLICA, Delay, For, FragmentDef, Glue, Graph, HostLoop, If, Module, RegionNode, Run, Stage, Transfer, Use,
+    While, is_host_loop, walk_graphs,
 )
 from .replicas import (check_divides, merge_axis, replica_body, replicated_output_differs, run_replicated, split_axes,
                        split_axis, splits_agents)
@@ -109,8 +109,8 @@ class Interpreter:
             stages = schedule.stages_of(path) if schedule is not None else ()
             self.plans[id(graph)] = _plan(graph, stages)
             self.stage_graph.update({s.name: graph for s in stages})
-            if path and stages:
-                self.staged.add(id(graph))
+            if schedule is not None and schedule.stages:
+                self.staged.update(id(g) for g in _spanning_graphs(module, graph))
         self.delay_nodes = [i for i, n in enumerate(module.graph.nodes) if isinstance(n, Delay)]
 
     def iteration(self, state: Sequence[Any], delayed: Mapping[int, list[Any]] | None = None,
@@ -206,6 +206,14 @@ class Interpreter:
 
 _METHODS = {"for": "for_loop", "while": "while_loop", "if": "if_branch", "loop": "host_loop"}
 """The step method of each region kind (their names are Python keywords)."""
+
+
+def _spanning_graphs(module: Module, graph: Graph) -> list[Graph]:
+    """The graphs of `graph`'s regions that span device groups, which the schedule runs (`fuse` stages each; one with
+    nothing to stage, such as a branch that only passes its operands through, has no stages but is run alike)."""
+    return [g for n in graph.nodes
+            if isinstance(n, RegionNode) and not is_host_loop(module, n) and module.group_of(n) is None
+            for g in n.regions]
 
 
 def _plan(graph: Graph, stages: Sequence[Stage]) -> list[Stage | int]:

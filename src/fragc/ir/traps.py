@@ -9,11 +9,14 @@ line) and the usual fix; PureJaxRL's code, ported, meets each of them:
 - `explain_static_argument`, `explain_unbound_axis`: a fragment's argument taken as a `jax.jit` static argument,
   and a collective over an axis of the user's naming, which JAX reports from deep inside tracing;
 - `refuse_effects_outside_fragments`: a `jax.debug.print`/`callback` between
-  fragments (PureJaxRL's DEBUG printing), which passes would drop or repeat.
+  fragments (PureJaxRL's DEBUG printing), which passes would drop or repeat;
+- `explain_branch_outputs`: a `lax.cond`/`lax.switch` whose branches return different pytrees (metric dicts
+  with different keys), which JAX reports in eight lines.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import traceback
@@ -216,3 +219,81 @@ def _first_effect(eqn: jex.JaxprEqn, where: str) -> tuple[jex.JaxprEqn, str]:
             if inner.effects:
                 return _first_effect(inner, where)
     return eqn, where
+
+
+_BRANCHES = re.compile(r"^(cond|switch) branch(?: outputs must have the same pytree structure|es must have equal "
+                       r"output types)")
+"""JAX's account of branches whose results differ (jax/_src/lax/control_flow/conditionals.py,
+`_check_branch_outputs`): in structure, then in types."""
+_BRANCH_NAMES = re.compile(r"^(.+?) is .+? at \S+$", re.M)
+_STRUCTURE_DIFF = re.compile(r"^(?:  \* )?(.+?) output(?: at path (\[.*?\]))? is a (.+?) but (.+?) output(?: at "
+                             r"path \[.*?\])? is a (.+?), so (.+?)[;.]$")
+_TYPE_DIFF = re.compile(r"output of (.+?)(?: at path (\[.*?\]))? has type (\S+) but the corresponding output of "
+                        r"(.+?) has type (\S+?)(?:,|\.|;|$)", re.M | re.I)
+
+
+def explain_branch_outputs(algo: Any, err: TypeError) -> None:
+    """A `lax.cond` or `lax.switch` whose branches return different pytrees (metric dicts with different keys, a
+    leaf in one and a tuple in another) or leaves of different types: name the line, the branches, and the keys
+    or paths at which they differ, in one line."""
+    text = str(err)
+    match = _BRANCHES.match(text)
+    if match is None:
+        return
+    api = f"lax.{match.group(1)}"
+    differences = _structure_differences(text) or _type_differences(text)
+    if not differences:
+        return
+    names = [re.sub(r"^branch(\d+)$", r"branch \1", n) for n in _BRANCH_NAMES.findall(text)[:2]]  # JAX's "branch2"
+    which = f" ({' and '.join(names)})" if len(names) == 2 else ""
+    raise FragcError(
+        f"{type(algo).__name__}.iteration: the branches{which} of the {api} at {_short_user_line(err)} return "
+        f"different results: {'; '.join(differences)}. Every branch must return the same keys, structure and "
+        f"dtypes: return each metric from every branch (a placeholder such as jnp.float32(0) where a branch has "
+        f"none)") from None
+
+
+def _structure_differences(text: str) -> list[str]:
+    out = []
+    for line in text.splitlines():
+        if (m := _STRUCTURE_DIFF.match(line)) is None:
+            continue
+        name1, path, thing1, name2, thing2, why = m.groups()
+        where = f"at {path}: " if path else ""
+        keys = _differing_keys(why, thing1, thing2)
+        if keys:
+            out.append(f"{where}the keys differ ({'each of ' * (',' in keys)}{keys} in one branch only)")
+        else:
+            out.append(f"{where}{name1} returns {_plain(thing1)} but {name2} {_plain(thing2)}")
+    return out
+
+
+def _differing_keys(why: str, thing1: str, thing2: str) -> str | None:
+    """The keys in one branch's dict only: JAX names them for dicts of different sizes, and gives each dict's
+    keys (its pytree metadata) for dicts of one size."""
+    if (m := re.search(r"symmetric difference of key sets: \{(.*)\}", why)) is not None:
+        return ", ".join(m.group(1).split())
+    metas = [re.search(r"with pytree metadata (.*)$", t) for t in (thing1, thing2)]
+    if all(metas):
+        try:
+            a, b = (ast.literal_eval(m.group(1)) for m in metas)
+            return ", ".join(repr(k) for k in sorted(set(a) ^ set(b), key=str)) or None
+        except (ValueError, SyntaxError, TypeError):
+            return None
+    return None
+
+
+def _plain(thing: str) -> str:
+    """JAX's `<class 'dict'> with 2 children` -> `a dict with 2 children` (it writes "is a {thing}")."""
+    return "a " + re.sub(r"<class '(?:\w+\.)*(\w+)'>", r"\1", thing)
+
+
+def _type_differences(text: str) -> list[str]:
+    return [f"at {path}: " * bool(path) + f"{name1} returns {t1} but {name2} {t2}"
+            for name1, path, t1, name2, t2 in _TYPE_DIFF.findall(text)]
+
+
+def _short_user_line(err: BaseException) -> str:
+    """`folder/file.py:line` of the innermost frame of `err` in the user's code."""
+    frames = _user_frames(traceback.extract_tb(err.__traceback__))
+    return short_location(frames[-1].filename, frames[-1].lineno) if frames else "?"

@@ -599,8 +599,9 @@ def returned_state_has_the_input_state_type(site: Site) -> str | None:
 def stages_close_over_the_graph(site: Site) -> str | None:
     """In every graph the schedule splits into stages (`Schedule.stages`), every run, glue and region on one group
     lies in one stage of consecutive nodes on the stage's group (a host loop in a stage alone), a region spanning
-    groups lies between stages with each of its graphs staged alike, and a stage's inputs are exactly the leaves it
-    reads from outside and its outputs exactly the leaves read after it; only such graphs have stages."""
+    groups lies between stages with each of its graphs staged alike (one with nothing to stage, a branch that only
+    passes its operands through, has none), and a stage's inputs are exactly the leaves it reads from outside and its
+    outputs exactly the leaves read after it; only such graphs have stages."""
     module = site.module
     if module.schedule is None or not module.schedule.stages:
         return None
@@ -620,7 +621,7 @@ def stages_close_over_the_graph(site: Site) -> str | None:
 def _stages_close(module: Module, graph: Graph, path: GraphPath, staged: dict) -> str | None:
     where = f"graph at {list(path)}: " if path else ""
     seen: set[int] = set()
-    for stage in staged[path]:
+    for stage in staged.get(path, ()):
         if list(stage.nodes) != list(range(stage.nodes[0], stage.nodes[-1] + 1)):
             return f"{where}stage @{stage.name}: nodes {list(stage.nodes)} are not consecutive"
         for i in stage.nodes:
@@ -643,11 +644,11 @@ def _stages_close(module: Module, graph: Graph, path: GraphPath, staged: dict) -
                if not isinstance(n, (Transfer, Delay)) and i not in seen and i not in spanning]
     if missing:
         return f"{where}node {missing[0]} ({describe(graph.nodes[missing[0]])}) lies in no stage"
-    for i in sorted(spanning):
-        node = graph.nodes[i]
-        for k in range(len(node.regions)):
-            if path + (i, k) not in staged:
-                return f"{where}node {i} ({describe(node)}) spans device groups but its {region_name(node, k)} has no stages"
+    for i in sorted(spanning):  # a graph of it with nothing to stage (a branch that only passes its operands
+        node = graph.nodes[i]    # through, moving them) has no stages; its nested regions are checked alike
+        for k, region in enumerate(node.regions):
+            if path + (i, k) not in staged and (message := _stages_close(module, region, path + (i, k), staged)):
+                return message
     return None
 
 
