@@ -21,6 +21,7 @@ from conftest import as_numbers, assert_trees_close
 from fragc.algos import ppo
 from fragc.ir.parser import parse
 from fragc.runtime.fused import population_devices
+from fragc.sinks import stats
 from toy_algos import JittedUpdateRegression, Regression, UsersRegression, regression_by_hand
 
 ITERATIONS = 2
@@ -504,3 +505,31 @@ def test_the_report_scores_the_last_tenth_of_the_reports_and_names_pbts_starting
     assert re.search(r"^5 +2 +lr=0.0003 +lr=42.5 +0 +539.0$", text, re.M)  # the member's row at the end
     assert summary["note"] in text and "with 3 seeds the IQM is the mean" in summary["note"]
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_curves_band_is_what_its_legend_says_and_every_report_is_a_point():
+    """Over 3 seeds the shaded band is the seeds' min-max at every point (what the 95% CI is then: the report's
+    note), and the legend says so rather than 'bootstrap CI'; over 10 seeds it is the bootstrap CI, said so; a mix
+    says both. Every report given is a point of its curve (20 here)."""
+    rng = np.random.default_rng(0)
+    steps = np.arange(1, 21) * 64
+    few, many = rng.normal(0, 1, (3, 20)).cumsum(1), rng.normal(0, 1, (10, 20)).cumsum(1)
+
+    def drawn(curves):
+        fig = stats.curves_figure(curves, steps)
+        ax = fig.axes[0]
+        bands = [band.get_paths()[0].vertices for band in ax.collections]
+        return ax.get_legend().get_title().get_text(), [line.get_xdata() for line in ax.get_lines()], bands
+
+    title, lines, [band] = drawn({"few": few})
+    assert title == "shaded: the seeds' min-max" and "bootstrap" not in title
+    assert [len(x) for x in lines] == [20]
+    by_step = {}
+    for x, y in band:  # the polygon: the low edge out and the high edge back (plus closing vertices)
+        by_step.setdefault(x, set()).add(y)
+    for j, x in enumerate(steps):
+        assert {few[:, j].min(), few[:, j].max()} <= by_step[x]
+    title, _, _ = drawn({"many": many})
+    assert title == "shaded: 95% bootstrap CI of the IQM"
+    assert drawn({"few": few, "many": many})[0] == ("shaded: 95% bootstrap CI of the IQM (4 seeds or fewer: the "
+                                                    "seeds' min-max)")

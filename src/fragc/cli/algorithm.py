@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Any
 
 from fragc import algos
+from fragc.algos.envs import IMPLEMENTATIONS, split_env_name
 from fragc.api import compile_with
 from fragc.devices import devices as simulated_devices, per_process_devices
 from fragc.ir.errors import FragcError
@@ -40,10 +42,12 @@ def make_algo(args: argparse.Namespace) -> Any:
 
 def fit_fleet_envs(args: argparse.Namespace) -> None:
     """`--env-fleet ray:NxE` without `--num-envs`: the algorithm's num_envs (a config field) is N*E, said on
-    stderr; with `--num-envs`, refused in one line unless they agree (before Ray is joined)."""
+    stderr; with `--num-envs`, refused in one line unless they agree (before Ray is joined). An environment that
+    does not step on the host (gymnax, jaxmarl) is refused first: a fleet steps host environments only."""
     if not getattr(args, "env_fleet", None):
         return
     fleet = EnvFleet.parse(args.env_fleet)
+    check_host_env(args, f"--env-fleet {args.env_fleet}")
     if not fleet.envs_per_worker:
         return
     if getattr(args, "cfg_num_envs", None) is not None:
@@ -53,6 +57,34 @@ def fit_fleet_envs(args: argparse.Namespace) -> None:
         args.cfg_num_envs = fleet.workers * fleet.envs_per_worker
         print(f"fragc: num_envs = {args.cfg_num_envs} ({fleet}: {fleet.workers} workers x {fleet.envs_per_worker} "
               "environments)", file=sys.stderr)
+
+
+def check_host_env(args: argparse.Namespace, option: str) -> None:
+    """Refuse `option` (remote environment workers) in one line, before anything starts, where the environment the
+    run names (`--env`/`--env-name`, else its config's default) does not step on the host."""
+    name = configured_env(args)
+    if name is None:
+        return  # an algorithm without an env field: the passes say whether anything steps on the host
+    backend, _ = split_env_name(name)
+    if getattr(IMPLEMENTATIONS.get(backend), "on_host", False):
+        return
+    raise FragcError(f"{option}: environment '{name}' ({backend}) steps on the device, in the compiled program; env "
+                     f"fleets step host environments (gymnasium:ID, envpool:ID), e.g. --env gymnasium:CartPole-v1")
+
+
+def configured_env(args: argparse.Namespace) -> str | None:
+    """The environment name the command line gives (`--env`, `--env-name`), else the default of the algorithm
+    config's `env` (or `env_name`) field; None where the config has neither."""
+    for field in ("env", "env_name"):
+        given = getattr(args, f"cfg_{field}", None)
+        if isinstance(given, str) and given:
+            return given
+    config_cls = algos.load(args.algo)[1]
+    fields = {f.name: f for f in dataclasses.fields(config_cls)} if config_cls else {}
+    for field in ("env", "env_name"):
+        if field in fields and isinstance(fields[field].default, str) and fields[field].default:
+            return fields[field].default
+    return None
 
 
 def env_name(algo: Any) -> str:

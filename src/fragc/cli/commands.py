@@ -42,7 +42,7 @@ COMMANDS = {
     "tune": Command("tune", "search hyperparameters with Optuna, each batch of trials one population program"),
     "policies": Command("lists", "list the built-in distribution policies, one line each"),
     "algos": Command("lists", "list the algorithms, one line each"),
-    "envs": Command("lists", "list the environment backends and the gymnax environments, one line each"),
+    "envs": Command("lists", "list the environment backends and every backend's ids (fragc envs TEXT filters them)"),
     "launch": Command("launch", "run a command as N local processes of one multi-process run"),
     "plot": Command("plot", "draw the learning curve of a --metrics file to PNG"),
     "video": Command("video", "render the policy of a checkpoint folder to .mp4 or .gif"),

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import sys
+from typing import Callable
 
 from fragc.algos import ALGOS
 from fragc.algos.envs import BACKENDS, backend_summary, env_names, make
@@ -11,11 +14,16 @@ from fragc.passes.policy import BUILTIN
 
 
 def add_options(parser: argparse.ArgumentParser, algo: str | None) -> None:
-    pass  # each lists everything it knows
+    if parser.prog.split()[-1] == "envs":  # `fragc envs [FILTER]`; policies and algos list everything they know
+        parser.add_argument("filter", nargs="?", default=None, metavar="TEXT",
+                            help="list only the environment ids that contain TEXT (case-insensitive)")
 
 
 def main(args: argparse.Namespace) -> int:
-    {"policies": policies, "algos": algorithms, "envs": environments}[args.command]()
+    if args.command == "envs":
+        environments(getattr(args, "filter", None))
+    else:
+        {"policies": policies, "algos": algorithms}[args.command]()
     return 0
 
 
@@ -30,14 +38,74 @@ def algorithms() -> None:
         print(f"{name:16} {summary}")
 
 
-def environments() -> None:
-    for backend in BACKENDS:
-        print(f"{backend + ':ID':26} {backend_summary(backend)}")
-    print()
-    for name in env_names():
-        try:
-            env, params = make(name)
-            kind = type(env.action_space(params)).__name__
-        except FragcError:
-            kind = "(cannot be made here)"
-        print(f"{name:26} actions: {kind}")
+def environments(text: str | None = None) -> None:
+    """The backends (without a filter), then every backend's ids grouped by backend, as `--env` takes them (a
+    gymnax id bare, with its action space); with `text`, only the ids containing it (case-insensitive)."""
+    groups: list[list[str]] = []
+    if text is None:
+        groups.append([f"{backend + ':ID':26} {backend_summary(backend)}" for backend in BACKENDS])
+    for backend, (lister, what) in ID_LISTS.items():
+        if backend not in BACKENDS:
+            continue
+        ids = lister()
+        if ids is None:  # not installed
+            if text is None:
+                groups.append([f"{backend}: {backend_summary(backend).rsplit('; ', 1)[-1]}"])
+            continue
+        shown = [i for i in ids if text is None or text.lower() in i.lower()]
+        if shown:
+            count = f"{len(shown)} environment{'s' if len(shown) != 1 else ''}"
+            groups.append([f"{backend}: {count}" + (f" containing '{text}'" if text is not None else "") + what,
+                           *(gymnax_line(i) if backend == "gymnax" else f"{backend}:{i}" for i in shown)])
+    if text is not None and not groups:
+        raise FragcError(f"no environment id contains '{text}' (fragc envs lists them all)")
+    print("\n\n".join("\n".join(group) for group in groups))
+
+
+def gymnax_line(name: str) -> str:
+    try:
+        env, params = make(name)
+        kind = type(env.action_space(params)).__name__
+    except FragcError:
+        kind = "(cannot be made here)"
+    return f"{name:26} actions: {kind}"
+
+
+def jaxmarl_ids() -> list[str] | None:
+    """JaxMARL's registered ids and `SMAX_<map>` for each of SMAX's maps (fragc's name for the heuristic-enemy
+    SMAX on that map); None where jaxmarl is not installed."""
+    if importlib.util.find_spec("jaxmarl") is None:
+        return None
+    from fragc.algos.marl_envs import _import_jaxmarl
+
+    streams = sys.stdout, sys.stderr
+    try:
+        jaxmarl = _import_jaxmarl()
+        from jaxmarl.environments.smax.smax_env import MAP_NAME_TO_SCENARIO
+    finally:  # something jaxmarl imports sets sys.stdout back to sys.__stdout__ (a capture, a redirect lost)
+        sys.stdout, sys.stderr = streams
+
+    return list(jaxmarl.registered_envs) + [f"SMAX_{name}" for name in MAP_NAME_TO_SCENARIO]
+
+
+def envpool_ids() -> list[str] | None:
+    if importlib.util.find_spec("envpool") is None:
+        return None
+    import envpool
+
+    return list(envpool.list_all_envs())
+
+
+def gymnasium_ids() -> list[str]:
+    import gymnasium
+
+    return list(gymnasium.envs.registry)
+
+
+ID_LISTS: dict[str, tuple[Callable[[], list[str] | None], str]] = {
+    "gymnax": (env_names, " (a bare id is gymnax's)"),
+    "jaxmarl": (jaxmarl_ids, ""),
+    "envpool": (envpool_ids, ""),
+    "gymnasium": (gymnasium_ids, " in Gymnasium's registry (gymnasium_async:ID takes the same ids)"),
+}
+"""Backend -> (its ids, None where it is not installed; what its group's heading adds)."""

@@ -27,7 +27,7 @@ from fragc.training import algo_meta, train
 from . import config_file
 from .algorithm import compile_algo, env_name, fit_fleet_envs, make_algo, program_devices
 from .options import (algorithm_options_first, config_options, count, placement_options, process_options,
-                      search_options, seed)
+                      search_options, seconds, seed)
 
 
 def add_options(parser: argparse.ArgumentParser, algo: str | None) -> None:
@@ -51,7 +51,7 @@ def add_options(parser: argparse.ArgumentParser, algo: str | None) -> None:
     output.add_argument("--print-config", action="store_true",
                         help="print the resolved configuration (these options and the algorithm's config) as a "
                              "--config file, in the format of --config (default TOML), and exit without training")
-    output_options(output)
+    output_options(output, track_timeout=True)
     output.add_argument("--json", action="store_true", help="print a JSON summary on stdout (progress goes to stderr)")
     output.add_argument("--capture-video", action="store_true",
                         help="record a greedy evaluation episode every --video-every evaluations (needs "
@@ -81,9 +81,12 @@ def add_options(parser: argparse.ArgumentParser, algo: str | None) -> None:
 
 
 def output_options(parser: argparse.ArgumentParser, quiet: str = "print only the final line",
-                   track_dir: str = "the --metrics file's folder, else --checkpoint-dir, else runs") -> None:
+                   track_dir: str = "the --metrics file's folder, else --checkpoint-dir, else runs",
+                   track_timeout: bool = False) -> None:
     """What a run prints and where it logs: `fragc run`'s, and `fragc sweep`'s too (`quiet` and `track_dir`: what
-    --quiet keeps and where the sinks write by default, in words for --help)."""
+    --quiet keeps and where the sinks write by default, in words for --help). `track_timeout`: --track-timeout
+    too, for a command that passes it on (`tracking.sink_names`' or `trackers`' timeout); one that does not leaves
+    it out rather than take it and ignore it (its sinks are probed with the default `tracking.PROBE_TIMEOUT`)."""
     parser.add_argument("--quiet", action="store_true", help=quiet)
     parser.add_argument("--metrics", default=None, metavar="FILE", help="write one JSON line per reporting interval")
     parser.add_argument("--track", default=None, metavar="SINKS",
@@ -91,6 +94,12 @@ def output_options(parser: argparse.ArgumentParser, quiet: str = "print only the
                              "(comma-separated; pip install 'fragc[track]'; docs/tracking.md)")
     parser.add_argument("--track-dir", default=None, metavar="DIR",
                         help=f"where the sinks write (default: {track_dir})")
+    if not track_timeout:
+        return
+    parser.add_argument("--track-timeout", type=seconds, default=tracking.PROBE_TIMEOUT, metavar="SECONDS",
+                        help="refuse the run, before it trains, when --track's server (an http(s) "
+                             "MLFLOW_TRACKING_URI, W&B online) does not answer within SECONDS "
+                             f"(default {tracking.PROBE_TIMEOUT:g}; a file store or W&B offline is not probed)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -122,7 +131,7 @@ def main(args: argparse.Namespace) -> int:
     if args.metrics and lead:  # process 0 writes the metrics file: refused here, not after compiling
         check_metrics_file(args.metrics)
     if args.track:  # a sink that could not start, or write, refused before any folder is made
-        tracking.sink_names(args.track)
+        tracking.sink_names(args.track, args.track_timeout)  # and a tracking server that does not answer
         tracking.check_writable(track_folder(args), "--track's runs")
     run_info = {"algo": args.algo, "seed": args.seed}
     devices = program_devices(args)

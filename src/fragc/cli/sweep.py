@@ -66,7 +66,7 @@ def add_options(parser: argparse.ArgumentParser, algo: str | None) -> None:
                         help="run at most K iterations now (checkpointed), to be continued with --resume")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     output_options(parser, quiet="print only the report: no header or progress lines",
-                   track_dir="the --metrics file's folder, else --out")
+                   track_dir="the --metrics file's folder, else --out", track_timeout=True)
     parser.add_argument("--no-plot", action="store_true", help="do not draw curves.png")
     if algo is not None:
         config_options(parser, algo, values=_values,
@@ -196,7 +196,8 @@ def _track_dir(args: argparse.Namespace, out: str, run_info: dict) -> str | None
     if not args.track:
         return None
     track_dir = args.track_dir or (os.path.dirname(os.path.abspath(args.metrics)) if args.metrics else out)
-    tracking.trackers(args.track, track_dir, None, run_info)  # an unknown sink or a missing client: one line
+    # an unknown sink, a missing client or a server that does not answer: one line, before anything trains
+    tracking.trackers(args.track, track_dir, None, run_info, timeout=args.track_timeout)
     return track_dir
 
 

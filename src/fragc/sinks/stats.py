@@ -1,6 +1,6 @@
 """Statistics over seeds for sweeps and `bench/results.py`: the interquartile mean (IQM) of per-seed scores, its
 95% stratified-bootstrap confidence interval, seeds at a threshold, the best configuration, a text table and a PNG
-of learning curves with CI bands.
+of learning curves with CI bands (min-max bands over few seeds).
 
 The numbers come from `rliable` (Agarwal et al., "Deep Reinforcement Learning at the Edge of the Statistical
 Precipice", NeurIPS 2021), not from a bootstrap of our own. The IQM (the mean of the middle 50% of runs) and
@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -192,12 +193,22 @@ def curve_estimates(curves: Mapping[str, np.ndarray], reps: int = CURVE_REPS, le
 def curves_png(curves: Mapping[str, np.ndarray], steps: np.ndarray, path: str, ylabel: str = "episode return",
                title: str = "", window: tuple[float, float] | None = None, finals: Mapping[str, float] | None = None,
                legend_title: str = "") -> str:
-    """One PNG of learning curves at `path`: per configuration a line of the IQM over seeds at each point of
-    `steps` (environment steps, the x axis) and a shaded 95% stratified-bootstrap band (`curve_estimates`, with
-    `CURVE_REPS` replications per point). `curves[label]` is [seeds, points]. Headless: drawn on matplotlib's Agg
-    canvas without pyplot, so no display and no global backend change. `window` (first and last step of the final
-    score's points) is shaded, `finals` (label -> the final score's IQM) is written in each label, and
-    `legend_title` heads the legend. Returns `path`."""
+    """One PNG of learning curves at `path` (`curves_figure`, drawn on matplotlib's Agg canvas without pyplot, so
+    no display and no global backend change). Returns `path`."""
+    fig = curves_figure(curves, steps, ylabel, title, window, finals, legend_title)
+    fig.savefig(path, format="png")
+    return path
+
+
+def curves_figure(curves: Mapping[str, np.ndarray], steps: np.ndarray, ylabel: str = "episode return",
+                  title: str = "", window: tuple[float, float] | None = None,
+                  finals: Mapping[str, float] | None = None, legend_title: str = "") -> Any:
+    """Learning curves as a matplotlib Figure: per configuration a line of the IQM over seeds at each point of
+    `steps` (environment steps, the x axis: every point given, none left out) and a shaded band: the 95%
+    stratified-bootstrap CI (`curve_estimates`, `CURVE_REPS` replications per point), or over `FEW_SEEDS` seeds
+    or fewer the seeds' min-max (what that CI is then, `few_seeds_note`), drawn as such; the legend says which.
+    `curves[label]` is [seeds, points]. `window` (first and last step of the final score's points) is shaded,
+    `finals` (label -> the final score's IQM) is written in each label, and `legend_title` heads the legend."""
     steps = np.asarray(steps)
     for label, values in curves.items():
         if np.ndim(values) != 2 or np.shape(values)[1] != steps.shape[0]:
@@ -212,11 +223,14 @@ def curves_png(curves: Mapping[str, np.ndarray], steps: np.ndarray, path: str, y
     fig = Figure(figsize=(7, 4.5), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
+    seeds = {label: np.shape(values)[0] for label, values in curves.items()}
     for i, (label, (point, low, high)) in enumerate(estimates.items()):
         color = f"C{i % 10}"
-        n = np.shape(curves[label])[0]
+        if seeds[label] <= FEW_SEEDS:  # the bootstrap's band is then the min-max (by chance): drawn exactly
+            x = np.asarray(curves[label], np.float64)
+            low, high = np.min(x, axis=0), np.max(x, axis=0)
         final = f", final {finals[label]:.1f}" if finals and label in finals else ""
-        ax.plot(steps, point, color=color, linewidth=1.8, label=f"{label} (IQM, {n} seeds{final})")
+        ax.plot(steps, point, color=color, linewidth=1.8, label=f"{label} (IQM, {seeds[label]} seeds{final})")
         ax.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
     if window is not None:
         ax.axvspan(window[0], window[1], color="0.5", alpha=0.15, linewidth=0, label="final score's window")
@@ -226,10 +240,19 @@ def curves_png(curves: Mapping[str, np.ndarray], steps: np.ndarray, path: str, y
         ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize="small", title_fontsize="x-small",
-              title="\n".join(t for t in (legend_title, "shaded: 95% bootstrap CI") if t))
+              title="\n".join(t for t in (legend_title, band_legend(list(seeds.values()))) if t))
     fig.tight_layout()
-    fig.savefig(path, format="png")
-    return path
+    return fig
+
+
+def band_legend(seeds: list[int]) -> str:
+    """What the shaded bands of curves over `seeds` seeds each are, for the legend."""
+    few = [n <= FEW_SEEDS for n in seeds]
+    if all(few):
+        return "shaded: the seeds' min-max"
+    if not any(few):
+        return "shaded: 95% bootstrap CI of the IQM"
+    return f"shaded: 95% bootstrap CI of the IQM ({FEW_SEEDS} seeds or fewer: the seeds' min-max)"
 
 
 def report_table(estimates: Mapping[str, tuple[float, float, float]],

@@ -30,6 +30,7 @@ import difflib
 import errno
 import importlib
 import json
+import math
 import os
 import re
 import signal
@@ -624,9 +625,13 @@ SINKS: dict[str, tuple[type[Sink], str, str]] = {
 }
 """name -> (sink class, the package it imports, the fragc extra that installs it)."""
 
+PROBE_TIMEOUT = 10.0
+"""Seconds a tracking server has to answer before a run that logs to it is refused (`fragc run --track-timeout`)."""
+
 
 def trackers(track: Any, directory: str | os.PathLike, prog: Any, run_info: dict | None = None,
-             identity: RunIdentity | None = None, per_member: bool = True) -> list[Action]:
+             identity: RunIdentity | None = None, per_member: bool = True,
+             timeout: float = PROBE_TIMEOUT) -> list[Action]:
     """The sinks `track` names, as actions writing under `directory`.
 
     track: "tensorboard", "wandb", "mlflow", comma-separated ("tensorboard,wandb") or as a list; an
@@ -635,10 +640,11 @@ def trackers(track: Any, directory: str | os.PathLike, prog: Any, run_info: dict
       checkpoints, so that a resumed run continues its runs.
     per_member: a population's members as runs of their own (`NAME/config_K/seed_S`), one per member and
       sink; else one run with each metric also per member (`metric/member_i`).
+    timeout: seconds a tracking server has to answer (`check_reachable`), else the run is refused.
     Each client is imported here, in every process, so that a missing one stops the run before it
     starts; process 0 alone opens and writes the sinks.
     """
-    names, actions = sink_names(track)
+    names, actions = sink_names(track, timeout)
     directory = os.fspath(directory)
     identity = identity or RunIdentity.fresh(prog, run_info, directory)
     population = members(prog, run_info) if per_member and prog is not None else []
@@ -649,9 +655,10 @@ def trackers(track: Any, directory: str | os.PathLike, prog: Any, run_info: dict
     return actions
 
 
-def sink_names(track: Any) -> tuple[list[str], list[Action]]:
-    """(the sink names `track` holds, each checked: known, its client installed, its settings; the actions
-    in it), before anything runs: `fragc run` calls it before compiling."""
+def sink_names(track: Any, timeout: float = PROBE_TIMEOUT) -> tuple[list[str], list[Action]]:
+    """(the sink names `track` holds, each checked: known, its client installed, its settings, its server
+    answering within `timeout` seconds (`check_reachable`); the actions in it), before anything runs: `fragc run`
+    calls it before compiling."""
     if isinstance(track, (str, Action)):
         track = [track]
     try:
@@ -676,7 +683,96 @@ def sink_names(track: Any) -> tuple[list[str], list[Action]]:
         check = getattr(cls, "check", None)
         if check is not None:
             check()
+    check_reachable(names, timeout)
     return names, actions
+
+
+def check_reachable(names: list[str], timeout: float = PROBE_TIMEOUT) -> None:
+    """Refuse, in one line naming the URI, a tracking server that does not answer within `timeout` seconds:
+    the clients retry for minutes (MLflow's requests: 279 s at an unreachable port) before failing, after the
+    compiling. Only a network URI is probed (MLflow's http(s) MLFLOW_TRACKING_URI, W&B online's
+    WANDB_BASE_URL); a file store, a database, W&B offline and a run of your own already open are not."""
+    for name in names:
+        endpoint = _endpoint(name)
+        if endpoint is None or time.monotonic() - _answered.get(endpoint[0], -math.inf) < ANSWERED_S:
+            continue
+        uri, source = endpoint
+        problem = probe(uri, timeout)
+        if problem is not None:
+            raise FragcError(f"--track {name}: the tracking server {_shown(uri)} ({source}) cannot be reached "
+                             f"within {timeout:g} s: {problem}")
+        _answered[uri] = time.monotonic()
+
+
+ANSWERED_S = 300.0
+"""A server that answered this long ago or less is not probed again: `fragc run` probes with its --track-timeout
+before compiling, and `fragc.train` checks its sinks again with the default timeout (a slow server that answered
+within the longer one is not refused then)."""
+
+_answered: dict[str, float] = {}
+"""URI -> when (time.monotonic) it last answered a probe."""
+
+
+def _endpoint(name: str) -> tuple[str, str] | None:
+    """(the network URI sink `name` will talk to, where it comes from), or None where it talks to none."""
+    if name == "mlflow":
+        uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+        if not uri.lower().startswith(("http://", "https://")) or sys.modules["mlflow"].active_run() is not None:
+            return None
+        return uri, "MLFLOW_TRACKING_URI"
+    if name == "wandb":
+        mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        if mode in ("offline", "dryrun", "disabled") or sys.modules["wandb"].run is not None:
+            return None
+        uri = os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+        return uri, "WANDB_BASE_URL" if os.environ.get("WANDB_BASE_URL") else "W&B online"
+    return None
+
+
+def probe(uri: str, timeout: float) -> str | None:
+    """Why the http(s) server at `uri` does not answer a GET within `timeout` seconds, or None if it answers
+    (any HTTP status counts: the server is there; so does a TLS handshake the client may judge otherwise). Through
+    the proxies the environment names, as the clients' `requests` goes."""
+    import ssl
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    try:
+        parts = urllib.parse.urlsplit(uri)
+        host = parts.hostname
+        port = parts.port
+    except ValueError as err:
+        return f"not a URL ({err})"
+    if not host:
+        return "no host in the URL"
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{port}" if port else "")
+    target = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path or "/", "", ""))  # without credentials
+    try:
+        with urllib.request.urlopen(urllib.request.Request(target, method="GET"), timeout=timeout):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except urllib.error.URLError as err:
+        reason = err.reason
+        if isinstance(reason, ssl.SSLError):
+            return None
+        return _reason(reason)
+    except (OSError, ValueError) as err:  # a timeout while reading, a reset connection, a malformed reply
+        return _reason(err)
+
+
+def _reason(err: Any) -> str:
+    if isinstance(err, TimeoutError) or "timed out" in str(err):
+        return "no answer (timed out)"
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    return str(err) or type(err).__name__
+
+
+def _shown(uri: str) -> str:
+    """`uri` without a password in it."""
+    return re.sub(r"//[^/@]*@", "//", uri)
 
 
 def check_writable(folder: str | os.PathLike, what: str) -> None:
