@@ -108,7 +108,9 @@ def help_lines(capsys, monkeypatch, argv):
 
 def test_the_help_shows_each_config_options_type_and_default(capsys, monkeypatch):
     """Every field of PPO's config: `--name TYPE` (a bool's `--no-` form beside it), and its dataclass default
-    as the command line spells it."""
+    as the command line spells it (with its default on an EnvPool Atari game where that differs)."""
+    from fragc.algos import ATARI_DEFAULTS
+
     lines = help_lines(capsys, monkeypatch, ["run", "ppo", "--help"])
     spelled = {True: "true", False: "false"}
     for field in dataclasses.fields(ppo.Config):
@@ -116,7 +118,9 @@ def test_the_help_shows_each_config_options_type_and_default(capsys, monkeypatch
         kind = {"bool": f"[BOOL], --no-{flag[2:]}", "int": "INT", "float": "FLOAT", "str": "STR"}[str(field.type)]
         line = next(line for line in lines if line.startswith(f"{flag} {kind} "))
         default = spelled.get(field.default, field.default) if isinstance(field.default, bool) else field.default
-        assert line.endswith(f"(default {default})"), line
+        atari = ATARI_DEFAULTS["ppo"].get(field.name)
+        shown = f"(default {default})" if atari is None else f"(default {default}; on an envpool: Atari game {atari})"
+        assert line.endswith(shown), line
 
 
 def test_the_help_shows_a_command_options_type_and_default(capsys, monkeypatch):

@@ -1,5 +1,6 @@
 """The tutorials run as written: every command and code block of docs/first_run.md and docs/writing_an_algorithm.md,
-in a fresh folder, in order. docs/porting.md walks through tests/purejaxrl_ppo.py (the port, tested in
+in a fresh folder, in order (the commands in this process, as `fragc.cli.main`; the python blocks as one script in
+a process of their own). docs/porting.md walks through tests/purejaxrl_ppo.py (the port, tested in
 test_bench.py): its code blocks are excerpts of that file (or of the file a first line `# from FILE` names), checked
 line by line in order; a block that imports the port runs, with the page's commands, in -m slow.
 
@@ -29,19 +30,30 @@ def blocks(page: str) -> list[tuple[str, str]]:
     return FENCE.findall((DOCS / page).read_text())
 
 
-def run_command(line: str, cwd: pathlib.Path) -> None:
+def run_command(line: str, cwd: pathlib.Path, capsys=None, monkeypatch=None) -> None:
+    """A tutorial's `fragc ...` line: in this process (`fragc.cli.main`, in `cwd`) where `capsys` is given, else as
+    `python -m fragc.cli` in a process of its own (what `fragc launch` needs)."""
     argv = shlex.split(line)
     assert argv[0] == "fragc", f"a tutorial command that is not fragc's: {line}"
-    env = {**os.environ, "PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    out = subprocess.run([sys.executable, "-m", "fragc.cli", *argv[1:]], cwd=cwd, capture_output=True, text=True,
-                         timeout=600, env=env)  # PATH: `fragc launch -- fragc run ...` starts this environment's fragc
-    assert out.returncode == 0, f"{line}\n{out.stderr[-3000:]}"
+    if capsys is not None:
+        from fragc.cli import main
+
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        code = main(argv[1:])
+        out, err = capsys.readouterr()
+    else:
+        env = {**os.environ, "PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        done = subprocess.run([sys.executable, "-m", "fragc.cli", *argv[1:]], cwd=cwd, capture_output=True,
+                              text=True, timeout=600, env=env)  # PATH: `fragc launch -- fragc run ...` starts ours
+        code, out, err = done.returncode, done.stdout, done.stderr
+    assert code == 0, f"{line}\n{err[-3000:]}"
     if "--json" in argv:
-        summary = json.loads(out.stdout.strip().splitlines()[-1])
+        summary = json.loads(out.strip().splitlines()[-1])
         assert summary["iterations"] > 0 and summary["params_fingerprint"], summary
 
 
-def run_page(page: str, folder: pathlib.Path) -> None:
+def run_page(page: str, folder: pathlib.Path, capsys, monkeypatch) -> None:
     script = []
     for language, body in blocks(page):
         if language == "bash":
@@ -50,7 +62,7 @@ def run_page(page: str, folder: pathlib.Path) -> None:
                     assert line == INSTALL, line
                     assert INSTALL in (ROOT / "README.md").read_text()
                 elif line and not line.startswith("#"):
-                    run_command(line, folder)
+                    run_command(line, folder, capsys, monkeypatch)
         elif language == "python":
             first = body.splitlines()[0]
             if re.fullmatch(r"# \w+\.py", first):
@@ -66,12 +78,12 @@ def run_page(page: str, folder: pathlib.Path) -> None:
         assert out.returncode == 0, out.stderr[-3000:]
 
 
-def test_the_first_run(tmp_path: pathlib.Path):
-    run_page("first_run.md", tmp_path)
+def test_the_first_run(tmp_path: pathlib.Path, capsys, monkeypatch):
+    run_page("first_run.md", tmp_path, capsys, monkeypatch)
 
 
-def test_writing_an_algorithm(tmp_path: pathlib.Path):
-    run_page("writing_an_algorithm.md", tmp_path)
+def test_writing_an_algorithm(tmp_path: pathlib.Path, capsys, monkeypatch):
+    run_page("writing_an_algorithm.md", tmp_path, capsys, monkeypatch)
     assert (tmp_path / "reinforce.py").exists()
 
 
