@@ -204,3 +204,16 @@ def test_episodes_count_the_environments_episodes_not_the_agents():
     traj, _, metrics = jax.jit(algo.rollout)(state.learner.params, state.runner)
     assert algo.env.max_episode_steps == 25 and traj.done.shape == (52, 4, 3)
     assert int(metrics["episodes"]) == 8 and int(jnp.sum(traj.done)) == 24
+
+
+def test_importing_jaxmarl_keeps_the_callers_stdout():
+    """Importing jaxmarl sets sys.stdout back to sys.__stdout__; through fragc a caller's stream (pytest's capture,
+    a notebook's) stays. In a fresh process, where jaxmarl is not imported yet."""
+    import subprocess
+    import sys
+
+    code = ("import io, sys\nbuf = io.StringIO()\nsys.stdout = buf\n"
+            "from fragc.algos.marl_envs import _import_jaxmarl\n_import_jaxmarl()\n"
+            "assert sys.stdout is buf, sys.stdout\nsys.stderr.write('kept')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stderr.endswith("kept"), out.stderr[-2000:]

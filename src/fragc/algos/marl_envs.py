@@ -41,8 +41,10 @@ SMAX_OPTIONS = {"see_enemy_actions": True, "walls_cause_death": True, "attack_mo
 @contextlib.contextmanager
 def _quiet_stdout() -> Any:
     """Standard output closed at the descriptor (jaxmarl 0.2.0 prints two lines about its submodules when imported,
-    past `contextlib.redirect_stdout`)."""
+    past `contextlib.redirect_stdout`), and Python's stream objects kept: importing jaxmarl sets `sys.stdout` back to
+    `sys.__stdout__`, which took a caller's redirect (pytest's capture, a notebook's) away for good."""
     sys.stdout.flush()
+    streams = sys.stdout, sys.stderr
     saved = os.dup(1)
     try:
         with open(os.devnull, "w") as null:
@@ -51,6 +53,7 @@ def _quiet_stdout() -> Any:
     finally:
         os.dup2(saved, 1)
         os.close(saved)
+        sys.stdout, sys.stderr = streams
 
 
 def _import_jaxmarl() -> Any:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import sys
 from typing import Callable
 
 from fragc.algos import ALGOS
@@ -78,12 +77,8 @@ def jaxmarl_ids() -> list[str] | None:
         return None
     from fragc.algos.marl_envs import _import_jaxmarl
 
-    streams = sys.stdout, sys.stderr
-    try:
-        jaxmarl = _import_jaxmarl()
-        from jaxmarl.environments.smax.smax_env import MAP_NAME_TO_SCENARIO
-    finally:  # something jaxmarl imports sets sys.stdout back to sys.__stdout__ (a capture, a redirect lost)
-        sys.stdout, sys.stderr = streams
+    jaxmarl = _import_jaxmarl()  # keeping sys.stdout, which importing jaxmarl resets
+    from jaxmarl.environments.smax.smax_env import MAP_NAME_TO_SCENARIO
 
     return list(jaxmarl.registered_envs) + [f"SMAX_{name}" for name in MAP_NAME_TO_SCENARIO]
 
