@@ -129,8 +129,12 @@ CLI_CASES = [
      "fragc: error: mappo is a multi-agent algorithm; CartPole-v1 is a single-agent environment"),
     ("shared parameters placed per agent", ["run", "ippo", "--policy", "agent_learners(actors=1,learners=3)",
                                             "--devices", "4"],
-     "fragc: error: policy 'agent_learners(actors=1,learners=3)' splits fragment 'learn' over agents, but a result "
-     "it declares without an agent axis differs between agents (parameters the agents share)"),
+     "fragc: error: policy 'agent_learners(actors=1,learners=3)' splits fragment 'learn' over agents, but none of its "
+     "results has an agent axis: the agents share what it returns (their parameters)"),
+    ("shared parameters on learners that do not divide the agents: the sharing named, not the count",
+     ["run", "ippo", "--policy", "agent_learners", "--devices", "4"],
+     "fragc: error: pass 'place{policy=agent_learners}' failed (after 001_trace, 002_canonicalize): policy "
+     "'agent_learners' splits fragment 'learn' over agents, but none of its results has an agent axis"),
     ("per-agent parameters on devices that do not divide the agents",
      ["run", "ippo", "--no-shared-params", "--policy", "agent_learners(actors=2,learners=2)", "--devices", "4"],
      "fragc: error: policy 'agent_learners(actors=2,learners=2)' splits fragment 'learn_agents' over 2 devices, and "

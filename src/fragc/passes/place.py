@@ -90,6 +90,10 @@ def _check_agent_split(policy: Policy, fdef: FragmentDef, role: Any, replicas: i
         raise FragcError(f"policy '{policy.name}' splits role '{fdef.role}' over agents, but fragment '{fdef.name}' "
                          "declares no agent axis (agents that share parameters learn together: give them their own, "
                          "ippo/mappo shared_params=false, or place the role by environments)")
+    if not any(leaf.agent is not None for leaf in fdef.out_leaf_types):  # before the count: the real cause
+        raise FragcError(f"policy '{policy.name}' splits fragment '{fdef.name}' over agents, but none of its results "
+                         "has an agent axis: the agents share what it returns (their parameters): give each agent its "
+                         "own parameters (ippo/mappo shared_params=false), or place the role by environments")
     if n % replicas:
         raise FragcError(f"policy '{policy.name}' splits fragment '{fdef.name}' over {replicas} devices, and its "
                          f"{n} agents' parameters do not divide among them: give role '{fdef.role}' a group whose "
