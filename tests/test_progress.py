@@ -88,3 +88,23 @@ def test_a_run_that_reports_a_win_rate_shows_it_after_the_return():
     run.last.pop("win_rate")
     progress.on_metrics(10, {}, None)
     assert "win" not in out.getvalue().splitlines()[-1]
+
+
+@pytest.mark.parametrize("make", [lambda out: LogProgress(100, out, every_s=3600, first_every_s=0.05),
+                                  lambda out: ShowProgress(100, out, first_every_s=0.05)], ids=["log", "terminal"])
+def test_a_long_first_dispatch_gets_lines_until_its_metrics_come(make):
+    """A first dispatch of k iterations can take minutes (Atari on a CPU): a line every first_every_s seconds
+    (30 by default) says the run is alive, and stops at the first metrics."""
+    out = io.StringIO()
+    progress = make(out)
+    run = a_run()
+    run.program = type("Program", (), {"k": 16})()
+    progress.on_start(run)
+    time.sleep(0.3)
+    progress.on_metrics(16, {}, None)
+    waiting = [line for line in out.getvalue().splitlines() if "still running" in line]
+    assert len(waiting) >= 2 and waiting[0].endswith("elapsed: the first dispatch (16 iterations) is still running")
+    before = len(out.getvalue())
+    time.sleep(0.2)
+    assert "still running" not in out.getvalue()[before:]
+    progress.on_end(run)

@@ -8,6 +8,7 @@ long run is alive and when it will end. Both show the elapsed time and an ETA fr
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, Callable, TextIO
 
 from fragc.runtime.actions import Action, Run
@@ -45,17 +46,41 @@ def progress_text(run: Run, iteration: int, iterations: int) -> str:
     return "  ".join(parts)
 
 
+class FirstDispatch:
+    """A line every `every_s` seconds while a run's first dispatch runs: its metrics are the first progress, and a
+    dispatch of k iterations can take minutes (Atari on a CPU). Stops at the first metrics, or at the end."""
+
+    def __init__(self, out: TextIO, every_s: float = 30.0):
+        self.out, self.every_s, self.stopped = out, every_s, threading.Event()
+
+    def start(self, run: Run) -> None:
+        k = getattr(run.program, "k", None)
+        what = f"the first dispatch ({k} iterations)" if k else "the first dispatch"
+
+        def beat() -> None:
+            while not self.stopped.wait(self.every_s):
+                print(f"  {clock(run.wall_s)} elapsed: {what} is still running", file=self.out, flush=True)
+
+        threading.Thread(target=beat, name="fragc-first-dispatch", daemon=True).start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
 class ShowProgress(Action):
     """One terminal line, redrawn at most twice a second, shown once a run has lasted 2 seconds."""
 
-    def __init__(self, iterations: int, out: TextIO):
+    def __init__(self, iterations: int, out: TextIO, first_every_s: float = 30.0):
         self.iterations, self.out = iterations, out
         self.last, self.shown = 0.0, False
+        self.first = FirstDispatch(out, first_every_s)
 
     def on_start(self, run: Run) -> None:
         self.run = run
+        self.first.start(run)
 
     def on_metrics(self, iteration: int, metrics: dict, queued: Any) -> None:
+        self.first.stop()
         now = self.run.wall_s
         if now < 2.0 or (now - self.last < 0.5 and iteration < self.iterations):
             return
@@ -67,6 +92,7 @@ class ShowProgress(Action):
         self.out.flush()
 
     def on_end(self, run: Run) -> None:
+        self.first.stop()
         if self.shown:
             self.out.write("\n")
 
@@ -76,15 +102,21 @@ class LogProgress(Action):
     The first dispatch always writes one, so a log shows the run started."""
 
     def __init__(self, iterations: int, out: TextIO, every_s: float = 60.0,
-                 detail: Callable[[dict], str] | None = None):
+                 detail: Callable[[dict], str] | None = None, first_every_s: float = 30.0):
         self.iterations, self.out, self.every_s, self.detail = iterations, out, every_s, detail
         self.next_iteration, self.last_s = 0, -math.inf
+        self.first = FirstDispatch(out, first_every_s)
 
     def on_start(self, run: Run) -> None:
         self.run = run
         self.next_iteration = run.start
+        self.first.start(run)
+
+    def on_end(self, run: Run) -> None:
+        self.first.stop()
 
     def on_metrics(self, iteration: int, metrics: dict, queued: Any) -> None:
+        self.first.stop()
         now = self.run.wall_s
         if iteration < self.next_iteration and now - self.last_s < self.every_s and iteration < self.iterations:
             return
