@@ -8,7 +8,7 @@ compiled until the policy is called.
 
 The policy acts on a batch of observations as the algorithm's environment gives them (axis 0: the batch):
 - `policy(obs)`: the deterministic policy (the algorithm's `greedy_action`, what evaluation and videos act with);
-- `policy(obs, key)`: a sample from the stochastic policy, for the algorithms that have one (the PPO family);
+- `policy(obs, key)`: a sample from the stochastic policy, for the PPO family (others refuse a key in one line);
 - a recurrent policy (`ppo_rnn`) carries its hidden state: `carry = policy.initial_carry(n)`, then
   `carry, action = policy(obs, carry=carry, reset=done)` each step, `reset` marking the observations that start
   an episode.
@@ -61,7 +61,8 @@ class Policy:
             return self.algo.greedy_action(params, obs)
         sample = getattr(self.algo, "act", None)
         if not callable(sample) or not callable(getattr(self.algo, "env_action", None)):
-            raise FragcError(f"{self.name}'s policy is deterministic (greedy on its values): call it without a key")
+            raise FragcError(f"{self.name}'s policy acts deterministically here (sampling with a key is for the PPO "
+                             "family's policies): call it without a key")
         action = sample(params, obs, jax.random.split(key, obs.shape[0]))[0]
         return self.algo.env_action(action)
 
