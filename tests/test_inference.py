@@ -69,12 +69,18 @@ def test_every_built_in_algorithm_round_trips(tmp_path):
 
 
 def test_a_key_samples_the_stochastic_policy_and_a_greedy_one_refuses_it(tmp_path):
+    """PPO's categorical (a key per observation, as its rollout draws), SAC's squashed Gaussian; DQN refuses."""
     algo, state = checkpoint("ppo", tmp_path / "ppo")
     policy = fragc.load_policy(tmp_path / "ppo")
     obs = observations(algo, 5)
     keys = jax.random.split(jax.random.key(11), 5)
     want = algo.act(algo.policy_params(state), obs, keys)[0]
     np.testing.assert_array_equal(policy(obs, jax.random.key(11)), want)
+    sac, sac_state = checkpoint("sac", tmp_path / "sac")
+    sac_obs = observations(sac, 5)
+    noise = jax.random.normal(jax.random.key(5), (5, sac.action_dim))
+    want = sac.env_action(sac.squashed_gaussian(sac.policy_params(sac_state), sac_obs, noise)[0])
+    np.testing.assert_array_equal(fragc.load_policy(tmp_path / "sac")(sac_obs, jax.random.key(5)), want)
     checkpoint("dqn", tmp_path / "dqn")
     with pytest.raises(fragc.FragcError, match="deterministic"):
         fragc.load_policy(tmp_path / "dqn")(obs, jax.random.key(0))

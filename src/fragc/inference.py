@@ -8,7 +8,8 @@ compiled until the policy is called.
 
 The policy acts on a batch of observations as the algorithm's environment gives them (axis 0: the batch):
 - `policy(obs)`: the deterministic policy (the algorithm's `greedy_action`, what evaluation and videos act with);
-- `policy(obs, key)`: a sample from the stochastic policy, for the PPO family (others refuse a key in one line);
+- `policy(obs, key)`: a sample from the stochastic policy (the PPO family, SAC; a value-based policy refuses a
+  key in one line);
 - a recurrent policy (`ppo_rnn`) carries its hidden state: `carry = policy.initial_carry(n)`, then
   `carry, action = policy(obs, carry=carry, reset=done)` each step, `reset` marking the observations that start
   an episode.
@@ -59,12 +60,18 @@ class Policy:
             return self.algo.evaluator.greedy_step(params, carry, obs, reset)
         if key is None:
             return self.algo.greedy_action(params, obs)
-        sample = getattr(self.algo, "act", None)
-        if not callable(sample) or not callable(getattr(self.algo, "env_action", None)):
-            raise FragcError(f"{self.name}'s policy acts deterministically here (sampling with a key is for the PPO "
-                             "family's policies): call it without a key")
-        action = sample(params, obs, jax.random.split(key, obs.shape[0]))[0]
+        action = self._sample(params, obs, key)
         return self.algo.env_action(action)
+
+    def _sample(self, params: Any, obs: jax.Array, key: jax.Array) -> jax.Array:
+        """A sample of the stochastic policy: the PPO family's `act` (a key per observation), SAC's squashed
+        Gaussian (standard normal noise [n, |A|]); refused for a policy that is greedy on its values."""
+        if callable(getattr(self.algo, "squashed_gaussian", None)):
+            noise = jax.random.normal(key, (obs.shape[0], self.algo.action_dim))
+            return self.algo.squashed_gaussian(params, obs, noise)[0]
+        if callable(getattr(self.algo, "act", None)) and callable(getattr(self.algo, "env_action", None)):
+            return self.algo.act(params, obs, jax.random.split(key, obs.shape[0]))[0]
+        raise FragcError(f"{self.name}'s policy is deterministic (greedy on its values): call it without a key")
 
     def __call__(self, obs: jax.Array, key: jax.Array | None = None, carry: Any = None,
                  reset: jax.Array | None = None) -> Any:
