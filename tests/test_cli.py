@@ -179,3 +179,18 @@ def test_run_help_lists_the_algorithms_options_first_then_the_runs_in_groups(cap
     mine = out[out.index("options of ppo:"):out.index("\noptions:")]
     assert mine.index("--env STR") < mine.index("--clip-eps") < mine.index("--eval-every")
     assert out.index("--policy POLICY", out.index("where it runs:")) > out.index("--clip-eps")
+
+
+def test_envs_keeps_a_packages_ids_per_installed_version(tmp_path, monkeypatch):
+    """`fragc envs` asks jaxmarl and envpool for their ids once per installed version (importing them takes 13 s):
+    the answer is kept in the user's cache, and asked again under another version."""
+    import importlib.metadata
+
+    from fragc.cli import lists
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    asked = []
+    ids = lists.kept_per_version("gymnasium", lambda: asked.append(1) or ["A-v0", "B-v1"])
+    assert ids() == ["A-v0", "B-v1"] and ids() == ["A-v0", "B-v1"] and len(asked) == 1
+    monkeypatch.setattr(importlib.metadata, "version", lambda package: "99.0")
+    assert ids() == ["A-v0", "B-v1"] and len(asked) == 2

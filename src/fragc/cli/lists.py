@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
+import os
 from typing import Callable
 
 from fragc.algos import ALGOS
 from fragc.algos.envs import BACKENDS, backend_summary, env_names, make
 from fragc.ir.errors import FragcError
 from fragc.passes.policy import BUILTIN
+from fragc.runtime.reporting import read_json, user_cache_folder, write_json
 
 
 def add_options(parser: argparse.ArgumentParser, algo: str | None) -> None:
@@ -97,10 +100,30 @@ def gymnasium_ids() -> list[str]:
     return list(gymnasium.envs.registry)
 
 
+def kept_per_version(package: str, lister: Callable[[], list[str] | None]) -> Callable[[], list[str] | None]:
+    """`lister` (a package's ids), its answer kept in the user's cache per installed version of `package`:
+    importing jaxmarl and envpool to ask takes 13 s, their ids change only with the package."""
+    def ids() -> list[str] | None:
+        try:
+            key = f"{package} {importlib.metadata.version(package)}"
+        except importlib.metadata.PackageNotFoundError:
+            return lister()
+        path = os.path.join(user_cache_folder(), "env_ids.json")
+        kept = read_json(path) or {}
+        if isinstance(kept.get(key), list):
+            return kept[key]
+        found = lister()
+        if found is not None:
+            write_json(path, {**kept, key: found})
+        return found
+
+    return ids
+
+
 ID_LISTS: dict[str, tuple[Callable[[], list[str] | None], str]] = {
     "gymnax": (env_names, " (a bare id is gymnax's)"),
-    "jaxmarl": (jaxmarl_ids, ""),
-    "envpool": (envpool_ids, ""),
+    "jaxmarl": (kept_per_version("jaxmarl", jaxmarl_ids), ""),
+    "envpool": (kept_per_version("envpool", envpool_ids), ""),
     "gymnasium": (gymnasium_ids, " in Gymnasium's registry (gymnasium_async:ID takes the same ids)"),
 }
 """Backend -> (its ids, None where it is not installed; what its group's heading adds)."""
