@@ -59,6 +59,7 @@ gc.freeze()
 gc.set_threshold(20_000, 10, 10)
 
 LONGEST_FIRST = ["test_checkpoint.py", "test_algorithms_x_policies.py", "test_bench.py", "test_distributed.py", "test_tutorials.py",
+                 "test_inference.py",
                  "test_policies.py", "test_sweep.py", "test_ppo_rnn.py", "test_host_loop.py", "test_dqn.py",
                  "test_host_envs.py", "test_semantics.py", "test_ppo_continuous.py", "test_reporting.py", "test_user_algo.py",
                  "test_impala.py", "test_policy_api.py", "test_program.py", "test_video.py"]

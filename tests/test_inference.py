@@ -44,28 +44,35 @@ def observations(algo, n=3):
     return algo.env.reset(jax.random.key(7), n).obs
 
 
-def test_every_built_in_algorithm_round_trips(tmp_path):
-    assert set(NAMES) <= set(SMALL)
-    for name in NAMES:
-        algo, state = checkpoint(name, tmp_path / name / "ckpt")
-        obs = observations(algo)
-        params = algo.policy_params(state)
-        loaded = fragc.load_policy(tmp_path / name / "ckpt")
-        out = tmp_path / name / "export"
-        assert main(["export", str(tmp_path / name / "ckpt"), "--out", str(out)]) == 0
-        exported = fragc.load_policy(out)
-        if loaded.recurrent:
-            carry = algo.initial_carry(obs.shape[0])
-            reset = jnp.zeros(obs.shape[0], bool)
-            want = algo.evaluator.greedy_step(params, carry, obs, reset)
-            for policy in (loaded, exported):
-                got = policy(obs, carry=policy.initial_carry(obs.shape[0]))
-                jax.tree.map(np.testing.assert_array_equal, got, want)
-        else:
-            want = algo.greedy_action(params, obs)
-            for policy in (loaded, exported):
-                np.testing.assert_array_equal(policy(obs), want, err_msg=name)
-                np.testing.assert_array_equal(jax.jit(policy.act)(policy.params, obs), want, err_msg=name)
+DEFAULT = {"ppo", "ppo_rnn", "dqn", "sac", "ippo"}
+"""The round trips in the default suite: a categorical, a recurrent, a value-based, a squashed-Gaussian and a
+multi-agent policy; the other algorithms' (the same code paths) in -m slow."""
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in DEFAULT else pytest.mark.slow) for n in NAMES])
+def test_every_built_in_algorithm_round_trips(tmp_path, name):
+    algo, state = checkpoint(name, tmp_path / "ckpt")
+    obs = observations(algo)
+    params = algo.policy_params(state)
+    loaded = fragc.load_policy(tmp_path / "ckpt")
+    out = tmp_path / "export"
+    assert main(["export", str(tmp_path / "ckpt"), "--out", str(out)]) == 0
+    exported = fragc.load_policy(out)
+    if loaded.recurrent:
+        carry = algo.initial_carry(obs.shape[0])
+        want = algo.evaluator.greedy_step(params, carry, obs, jnp.zeros(obs.shape[0], bool))
+        for policy in (loaded, exported):
+            got = policy(obs, carry=policy.initial_carry(obs.shape[0]))
+            jax.tree.map(np.testing.assert_array_equal, got, want)
+    else:
+        want = algo.greedy_action(params, obs)
+        for policy in (loaded, exported):
+            np.testing.assert_array_equal(policy(obs), want, err_msg=name)
+            np.testing.assert_array_equal(jax.jit(policy.act)(policy.params, obs), want, err_msg=name)
+
+
+def test_every_built_in_algorithm_is_in_the_round_trips():
+    assert set(NAMES) <= set(SMALL) and DEFAULT <= set(SMALL)
 
 
 def test_a_key_samples_the_stochastic_policy_and_a_greedy_one_refuses_it(tmp_path):
