@@ -1,7 +1,7 @@
 """The tutorials run as written: every command and code block of docs/first_run.md and docs/writing_an_algorithm.md,
 in a fresh folder, in order: the commands in this process (`fragc.cli.main`), the python blocks as one script in a
-process of their own. first_run's test is -m slow; .ci/run runs it after the default suite. docs/porting.md walks through tests/purejaxrl_ppo.py (the port, tested in
-test_bench.py): its code blocks are excerpts of that file (or of the file a first line `# from FILE` names), checked
+process of their own. first_run's test is -m slow; .ci/run runs it after the default suite. docs/porting.md walks
+through tests/purejaxrl_ppo.py (the port, tested in test_bench.py): its code blocks are excerpts of that file (or of the file a first line `# from FILE` names), checked
 line by line in order; a block that imports the port runs, with the page's commands, in -m slow.
 
 A block fenced ```bash is one command a line (`fragc ...` runs as `python -m fragc.cli ...`; a `--json` run must
