@@ -115,7 +115,7 @@ def export_policy(checkpoint_dir: str | os.PathLike, out: str | os.PathLike, mem
 def _load_export(directory: str) -> Policy:
     from flax import serialization
 
-    from fragc.sinks.video import _algo_of
+    from fragc.sinks.video import algo_of
 
     try:
         with open(os.path.join(directory, EXPORT_META)) as f:
@@ -124,7 +124,7 @@ def _load_export(directory: str) -> Policy:
             stored = f.read()
     except (OSError, ValueError) as err:
         raise FragcError(f"'{directory}' is not a readable fragc export ({type(err).__name__}: {err})") from None
-    algo = _algo_of(meta, directory)
+    algo = algo_of(meta, directory)
     template = algo.policy_params(jax.eval_shape(algo.init, jax.random.key(0)))
     try:
         params = serialization.from_bytes(template, stored)

@@ -595,7 +595,7 @@ def restore_policy(checkpoint_dir: str | os.PathLike, member: int = 0) -> tuple[
         if not checkpoints.steps():
             raise FragcError(f"no checkpoint in '{directory}' (fragc run ... --checkpoint-dir writes them)")
         meta, raw = _newest_readable(checkpoints)
-        algo = _algo_of(meta, directory)
+        algo = algo_of(meta, directory)
         _greedy(algo)
         grid = meta.get("grid") or {}  # a sweep's (fragc sweep): SweepState(state, hyper, lineage) per member
         like = jax.eval_shape(swept(algo, list(grid)).init if grid else algo.init, jax.random.key(0))
@@ -637,7 +637,7 @@ def _newest_readable(checkpoints: Any) -> tuple[dict, dict]:
     raise FragcError(f"every checkpoint in '{checkpoints.directory}' is damaged")
 
 
-def _algo_of(meta: dict, directory: str) -> Any:
+def algo_of(meta: dict, directory: str) -> Any:
     """The algorithm a checkpoint's metadata names (`algo`: the CLI's spec, or `module.Class`), with its config."""
     spec = meta.get("algo")
     if not isinstance(spec, str) or not spec:
