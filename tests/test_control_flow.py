@@ -401,7 +401,7 @@ class HostRolloutInLoop(ppo.PPO):
             return runner, (traj, m)
 
         runner, (traj, m) = jax.lax.scan(step, state.runner, None, length=1)
-        learner, losses = self.update(state.learner, jax.tree.map(lambda x: x[0], traj))
+        learner, losses = self.learn(state.learner, jax.tree.map(lambda x: x[0], traj))
         return ppo.State(learner, runner), {**jax.tree.map(lambda x: x[0], m), **losses}
 
 

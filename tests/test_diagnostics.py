@@ -10,7 +10,7 @@ import optax
 import pytest
 
 import fragc
-from fragc.algos import ALGOS, dqn, impala, make, ppo, ppo_rnn, pqn, sac
+from fragc.algos import ALGOS, dqn, impala, make, ppo, ppo_rnn, pqn, returns, sac
 from fragc.algos.diagnostics import approx_kl, clip_fraction, episode_metrics, explained_variance, scheduled_lr
 from fragc.algos.replay import Transition as ReplayTransition
 from fragc.algos.vec_env import VecEnv
@@ -117,22 +117,33 @@ class LinearNetwork:
         return params["w"] * obs
 
 
-class ScriptedPPO(ppo.PPO):
-    """log pi(a|s) = w s_0 for every action, V(s) = v s_1."""
+class ScriptedModel:
+    """The actor-critics' model (src/fragc/algos/actor_critic.py): log pi(a|s) = w s_0 for every action, V(s) = v s_1."""
 
-    def evaluate(self, params, obs, action):
+    unroll = False
+
+    @staticmethod
+    def evaluate(params, obs, action):
         return params["w"] * obs[..., 0], jnp.zeros(obs.shape[:-1]), params["v"] * obs[..., 1]
+
+    @staticmethod
+    def apply(params, obs):
+        return None, params["v"] * obs[..., 1]
+
+
+def scripted(algo):
+    algo.model = ScriptedModel()
+    return algo
 
 
 SCALARS = {"w": jnp.float32(0.5), "v": jnp.float32(-1.0)}
 
 
 def test_ppo_loss_reports_approx_kl_and_clip_fraction_of_its_ratios():
-    algo = ScriptedPPO(ppo.Config())
     zeros = np.zeros(6, np.float32)
     old_log_prob = 0.5 * OBS[:, 0] - LOG_RATIO
     traj = ppo.Transition(OBS, ACTION, old_log_prob, zeros, OBS, zeros, zeros, zeros, zeros)
-    _, metrics = algo._loss(SCALARS, traj, zeros + 1, zeros)
+    _, metrics = ppo.loss(SCALARS, traj, zeros + 1, zeros, ppo.Config(), ScriptedModel())
     np.testing.assert_allclose(metrics["approx_kl"], cleanrl_kl(LOG_RATIO), rtol=1e-3)
     np.testing.assert_allclose(metrics["clip_fraction"], 2 / 6, rtol=1e-6)
 
@@ -149,11 +160,11 @@ def test_ppo_learn_reports_the_learning_rate_and_explained_variance():
     """One update (2 epochs x 2 minibatches) from the optimizer's step 0 of 5 iterations x 2 epochs x 2
     minibatches: the mean of lr (1 - k/20), k = 0..3; the explained variance of the GAE targets by the rollout's
     values."""
-    algo = ScriptedPPO(ppo.Config(num_envs=2, num_steps=4, num_minibatches=2, update_epochs=2, total_steps=40))
+    algo = scripted(ppo.PPO(ppo.Config(num_envs=2, num_steps=4, num_minibatches=2, update_epochs=2, total_steps=40)))
     traj = rollout()
     _, metrics = jax.jit(algo.learn)(ppo.Learner(SCALARS, algo.optimizer.init(SCALARS), jax.random.key(0)), traj)
     np.testing.assert_allclose(metrics["learning_rate"], 2.5e-4 * np.mean([1 - k / 20 for k in range(4)]), rtol=1e-6)
-    _, targets = ppo.gae(traj, 0.99, 0.95)
+    _, targets = returns.gae(traj, 0.99, 0.95)
     np.testing.assert_allclose(metrics["explained_variance"], cleanrl_explained_variance(targets, traj.value),
                                rtol=1e-4)
 
@@ -180,27 +191,16 @@ def test_ppo_rnn_loss_reports_approx_kl_and_the_clip_fraction_at_its_clip():
     np.testing.assert_allclose(metrics["clip_fraction"], 3 / 6, rtol=1e-6)
 
 
-class ScriptedIMPALA(impala.IMPALA):
-    evaluate = ScriptedPPO.evaluate
-
-
-class ScriptedActorCritic:
-    @staticmethod
-    def apply(params, obs):
-        return None, params["v"] * obs[..., 1]
-
-
 def test_impala_reports_clipped_rhos_explained_variance_and_learning_rate():
     """rho = exp(LOG_RATIO): 1.05, 1.16 and 1.35 exceed rho_bar 1; the explained variance of the V-trace targets
     by the learner's values; A2C's schedule at its step 0 is lr."""
-    algo = ScriptedIMPALA(impala.Config(num_envs=2, num_steps=3))
-    algo.network = ScriptedActorCritic()
+    algo = scripted(impala.IMPALA(impala.Config(num_envs=2, num_steps=3)))
     traj = rollout(3, 2)
     traj = traj.replace(log_prob=0.5 * traj.obs[..., 0] - LOG_RATIO.reshape(3, 2))
     _, metrics = jax.jit(algo.learn)(ppo.Learner(SCALARS, algo.optimizer.init(SCALARS), jax.random.key(0)), traj)
     np.testing.assert_allclose(metrics["rho_clip_fraction"], 3 / 6, rtol=1e-6)
     values, next_values = -traj.obs[..., 1], -traj.next_obs[..., 1]
-    vs = jax.jit(lambda *args: impala.vtrace(*args, 0.99).vs)(LOG_RATIO.reshape(3, 2), traj.reward, values,
+    vs = jax.jit(lambda *args: returns.vtrace(*args, 0.99).vs)(LOG_RATIO.reshape(3, 2), traj.reward, values,
                                                                next_values, traj.terminated, traj.done)
     np.testing.assert_allclose(metrics["explained_variance"], cleanrl_explained_variance(vs, values), rtol=1e-4)
     np.testing.assert_allclose(metrics["learning_rate"], 7e-4, rtol=1e-6)

@@ -118,7 +118,8 @@ def test_mappo_smax_equals_the_reference_and_jit():
 class WrongAgentAxis(ippo.IPPO):
     """Declares the trajectory's agent axis on its time axis."""
 
-    rollout_shared = ippo.agents_fragment(ppo.PPO.rollout, ((None, None), (0, None, None)))
+    rollout_shared = fragc.fragment(role="actor", in_axes=(None, 0), out_axes=(1, 0, None),
+                                    agent_axes=((None, None), (0, None, None)))(ippo.rollout)
 
 
 CLI_CASES = [
@@ -197,7 +198,9 @@ def test_the_agents_trajectories_carry_no_next_observations():
     """IPPO's and MAPPO's learners are PPO's epoch (shared or per-agent parameters), which reads V(s_{t+1}) only:
     the reached observations ([T, N, A, D]) are not shuffled with every epoch's minibatches."""
     for algo in (ippo.IPPO(), ippo.IPPO(ippo.Config(shared_params=False)), mappo.MAPPO()):
-        assert not algo.learner_reads_next_obs(), type(algo).__name__
+        state = jax.eval_shape(algo.init, jax.random.key(0))
+        traj, _, _ = jax.eval_shape(algo.rollout, state.learner.params, state.runner)
+        assert traj.next_obs is None and traj.next_value.shape == traj.reward.shape, type(algo).__name__
 
 
 def test_episodes_count_the_environments_episodes_not_the_agents():

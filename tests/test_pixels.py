@@ -38,9 +38,14 @@ def small(name, env):
     return ALGOS[name](env)
 
 
+def chosen(algo):
+    """The network an algorithm chose (`auto` resolved): the actor-critics' model's, or the Q-learners' own."""
+    return getattr(algo, "model", algo).chosen
+
+
 def test_the_trajectory_crosses_to_the_learner_once_as_uint8_frames():
     algo = small("ppo", "tiny")
-    assert algo.network_name == "nature_cnn"  # auto, for 36x36 frames
+    assert chosen(algo).name == "nature_cnn"  # auto, for 36x36 frames
     module = run_pipeline(fragc.trace(algo), default_passes(resolve("actor_learner", 8), 1, "device_put")).final
     text = str(module)
     frames = f"u8[4,4@env,{FRAMES},{SIZE},{SIZE}]"  # [num_steps, num_envs, 2, 36, 36], as the environment makes them
@@ -53,7 +58,7 @@ def test_the_trajectory_crosses_to_the_learner_once_as_uint8_frames():
     moves = re.findall(r"= transfer %transition @actors -> @learner via device_put   // (.*)", text)
     assert moves == [f"{expected / 1024:.1f} KiB"]  # once an iteration, whatever the epochs
     # a float32 trajectory would have been four times the frames' bytes
-    assert algo.observations.frames(jax.numpy.zeros((1, algo.env.obs_size))).dtype == np.uint8
+    assert chosen(algo).observations.frames(jax.numpy.zeros((1, algo.env.obs_size))).dtype == np.uint8
 
 
 def test_dqns_replay_buffer_holds_uint8_frames():
@@ -72,7 +77,7 @@ CELLS = [("ppo", "tiny"), ("impala", "Breakout-MinAtar"), ("pqn", "tiny"), ("dqn
 @pytest.mark.parametrize("name,env", CELLS)
 def test_a_cnn_program_under_actor_learner_equals_the_interpreter(name, env):
     algo = small(name, env)
-    assert algo.network_name == ("nature_cnn" if env == "tiny" else "impala_cnn")
+    assert chosen(algo).name == ("nature_cnn" if env == "tiny" else "impala_cnn")
     prog = fragc.compile(algo, "actor_learner", devices=8)
     state = prog.init(0)
     out, history = prog.run(state, ITERATIONS)
@@ -107,32 +112,27 @@ def test_a_cnn_on_frames_it_cannot_take_or_on_vectors_is_one_line():
                                          r"are 10x10 \(10, 10, 4\) \(use impala_cnn\)$"):
         pqn.PQN(pqn.Config(env="Breakout-MinAtar", network="nature_cnn")).network
     with pytest.raises(FragcError, match=r"^network impala_cnn needs frames .* this environment's are \(4,\)$"):
-        ppo.PPO(ppo.Config(network="impala_cnn")).network
-    assert ppo_continuous.PPOContinuous().network_name == "mlp"
+        ppo.PPO(ppo.Config(network="impala_cnn")).model
+    assert chosen(ppo_continuous.PPOContinuous()).name == "mlp"
 
 
 
 def test_next_obs_crosses_only_to_a_learner_that_may_read_it():
+    """PPO's and A2C's learners bootstrap from V(s_{t+1}), which the rollout computes: no s_{t+1} in their
+    trajectories. IMPALA's bootstraps under the learner's own parameters, and a user's PPO whose learner reads it says
+    so (`learner_reads_next_obs = True`)."""
     from fragc.algos import a2c, impala, ppo
 
-    assert not ppo.PPO().learner_reads_next_obs() and not a2c.A2C().learner_reads_next_obs()
-    assert impala.IMPALA().learner_reads_next_obs()  # V-trace bootstraps under the learner's own parameters
+    class OwnLoss(ppo.PPO):
+        learner_reads_next_obs = True
 
-    class OwnLoss(ppo.PPO):  # a user's loss may read traj.next_obs: it is kept
-        def _loss(self, params, traj, advantages, targets):
-            return super()._loss(params, traj, advantages, targets)
+    def next_obs(algo):
+        state = jax.eval_shape(algo.init, jax.random.key(0))
+        return jax.eval_shape(algo.rollout, state.learner.params, state.runner)[0].next_obs
 
-    class OwnLearn(ppo.PPO):  # says so in its body: its learn reads no next_obs
-        learner_skips_next_obs = True
-
-        def learn(self, learner, traj):
-            return super().learn(learner, traj)
-
-    class OwnLossOwnLearn(OwnLoss, OwnLearn):  # OwnLearn's word covers its learn, not OwnLoss' _loss
-        pass
-
-    assert OwnLoss().learner_reads_next_obs() and OwnLossOwnLearn().learner_reads_next_obs()
-    assert not OwnLearn().learner_reads_next_obs()
+    assert next_obs(ppo.PPO()) is None and next_obs(a2c.A2C()) is None
+    for algo in (impala.IMPALA(), OwnLoss()):
+        assert next_obs(algo).shape == (algo.config.num_steps, algo.config.num_envs, algo.env.obs_size)
     config = ppo.Config(num_envs=2, num_steps=4, num_minibatches=2)
-    kept, dropped = (str(fragc.trace(algo(config))) for algo in (OwnLoss, OwnLearn))
+    kept, dropped = (str(fragc.trace(algo(config))) for algo in (OwnLoss, ppo.PPO))
     assert "    next_obs: f32[4,2@env,4],\n" in kept and "next_obs" not in dropped

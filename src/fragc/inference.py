@@ -60,17 +60,18 @@ class Policy:
             return self.algo.evaluator.greedy_step(params, carry, obs, reset)
         if key is None:
             return self.algo.greedy_action(params, obs)
-        action = self._sample(params, obs, key)
-        return self.algo.env_action(action)
+        return self._sample(params, obs, key)
 
     def _sample(self, params: Any, obs: jax.Array, key: jax.Array) -> jax.Array:
-        """A sample of the stochastic policy: the PPO family's `act` (a key per observation), SAC's squashed
-        Gaussian (standard normal noise [n, |A|]); refused for a policy that is greedy on its values."""
+        """A sample of the stochastic policy, as the environment takes it: the actor-critics' model's `act` (a key
+        per observation), SAC's squashed Gaussian (standard normal noise [n, |A|]); refused for a policy that is
+        greedy on its values."""
         if callable(getattr(self.algo, "squashed_gaussian", None)):
             noise = jax.random.normal(key, (obs.shape[0], self.algo.action_dim))
-            return self.algo.squashed_gaussian(params, obs, noise)[0]
-        if callable(getattr(self.algo, "act", None)) and callable(getattr(self.algo, "env_action", None)):
-            return self.algo.act(params, obs, jax.random.split(key, obs.shape[0]))[0]
+            return self.algo.env_action(self.algo.squashed_gaussian(params, obs, noise)[0])
+        model = getattr(self.algo, "model", None)
+        if callable(getattr(model, "act", None)) and callable(getattr(model, "env_action", None)):
+            return model.env_action(model.act(params, obs, jax.random.split(key, obs.shape[0]))[0])
         raise FragcError(f"{self.name}'s policy is deterministic (greedy on its values): call it without a key")
 
     def __call__(self, obs: jax.Array, key: jax.Array | None = None, carry: Any = None,

@@ -1,13 +1,13 @@
-"""A2C: synchronous advantage actor-critic, discrete actions.
+"""A2C: synchronous advantage actor-critic (Mnih et al. 2016), discrete actions.
 
-Data collection is PPO's `rollout` fragment (inherited unchanged); learning
-is one gradient step per rollout on the GAE advantages (lambda = 1 gives
-n-step returns), averaged over learner replicas with `fragc.pmean`.
+Data collection is the actor-critics' rollout (actor_critic.py), as PPO's; learning is one gradient step per rollout
+on the GAE advantages (lambda = 1 gives n-step returns), averaged over learner replicas with `fragc.pmean`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -15,9 +15,14 @@ import jax.numpy as jnp
 import optax
 
 import fragc
-from fragc.algos import ppo
-from fragc.algos.diagnostics import explained_variance
-from fragc.algos.evaluation import EvalConfig
+from fragc.algos import losses
+from fragc.algos.actor_critic import Categorical, EvalState, Learner, State, Transition, collect, model_for
+from fragc.algos.diagnostics import explained_variance, lr_metric
+from fragc.algos.envs import Runner, VecEnv, discrete_env
+from fragc.algos.evaluation import EvalConfig, Evaluator
+from fragc.algos.minibatches import flatten_steps
+from fragc.algos.networks import ACTIVATIONS
+from fragc.algos.returns import gae
 from fragc.algos.run_length import RunLength
 from fragc.algos.validation import algo_name
 from fragc.ir.errors import FragcError
@@ -61,46 +66,90 @@ class Config(RunLength, EvalConfig):
 
     def __post_init__(self) -> None:
         self.check_fields()
-        if self.activation not in ppo.ACTIVATIONS:
-            raise FragcError(f"{algo_name(self)}: activation must be one of {', '.join(ppo.ACTIVATIONS)}, got "
+        if self.activation not in ACTIVATIONS:
+            raise FragcError(f"{algo_name(self)}: activation must be one of {', '.join(ACTIVATIONS)}, got "
                              f"{self.activation!r}")
 
 
-class A2C(ppo.PPO):
-    """Advantage actor-critic (Mnih et al. 2016), synchronous, with PPO's rollout fragment."""
+def learning_rate(config: Config) -> Any:
+    """Adam's learning rate: annealed linearly to zero over the run's iterations (one step each), or constant."""
+    return optax.linear_schedule(config.lr, 0.0, config.iterations) if config.anneal_lr else config.lr
 
-    learner_skips_next_obs = True  # its learner bootstraps from V(s_{t+1}), as PPO's
 
-    def __init__(self, config: Config = Config()):
-        super().__init__(config)
+def optimizer(config: Config) -> optax.GradientTransformation:
+    return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), optax.adam(learning_rate(config), eps=1e-5))
 
-    def _learning_rate(self) -> Any:
-        c = self.config
-        return optax.linear_schedule(c.lr, 0.0, c.iterations) if c.anneal_lr else c.lr
+
+def loss(params: Any, traj: Transition, advantages: jax.Array, targets: jax.Array, config: Config,
+         model: Categorical) -> tuple[jax.Array, dict]:
+    log_prob, entropy, value = model.evaluate(params, traj.obs, traj.action)
+    entropy = jnp.mean(entropy)
+    actor_loss = losses.policy_gradient(log_prob, advantages)
+    value_loss = losses.value_loss(value, targets)
+    total = actor_loss + config.vf_coef * value_loss - config.ent_coef * entropy
+    return total, {"loss": total, "actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy}
+
+
+class A2C:
+    """Advantage actor-critic, synchronous: one gradient step on each rollout."""
+
+    Config = Config
+
+    def __init__(self, config: Config | None = None):
+        self.config = self.Config() if config is None else config
+        self.steps_per_iteration = self.config.steps_per_iteration
+        self.evaluator = Evaluator(self.config.env, self.greedy_action, self.config.eval_every,
+                                   self.config.eval_episodes)
+
+    @functools.cached_property
+    def env(self) -> VecEnv:
+        return discrete_env(self.config.env, algo_name(self.config), " (for continuous actions: ppo_continuous or sac)")
+
+    @functools.cached_property
+    def model(self) -> Categorical:
+        """The network and its action distribution (actor_critic.py)."""
+        return model_for(self.config, self.env)
+
+    @property
+    def optimizer(self) -> optax.GradientTransformation:
+        """Built where it is used, not cached: a hyperparameter sweep traces it with each member's values."""
+        return optimizer(self.config)
+
+    def init(self, key: jax.Array) -> State:
+        k_params, k_env, k_learn = jax.random.split(key, 3)
+        params = self.model.init(k_params)
+        learner = Learner(params, self.optimizer.init(params), k_learn)
+        state = State(learner, self.env.reset(k_env, self.config.num_envs))
+        return self.evaluator.init(key, state, EvalState)
+
+    def iteration(self, state: State) -> tuple[State, dict]:
+        state, eval_metrics = self.evaluator.maybe_evaluate(state, self.policy_params(state))  # when due
+        traj, runner, episode_metrics = self.rollout(state.learner.params, state.runner)
+        learner, loss_metrics = self.learn(state.learner, traj)
+        return state.replace(learner=learner, runner=runner), {**episode_metrics, **loss_metrics, **eval_metrics}
+
+    # COLLECT TRAJECTORIES: the learner bootstraps from V(s_{t+1}), which the rollout computes
+    @fragc.fragment(role="actor", in_axes=(None, 0), out_axes=(1, 0, None))
+    def rollout(self, params: Any, runner: Runner) -> tuple[Transition, Runner, dict]:
+        return collect(self.model, self.env, params, runner, self.config.num_steps, keep_next_obs=False)
 
     # UPDATE NETWORK: one step on the whole rollout
-    def update(self, learner: ppo.Learner, traj: ppo.Transition) -> tuple[ppo.Learner, dict]:
-        """One gradient step on the rollout: one `learn` call (PPO's epochs do not apply)."""
-        return self.learn(learner, traj)
-
     @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None))
-    def learn(self, learner: ppo.Learner, traj: ppo.Transition) -> tuple[ppo.Learner, dict]:
-        advantages, targets = ppo.gae(traj, self.config.gamma, self.config.gae_lambda)
-        flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), (traj, advantages, targets))
-        grads, metrics = jax.grad(self._loss, has_aux=True)(learner.params, *flat)
+    def learn(self, learner: Learner, traj: Transition) -> tuple[Learner, dict]:
+        c = self.config
+        advantages, targets = gae(traj, c.gamma, c.gae_lambda)
+        rollout_loss = functools.partial(loss, config=c, model=self.model)
+        grads, metrics = jax.grad(rollout_loss, has_aux=True)(learner.params, *flatten_steps((traj, advantages, targets)))
         grads = fragc.pmean(grads)
-        diagnostics = {**self.learning_rate(learner.opt_state),
+        diagnostics = {**lr_metric(learning_rate(c), learner.opt_state),
                        "explained_variance": explained_variance(targets, traj.value)}
-        updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
-        learner = learner.replace(params=optax.apply_updates(learner.params, updates), opt_state=opt_state)
+        learner = losses.apply_gradients(learner, grads, self.optimizer)
         return learner, {**fragc.pmean(metrics), **diagnostics}
 
-    def _loss(self, params: Any, traj: ppo.Transition, advantages: jax.Array, targets: jax.Array
-              ) -> tuple[jax.Array, dict]:
-        c = self.config
-        log_prob, entropy, value = self.evaluate(params, traj.obs, traj.action)
-        entropy = jnp.mean(entropy)
-        actor_loss = -jnp.mean(log_prob * jax.lax.stop_gradient(advantages))
-        value_loss = 0.5 * jnp.mean((value - targets) ** 2)
-        loss = actor_loss + c.vf_coef * value_loss - c.ent_coef * entropy
-        return loss, {"loss": loss, "actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy}
+    # THE DETERMINISTIC POLICY: what evaluation episodes and videos act with
+    def policy_params(self, state: State) -> Any:
+        return state.learner.params
+
+    def greedy_action(self, params: Any, obs: jax.Array) -> jax.Array:
+        """The most probable action for each of `obs[n, obs_size]`."""
+        return self.model.greedy(params, obs)

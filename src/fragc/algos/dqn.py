@@ -24,8 +24,9 @@ import fragc
 from fragc.algos.diagnostics import episode_metrics
 from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
-from fragc.algos.networks import NetworkChoice, PixelQNetwork, torso
-from fragc.algos.replay import Buffer, ReplayBuffer, Transition
+from fragc.algos import replay
+from fragc.algos.networks import ChosenNetwork, PixelQNetwork, torso
+from fragc.algos.replay import BUFFER_AXES, Buffer, Transition
 from fragc.algos.run_length import RunLength
 from fragc.ir.errors import FragcError
 
@@ -107,7 +108,7 @@ class EvalState(State):
     evaluator: EvaluatorState  # the evaluator's own (src/fragc/algos/evaluation.py)
 
 
-class DQN(NetworkChoice, ReplayBuffer):
+class DQN:
     """Deep Q-learning (Mnih et al. 2015), optionally double (van Hasselt et al. 2016)."""
 
     def __init__(self, config: Config = Config()):
@@ -120,16 +121,21 @@ class DQN(NetworkChoice, ReplayBuffer):
         return discrete_env(self.config.env, "dqn", " (use ppo_continuous)")
 
     @functools.cached_property
+    def chosen(self) -> ChosenNetwork:
+        """The network `config.network` names for the environment's observations, and how they are kept."""
+        return ChosenNetwork.of(self.config.network, self.env)
+
+    @functools.cached_property
     def network(self) -> nn.Module:
-        if self.network_name == "mlp":
+        if self.chosen.name == "mlp":
             return QNetwork(self.env.action_space.n, self.config.hidden)
         # nature_cnn: CleanRL's dqn_atari_jax.py (Flax's default initialisation)
-        features = torso(self.network_name, self.env.obs_shape, kernel_init="lecun_normal")
+        features = torso(self.chosen.name, self.env.obs_shape, kernel_init="lecun_normal")
         return PixelQNetwork(features, self.env.action_space.n)
 
     def q_values(self, params: Any, obs: jax.Array) -> jax.Array:
         """Q(obs, a) for every action, on observations as the environment gives them or as frames."""
-        return self.network.apply(params, self.observations.frames(obs))
+        return self.network.apply(params, self.chosen.observations.frames(obs))
 
     @property
     def optimizer(self) -> optax.GradientTransformation:
@@ -139,13 +145,13 @@ class DQN(NetworkChoice, ReplayBuffer):
     def init(self, key: jax.Array) -> State:
         c = self.config
         k_params, k_env, k_learn = jax.random.split(key, 3)
-        params = self.network.init(k_params, self.observations.zeros(1))
+        params = self.network.init(k_params, self.chosen.observations.zeros(1))
         learner = Learner(params, params, self.optimizer.init(params), k_learn, jnp.int32(0))
         runner = self.env.reset(k_env, c.num_envs)
-        obs = self.observations.struct(c.num_envs)
+        obs = self.chosen.observations.struct(c.num_envs)
         scalar = lambda dtype: jax.ShapeDtypeStruct((c.num_envs,), dtype)  # noqa: E731
         step = Transition(obs, scalar(jnp.int32), scalar(jnp.float32), obs, scalar(bool))
-        state = State(learner, runner, self.empty_buffer(step))
+        state = State(learner, runner, replay.empty(step, c.buffer_size, c.num_envs))
         return self.evaluator.init(key, state, EvalState)
 
     def iteration(self, state: State) -> tuple[State, dict]:
@@ -179,19 +185,24 @@ class DQN(NetworkChoice, ReplayBuffer):
             explore = jax.vmap(lambda k: jax.random.uniform(k) < eps)(keys[:, 0])
             random_action = jax.vmap(lambda k: jax.random.randint(k, (), 0, self.env.action_space.n))(keys[:, 1])
             action = jnp.where(explore, random_action, greedy)
-            obs = self.observations.frames(runner.obs)  # a CNN's frames stay frames, uint8 ones uint8
+            obs = self.chosen.observations.frames(runner.obs)  # a CNN's frames stay frames, uint8 ones uint8
             runner, out = self.env.step(runner.replace(key=keys[:, 2]), action)
-            return runner, Transition(obs, action, out.reward, self.observations.frames(out.final_obs),
+            return runner, Transition(obs, action, out.reward, self.chosen.observations.frames(out.final_obs),
                                       out.terminated)
 
         runner, traj = jax.lax.scan(step, runner, None, self.config.num_steps)
         metrics = {**episode_metrics(runner), "epsilon": eps}
         return traj, runner, metrics
 
-    # REPLAY BUFFER: `insert` and `sample` (src/fragc/algos/replay.py), one batch per vector step
-    @property
-    def batches_per_iteration(self) -> int:
-        return self.config.num_steps
+    # REPLAY BUFFER (replay.py): a rollout in, one batch per vector step out
+    @fragc.fragment(role="buffer", in_axes=(BUFFER_AXES, 1), out_axes=BUFFER_AXES)
+    def insert(self, buffer: Buffer, traj: Transition) -> Buffer:
+        return replay.insert(buffer, traj)
+
+    @fragc.fragment(role="buffer", in_axes=(BUFFER_AXES, None), out_axes=1)
+    def sample(self, buffer: Buffer, key: jax.Array) -> Transition:
+        c = self.config
+        return replay.sample(buffer, key, c.num_steps, c.batch_size, c.num_envs)
 
     # UPDATE NETWORK
     @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None))
@@ -209,7 +220,7 @@ class DQN(NetworkChoice, ReplayBuffer):
             return (jax.tree.map(lambda a, b: jnp.where(started, a, b), new, learner),
                     fragc.pmean({"loss": loss, "q_value": q_value}))
 
-        learner, metrics = jax.lax.scan(update, learner, batches, unroll=self.unroll)
+        learner, metrics = jax.lax.scan(update, learner, batches, unroll=self.chosen.unroll)
         return learner.replace(env_steps=env_steps), jax.tree.map(jnp.mean, metrics)
 
     @fragc.fragment(role="learner", in_axes=(None, None), out_axes=None)

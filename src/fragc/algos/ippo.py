@@ -1,12 +1,12 @@
 """IPPO and MAPPO on JaxMARL's environments (`jaxmarl:MPE_simple_spread_v3`, `jaxmarl:SMAX_3m`).
 
-PPO's fragments run unchanged on the agent axis: the runner's observations are [N, A, D] (src/fragc/algos/marl_envs.py),
+PPO's rollout and update run unchanged on the agent axis: the runner's observations are [N, A, D] (src/fragc/algos/marl_envs.py),
 the rollout samples one action per agent, and the trajectory is [T, N, A, ...]; the learner's minibatches hold
 every agent's step. What differs is the network: each agent's actor reads its own observation (logits masked to
 the available actions on SMAX), IPPO's critic its own observation too, MAPPO's the world state (a centralised
 critic). Parameters are shared between agents (JaxMARL's baselines), or with `shared_params=False` each agent holds
 its own, stacked over a leading agent axis: the rollout vmaps the network over the agents, and the learner is the
-fragment `learn_agents`, PPO's update vmapped over the agents, which declares its agent axes, so that a policy can
+fragment `learn_agents`, PPO's `update` vmapped over the agents, which declares its agent axes, so that a policy can
 place the agents' learners on devices of their own (`agent_learners`, docs/marl.md).
 
 Defaults are JaxMARL's feed-forward IPPO on MPE (baselines/IPPO/config/ippo_ff_mpe.yaml); `preset="auto"` sets
@@ -16,10 +16,9 @@ are feed-forward) on the fields left at their defaults.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -28,11 +27,14 @@ import optax
 
 import fragc
 from fragc.algos import ppo
+from fragc.algos.actor_critic import Categorical, Learner, State, Transition, collect
 from fragc.algos.diagnostics import episode_metrics
 from fragc.algos.envs import Runner, VecEnv, split_env_name
 from fragc.algos.marl_envs import AgentLayout, AgentsRunner
+from fragc.algos.networks import MLP, ChosenNetwork
 from fragc.algos.validation import algo_name
 from fragc.ir.errors import FragcError
+
 
 SMAX = {"lr": 0.004, "num_envs": 128, "clip_eps": 0.05, "max_grad_norm": 0.25, "activation": "relu", "hidden": 128}
 """JaxMARL's SMAX baselines (IPPO's and MAPPO's configs agree on these)."""
@@ -40,6 +42,8 @@ SMAX = {"lr": 0.004, "num_envs": 128, "clip_eps": 0.05, "max_grad_norm": 0.25, "
 
 @dataclasses.dataclass(frozen=True)
 class Config(ppo.Config):
+    centralised_critic: ClassVar[bool] = False
+    """Whether the critic reads the world state (MAPPO's config) or each agent's own observation (IPPO's)."""
     env: str = "jaxmarl:MPE_simple_spread_v3"
     """A JaxMARL environment: jaxmarl:MPE_simple_spread_v3, jaxmarl:SMAX_3m (fragc envs)."""
     num_envs: int = 16
@@ -82,8 +86,8 @@ class AgentsActorCritic(nn.Module):
     centralised: bool
 
     def setup(self) -> None:
-        self.actor = ppo.MLP(self.hidden, self.layout.num_actions, 0.01, self.activation)
-        self.critic = ppo.MLP(self.hidden, 1, 1.0, self.activation)
+        self.actor = MLP(self.hidden, self.layout.num_actions, 0.01, self.activation)
+        self.critic = MLP(self.hidden, 1, 1.0, self.activation)
 
     def __call__(self, rows: jax.Array) -> tuple[jax.Array, jax.Array]:
         logits = self.actor(self.layout.own(rows))
@@ -99,7 +103,7 @@ def per_agent(tx: optax.GradientTransformation) -> optax.GradientTransformation:
     return optax.GradientTransformation(jax.vmap(tx.init), jax.vmap(tx.update))
 
 
-AGENT_LEARNER = ppo.Learner(params=0, opt_state=0, key=None)
+AGENT_LEARNER = Learner(params=0, opt_state=0, key=None)
 """The agent axes of a learner whose agents hold their own parameters: its parameters and optimizer state are
 stacked over agents, the minibatch key is one for all."""
 
@@ -109,72 +113,91 @@ AGENT_RUNNER = AgentsRunner(env_state=None, obs=1, key=None, episode_return=1, l
 states, the keys and the win flags are the environment's."""
 
 
-def agents_fragment(fragment: Any, agent_axes: tuple) -> Any:
-    """PPO's fragment `fragment` (its body and environment axes) with the agent axes declared beside them."""
-    return fragc.fragment(role=fragment.role, in_axes=fragment.in_axes, out_axes=fragment.out_axes,
-                          agent_axes=agent_axes)(fragment.fn)
+def episodes_ended(done: jax.Array) -> jax.Array:
+    """The environments' episodes that ended ([T, N, A] `done`): an episode ends for every agent at once (an agent's
+    own `done` comes earlier where it dies, on SMAX), so where all agents are done."""
+    return fragc.psum(jnp.sum(jnp.all(done, -1)))
 
 
-class IPPO(ppo.PPO):
+# The fragments' bodies: the class below declares each with its agent axes.
+
+
+def rollout(algo: "IPPO", params: Any, runner: Runner) -> tuple[Transition, Runner, dict]:
+    """The actor-critics' rollout on the agents' rows: the trajectory is [T, N, A, ...]."""
+    return collect(algo.model, algo.env, params, runner, algo.config.num_steps, False, algo.episode_metrics,
+                   episodes_ended)
+
+
+def learn(algo: "IPPO", learner: Learner, traj: Transition) -> tuple[Learner, dict]:
+    """PPO's update on every agent's steps (shared parameters)."""
+    return ppo.update(learner, traj, algo.config, algo.model, algo.optimizer)
+
+
+def learn_agents(algo: "IPPO", learner: Learner, traj: Transition) -> tuple[Learner, dict]:
+    """Each agent's own parameters: PPO's update for one agent, vmapped over the agent axis."""
+    update = functools.partial(ppo.update, config=algo.config, model=algo.model.one_agent(),
+                               tx=ppo.optimizer(algo.config))
+    return jax.vmap(update, in_axes=(AGENT_LEARNER, 2), out_axes=(AGENT_LEARNER, 0))(learner, traj)
+
+
+class IPPO:
     """Independent PPO (de Witt et al. 2020), JaxMARL's baseline: each agent's critic sees its own observation."""
 
     Config = Config
-    centralised = False
-    one_agent = False  # True on the view that `learn_agents` runs for one agent
 
-    def __init__(self, config: Config = Config()):
-        super().__init__(with_preset(config))
-        self.rollout = (self.rollout_shared if config.shared_params else self.rollout_agents)
-
-    # COLLECT TRAJECTORIES: PPO's rollout, the runner's rows and the trajectory [T, N, A, ...] over agents, the
-    # parameters too where each agent holds its own
-    rollout_shared = agents_fragment(ppo.PPO.rollout, ((None, AGENT_RUNNER), (2, AGENT_RUNNER, None)))
-    rollout_agents = agents_fragment(ppo.PPO.rollout, ((0, AGENT_RUNNER), (2, AGENT_RUNNER, None)))
-    # UPDATE NETWORK: PPO's update on the agents' steps (shared parameters)
-    learn = agents_fragment(ppo.PPO.learn, ((None, 2), (None, None)))
-    learner_skips_next_obs = True  # both learners are PPO's update, which reads V(s_{t+1}) only: no s_{t+1} to shuffle
+    def __init__(self, config: Config | None = None):
+        self.config = with_preset(self.Config() if config is None else config)
+        self.steps_per_iteration = self.config.steps_per_iteration
+        shared = self.config.shared_params
+        self.rollout = self.rollout_shared if shared else self.rollout_agents
+        self.learn = self.learn_shared if shared else self.learn_agents
 
     @functools.cached_property
     def env(self) -> VecEnv:
         if split_env_name(self.config.env)[0] != "jaxmarl":
             raise FragcError(f"{algo_name(self.config)} is a multi-agent algorithm; {self.config.env} is a single-agent "
                              "environment (use ppo, or a jaxmarl: environment)")
-        return VecEnv(self.config.env, world_state=self.centralised)  # the world state only for MAPPO's critic
+        return VecEnv(self.config.env, world_state=self.config.centralised_critic)  # the world state: MAPPO's critic
 
     @property
     def num_agents(self) -> int:
         return self.env.num_agents
 
-    @property
-    def stacked(self) -> bool:
-        """Whether parameters are stacked over agents here (not on the one-agent view)."""
-        return not self.config.shared_params and not self.one_agent
-
     @functools.cached_property
-    def network(self) -> nn.Module:
-        if self.network_name != "mlp":
-            raise FragcError(f"{algo_name(self.config)}: network must be mlp (or auto), got {self.config.network!r}")
-        return AgentsActorCritic(self.env.layout, self.config.hidden, self.config.activation, self.centralised)
-
-    def init_params(self, key: jax.Array) -> Any:
-        if not self.stacked:
-            return super().init_params(key)
-        return jax.vmap(super().init_params)(jax.random.split(key, self.num_agents))
+    def model(self) -> Categorical:
+        """Every agent's actor-critic, its parameters stacked over the agents where each holds its own."""
+        c = self.config
+        if ChosenNetwork.of(c.network, self.env).name != "mlp":
+            raise FragcError(f"{algo_name(c)}: network must be mlp (or auto), got {c.network!r}")
+        network = AgentsActorCritic(self.env.layout, c.hidden, c.activation, c.centralised_critic)
+        return Categorical(network, ChosenNetwork.of("mlp", self.env), 0 if c.shared_params else self.num_agents)
 
     @property
     def optimizer(self) -> optax.GradientTransformation:
-        return per_agent(super().optimizer) if self.stacked else super().optimizer
+        """PPO's; each agent's own where each holds its parameters. Built where it is used, for sweeps."""
+        return ppo.optimizer(self.config) if self.config.shared_params else per_agent(ppo.optimizer(self.config))
 
-    def apply_network(self, params: Any, obs: jax.Array, **kwargs: Any) -> Any:
-        """The network on rows [..., A, D]; with stacked parameters each agent's on its own rows."""
-        if not self.stacked:
-            return super().apply_network(params, obs, **kwargs)
-        out_axes = -1 if kwargs.get("method") == "value" else (-2, -1)
-        apply = lambda p, o: ppo.PPO.apply_network(self, p, o, **kwargs)  # noqa: E731
-        return jax.vmap(apply, in_axes=(0, -2), out_axes=out_axes)(params, obs)
+    def init(self, key: jax.Array) -> State:
+        k_params, k_env, k_learn = jax.random.split(key, 3)
+        params = self.model.init(k_params)
+        learner = Learner(params, self.optimizer.init(params), k_learn)
+        return State(learner, self.env.reset(k_env, self.config.num_envs))
 
-    def learn_fragment(self) -> Any:
-        return self.learn if self.config.shared_params else self.learn_agents
+    def iteration(self, state: State) -> tuple[State, dict]:
+        traj, runner, episode_metrics = self.rollout(state.learner.params, state.runner)
+        learner, loss_metrics = self.learn(state.learner, traj)
+        return state.replace(learner=learner, runner=runner), {**episode_metrics, **loss_metrics}
+
+    # COLLECT TRAJECTORIES, with the parameters shared or one set per agent
+    rollout_shared = fragc.fragment(role="actor", in_axes=(None, 0), out_axes=(1, 0, None),
+                                    agent_axes=((None, AGENT_RUNNER), (2, AGENT_RUNNER, None)))(rollout)
+    rollout_agents = fragc.fragment(role="actor", in_axes=(None, 0), out_axes=(1, 0, None),
+                                    agent_axes=((0, AGENT_RUNNER), (2, AGENT_RUNNER, None)))(rollout)
+    # UPDATE NETWORKS: one for every agent, or each agent's own (a policy may place them on devices of their own)
+    learn_shared = fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None),
+                                  agent_axes=((None, 2), (None, None)))(learn)
+    learn_agents = fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None),
+                                  agent_axes=((AGENT_LEARNER, 2), (AGENT_LEARNER, 0)))(learn_agents)
 
     def episode_metrics(self, runner: Runner) -> dict:
         """The team's statistics (each agent's last episode, averaged as JaxMARL logs them), each agent's return,
@@ -189,19 +212,9 @@ class IPPO(ppo.PPO):
                                    / jnp.maximum(fragc.psum(jnp.sum(finished)), 1))
         return metrics
 
-    def episodes_ended(self, done: jax.Array) -> jax.Array:
-        """The environments' episodes that ended ([T, N, A] `done`): an episode ends for every agent at once
-        (an agent's own `done` comes earlier where it dies, on SMAX), so where all agents are done."""
-        return fragc.psum(jnp.sum(jnp.all(done, -1)))
+    def policy_params(self, state: State) -> Any:
+        return state.learner.params
 
-    # UPDATE NETWORKS: each agent's own, PPO's update vmapped over the agent axis
-    @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None),
-                    agent_axes=((AGENT_LEARNER, 2), (AGENT_LEARNER, 0)))
-    def learn_agents(self, learner: ppo.Learner, traj: ppo.Transition) -> tuple[ppo.Learner, dict]:
-        one = copy.copy(self)
-        one.one_agent = True
-        update = functools.partial(ppo.PPO.learn.fn, one)
-        return jax.vmap(update, in_axes=(AGENT_LEARNER, 2), out_axes=(AGENT_LEARNER, 0))(learner, traj)
-
-
-
+    def greedy_action(self, params: Any, obs: jax.Array) -> jax.Array:
+        """Each agent's most probable action for rows [n, A, D]."""
+        return self.model.greedy(params, obs)

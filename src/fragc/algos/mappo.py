@@ -8,6 +8,7 @@ sets JaxMARL's SMAX values.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from fragc.algos import ippo
 
@@ -18,12 +19,10 @@ class Config(ippo.Config):
     values (mappo_homogenous_rnn_mpe.yaml: lr 2e-3, 128 envs, 128 units) are its recurrent network's; with this
     feed-forward one they did not learn in 1e6 steps (docs/results.md), these did."""
 
+    centralised_critic: ClassVar[bool] = True
+
 
 class MAPPO(ippo.IPPO):
-    """Multi-agent PPO: IPPO whose critic sees the world state."""
+    """Multi-agent PPO: IPPO with this file's config, whose critic sees the world state."""
 
     Config = Config
-    centralised = True
-
-    def __init__(self, config: Config = Config()):
-        super().__init__(config)

@@ -17,7 +17,6 @@ stay uint8 until the learner uses them.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -223,23 +222,89 @@ class PixelQNetwork(nn.Module):
         return nn.Dense(self.num_actions)(self.torso(obs))
 
 
-class NetworkChoice:
-    """What an algorithm with a `network` config field and an `env` shares: the network that field names for its
-    environment's observations (`auto` resolved) and how the observations are kept for it."""
+@dataclasses.dataclass(frozen=True)
+class ChosenNetwork:
+    """The network a `network` config field names for an environment's observations (`auto` resolved), and how
+    the observations are kept for it."""
 
-    @functools.cached_property
-    def network_name(self) -> str:
-        return network_for(self.config.network, self.env.obs_shape)
+    name: str
+    observations: Observations
 
-    @functools.cached_property
-    def observations(self) -> Observations:
-        """Flattened float32 for the MLP, the environment's frames for a CNN."""
-        return Observations.of(self.network_name, self.env)
+    @classmethod
+    def of(cls, network: str, env: Any) -> "ChosenNetwork":
+        name = network_for(network, env.obs_shape)
+        return cls(name, Observations.of(name, env))
 
-    @functools.cached_property
+    @property
     def unroll(self) -> bool:
         """Whether the learner's loops (epochs, minibatches, gradient steps) are unrolled: for a CNN on XLA's CPU,
         where a convolution's gradient inside a loop body runs about 15x slower than unrolled (jax-ml/jax#12868;
         measured here: four Nature-CNN gradient steps of 256 frames, 36.4 s in a `lax.scan`, 2.2 s unrolled). The
         numbers are the same; the MLP's loops stay loops (its programs unchanged)."""
-        return self.network_name != "mlp" and jax.default_backend() == "cpu"
+        return self.name != "mlp" and jax.default_backend() == "cpu"
+
+
+# ---------------------------------------------------------------- the actor-critics' MLPs
+
+ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
+
+
+def dense(n: int, scale: float) -> nn.Dense:
+    return nn.Dense(n, kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.zeros)
+
+
+class MLP(nn.Module):
+    """Two hidden layers and a linear head, orthogonal init."""
+
+    hidden: int
+    out: int
+    out_scale: float
+    activation: str = "tanh"
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        act = ACTIVATIONS[self.activation]
+        x = act(dense(self.hidden, np.sqrt(2))(x))
+        x = act(dense(self.hidden, np.sqrt(2))(x))
+        return dense(self.out, self.out_scale)(x)
+
+
+class ActorCritic(nn.Module):
+    """Separate MLPs for the policy logits and the value (PureJaxRL's).
+
+    `value` runs the critic alone: the rollout bootstraps from V(s_{t+1}) with one batched critic pass over the
+    whole trajectory instead of a second actor-and-critic pass per step."""
+
+    num_actions: int
+    hidden: int = 64
+    activation: str = "tanh"
+
+    def setup(self) -> None:
+        self.actor = MLP(self.hidden, self.num_actions, 0.01, self.activation)
+        self.critic = MLP(self.hidden, 1, 1.0, self.activation)
+
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return self.actor(obs), self.value(obs)
+
+    def value(self, obs: jax.Array) -> jax.Array:
+        return jnp.squeeze(self.critic(obs), -1)
+
+
+class GaussianActorCritic(nn.Module):
+    """MLPs for the action mean and the value; log std is a free parameter per action dimension."""
+
+    action_dim: int
+    hidden: int = 64
+    activation: str = "tanh"
+
+    def setup(self) -> None:
+        self.actor = MLP(self.hidden, self.action_dim, 0.01, self.activation)
+        self.log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
+        self.critic = MLP(self.hidden, 1, 1.0, self.activation)
+
+    def __call__(self, obs: jax.Array) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
+        mean = self.actor(obs)
+        return (mean, jnp.broadcast_to(self.log_std, mean.shape)), self.value(obs)
+
+    def value(self, obs: jax.Array) -> jax.Array:
+        return jnp.squeeze(self.critic(obs), -1)

@@ -34,10 +34,13 @@ import optax
 from flax import struct
 
 import fragc
-from fragc.algos.diagnostics import approx_kl, clip_fraction, episode_metrics, explained_variance, lr_metric
+from fragc.algos import losses, ppo
+from fragc.algos.actor_critic import log_prob_of
+from fragc.algos.diagnostics import episode_metrics, explained_variance, lr_metric
 from fragc.algos.envs import Runner, Step, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
-from fragc.algos.ppo import action_log_prob, dense, gae
+from fragc.algos.networks import dense
+from fragc.algos.returns import gae
 from fragc.algos.run_length import RunLength
 from fragc.algos.sac import TORCH_INIT
 from fragc.ir.errors import FragcError
@@ -336,15 +339,9 @@ class PPORNN:
 
     @property
     def optimizer(self) -> optax.GradientTransformation:
-        """Built where it is used, not cached: a hyperparameter sweep traces it with each member's values."""
-        c = self.config
-        return optax.chain(optax.clip_by_global_norm(c.max_grad_norm), optax.adam(self._learning_rate(), eps=1e-5))
-
-    def _learning_rate(self) -> Any:
-        c = self.config
-        if not c.anneal_lr:
-            return c.lr
-        return optax.linear_schedule(c.lr, 0.0, c.iterations * c.update_epochs * c.num_minibatches)
+        """PPO's (ppo.py); built where it is used, not cached: a hyperparameter sweep traces it with each member's
+        values."""
+        return ppo.optimizer(self.config)
 
     def init(self, key: jax.Array) -> State:
         c = self.config
@@ -379,7 +376,7 @@ class PPORNN:
             hidden, logits, value = self.network.apply(params, actor.hidden, obs[None], actor.done[None])
             logits, value = logits[0], value[0]
             action = jax.vmap(jax.random.categorical)(keys[:, 0], logits)
-            log_prob = action_log_prob(jax.nn.log_softmax(logits), action)
+            log_prob = log_prob_of(jax.nn.log_softmax(logits), action)
             new_runner, out = self.env.step(runner.replace(key=keys[:, 2]), action, keys[:, 1])
             record = (actor.hidden, actor.done, obs, action, log_prob, value, hidden,
                       observe(obs_stats, out.final_obs), out.reward, out.terminated, out.episode_done)
@@ -412,10 +409,8 @@ class PPORNN:
             def minibatch_step(learner: Learner, mb: Any) -> tuple[Learner, dict]:
                 grads, metrics = jax.grad(self._loss, has_aux=True)(learner.params, *mb, clip)
                 grads = fragc.pmean(grads)
-                metrics = {**metrics, **lr_metric(self._learning_rate(), learner.opt_state)}
-                updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
-                params = optax.apply_updates(learner.params, updates)
-                return learner.replace(params=params, opt_state=opt_state), metrics
+                metrics = {**metrics, **lr_metric(ppo.learning_rate(c), learner.opt_state)}
+                return losses.apply_gradients(learner, grads, self.optimizer), metrics
 
             key, perm_key = jax.random.split(learner.key)
             # the same shuffle of its own environments on every replica, as ppo's shuffle of its own steps is; drawn
@@ -447,23 +442,14 @@ class PPORNN:
         clip = c.clip_eps if clip is None else clip
         _, logits, value = self.network.apply(params, traj.hidden[0], traj.obs, traj.reset)  # replay from the start
         log_probs = jax.nn.log_softmax(logits)
-        log_prob = action_log_prob(log_probs, traj.action)
+        log_prob = log_prob_of(log_probs, traj.action)
         entropy = jnp.mean(-jnp.sum(jnp.exp(log_probs) * log_probs, -1))
 
-        value_losses = (value - targets) ** 2
-        if c.clip_value:
-            value_clipped = traj.value + jnp.clip(value - traj.value, -c.clip_eps, c.clip_eps)
-            value_losses = jnp.maximum(value_losses, (value_clipped - targets) ** 2)
-        value_loss = 0.5 * jnp.mean(value_losses)
-
-        log_ratio = log_prob - traj.log_prob
-        ratio = jnp.exp(log_ratio)
-        adv = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-        actor_loss = -jnp.mean(jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - clip, 1 + clip) * adv))
-
+        value_loss = losses.value_loss(value, targets, traj.value, c.clip_eps if c.clip_value else None)
+        actor_loss, diagnostics = losses.clipped_surrogate(log_prob, traj.log_prob, advantages, clip)
         loss = actor_loss + c.vf_coef * value_loss - c.ent_coef * entropy
         return loss, {"loss": loss, "actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy,
-                      "approx_kl": approx_kl(log_ratio), "clip_fraction": clip_fraction(ratio, clip)}
+                      **diagnostics}
 
     # THE DETERMINISTIC POLICY: what evaluation episodes and videos act with (`Evaluator.recurrent`). There is no
     # `greedy_action(params, obs)`: a recurrent policy carries its hidden state from step to step.

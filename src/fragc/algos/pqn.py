@@ -35,7 +35,7 @@ import fragc
 from fragc.algos.diagnostics import episode_metrics, lr_metric
 from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
-from fragc.algos.networks import NetworkChoice, PixelQNetwork, torso
+from fragc.algos.networks import ChosenNetwork, PixelQNetwork, torso
 from fragc.algos.run_length import RunLength
 from fragc.ir.errors import FragcError
 
@@ -163,7 +163,7 @@ def lambda_returns(reward: jax.Array, terminated: jax.Array, done: jax.Array, ne
 # ---------------------------------------------------------------- algorithm
 
 
-class PQN(NetworkChoice):
+class PQN:
     """Parallelised Q-network (Gallici et al. 2024), purejaxql style."""
 
     def __init__(self, config: Config = Config()):
@@ -176,16 +176,21 @@ class PQN(NetworkChoice):
         return discrete_env(self.config.env, "pqn", " (use ppo_continuous)")
 
     @functools.cached_property
+    def chosen(self) -> ChosenNetwork:
+        """The network `config.network` names for the environment's observations, and how they are kept."""
+        return ChosenNetwork.of(self.config.network, self.env)
+
+    @functools.cached_property
     def network(self) -> nn.Module:
-        if self.network_name == "mlp":
+        if self.chosen.name == "mlp":
             return QNetwork(self.env.action_space.n, self.config.hidden, self.config.num_layers)
         # nature_cnn: purejaxql's Atari network (LayerNorm after every layer, He-normal kernels)
-        features = torso(self.network_name, self.env.obs_shape, kernel_init="he_normal", layer_norm=True)
+        features = torso(self.chosen.name, self.env.obs_shape, kernel_init="he_normal", layer_norm=True)
         return PixelQNetwork(features, self.env.action_space.n)
 
     def q_values(self, params: Any, obs: jax.Array) -> jax.Array:
         """Q(obs, a) for every action, on observations as the environment gives them or as frames."""
-        return self.network.apply(params, self.observations.frames(obs))
+        return self.network.apply(params, self.chosen.observations.frames(obs))
 
     @property
     def optimizer(self) -> optax.GradientTransformation:
@@ -207,7 +212,7 @@ class PQN(NetworkChoice):
 
     def init(self, key: jax.Array) -> State:
         k_params, k_env, k_learn = jax.random.split(key, 3)
-        params = self.network.init(k_params, self.observations.zeros(1))
+        params = self.network.init(k_params, self.chosen.observations.zeros(1))
         learner = Learner(params, self.optimizer.init(params), k_learn, jnp.int32(0))
         state = State(learner, self.env.reset(k_env, self.config.num_envs))
         return self.evaluator.init(key, state, EvalState)
@@ -222,7 +227,7 @@ class PQN(NetworkChoice):
         """`num_epochs` passes over the rollout, one `learn` call each: a `for` region of the IR, so the
         rollout moves to the learner once and the cost model counts every epoch's gradient all-reduce."""
         learner, metrics = jax.lax.scan(lambda learner, _: self.learn(learner, traj), learner, None,
-                                        self.config.num_epochs, unroll=self.unroll)
+                                        self.config.num_epochs, unroll=self.chosen.unroll)
         return learner.replace(updates=learner.updates + 1), jax.tree.map(jnp.mean, metrics)
 
     # COLLECT TRAJECTORIES: epsilon-greedy with per-environment keys, and the Q(lambda) targets
@@ -237,7 +242,7 @@ class PQN(NetworkChoice):
             explore = jax.vmap(lambda k: jax.random.uniform(k) < eps)(keys[:, 0])
             random_action = jax.vmap(lambda k: jax.random.randint(k, (), 0, self.env.action_space.n))(keys[:, 1])
             action = jnp.where(explore, random_action, greedy)
-            obs = self.observations.frames(runner.obs)  # a CNN's frames stay frames, uint8 ones uint8
+            obs = self.chosen.observations.frames(runner.obs)  # a CNN's frames stay frames, uint8 ones uint8
             runner, out = self.env.step(runner.replace(key=keys[:, 3]), action, keys[:, 2])
             return runner, (obs, action, out.reward, out.terminated, out.episode_done, out.final_obs)
 
@@ -264,7 +269,7 @@ class PQN(NetworkChoice):
         key, perm_key = jax.random.split(learner.key)
         perm = jax.random.permutation(perm_key, batch.target.size)
         shuffled = jax.tree.map(lambda x: x[perm].reshape((c.num_minibatches, -1) + x.shape[1:]), batch)
-        learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled, unroll=self.unroll)
+        learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled, unroll=self.chosen.unroll)
         return learner, fragc.pmean(jax.tree.map(jnp.mean, metrics))
 
     def _loss(self, params: Any, mb: Transition) -> tuple[jax.Array, jax.Array]:

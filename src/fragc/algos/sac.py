@@ -42,7 +42,8 @@ import fragc
 from fragc.algos.diagnostics import episode_metrics
 from fragc.algos.envs import Runner, VecEnv, single_agent_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
-from fragc.algos.replay import Buffer, ReplayBuffer, Transition
+from fragc.algos import replay
+from fragc.algos.replay import BUFFER_AXES, Buffer, Transition
 from fragc.algos.run_length import RunLength
 from fragc.algos.validation import FRACTION, NON_NEGATIVE, POSITIVE
 from fragc.ir.errors import FragcError
@@ -189,7 +190,7 @@ class EvalState(State):
 # ---------------------------------------------------------------- algorithm
 
 
-class SAC(ReplayBuffer):
+class SAC:
     """Soft actor-critic (Haarnoja et al. 2018) for continuous actions, CleanRL style."""
 
     def __init__(self, config: Config = Config()):
@@ -231,11 +232,6 @@ class SAC(ReplayBuffer):
     def target_entropy(self) -> float:
         return -float(self.action_dim)
 
-    @property
-    def batches_per_iteration(self) -> int:
-        """What `sample` draws per iteration: one batch per gradient step."""
-        return self.config.gradient_steps
-
     def init(self, key: jax.Array) -> State:
         c = self.config
         k_actor, k_critic, k_env, k_learn = jax.random.split(key, 4)
@@ -252,7 +248,7 @@ class SAC(ReplayBuffer):
         scalar = lambda dtype: jax.ShapeDtypeStruct((c.num_envs,), dtype)  # noqa: E731
         step = Transition(obs, jax.ShapeDtypeStruct((c.num_envs, self.action_dim), jnp.float32), scalar(jnp.float32),
                           obs, scalar(bool))
-        state = State(learner, runner, self.empty_buffer(step))
+        state = State(learner, runner, replay.empty(step, c.buffer_size, c.num_envs))
         return self.evaluator.init(key, state, EvalState)
 
     def iteration(self, state: State) -> tuple[State, dict]:
@@ -264,6 +260,16 @@ class SAC(ReplayBuffer):
         learner, losses = self.learn(state.learner.replace(key=key), batches)
         state = state.replace(learner=learner, runner=runner, buffer=buffer)
         return state, {**metrics, **losses, **eval_metrics}
+
+    # REPLAY BUFFER (replay.py): a rollout in, one batch per gradient step out
+    @fragc.fragment(role="buffer", in_axes=(BUFFER_AXES, 1), out_axes=BUFFER_AXES)
+    def insert(self, buffer: Buffer, traj: Transition) -> Buffer:
+        return replay.insert(buffer, traj)
+
+    @fragc.fragment(role="buffer", in_axes=(BUFFER_AXES, None), out_axes=1)
+    def sample(self, buffer: Buffer, key: jax.Array) -> Transition:
+        c = self.config
+        return replay.sample(buffer, key, c.gradient_steps, c.batch_size, c.num_envs)
 
     # THE POLICY: a tanh-squashed Gaussian, scaled to the action space's bounds
     def squashed_gaussian(self, actor: Any, obs: jax.Array, noise: jax.Array) -> tuple[jax.Array, jax.Array]:
