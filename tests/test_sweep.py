@@ -40,10 +40,10 @@ def single_program(lr: float, ent_coef: float) -> fragc.Program:
 
 
 @functools.cache
-def single_run(lr: float, ent_coef: float, seed: int):
+def single_run(lr: float, ent_coef: float, seed: int, iterations: int = ITERATIONS):
     """The reference: `fragc run ppo --lr LR --ent-coef E --seed S`, a program of its own."""
     prog = single_program(lr, ent_coef)
-    return prog.run(prog.init(seed), ITERATIONS)
+    return prog.run(prog.init(seed), iterations)
 
 
 TO_ROUNDING = 1e-5
@@ -332,15 +332,23 @@ def test_sweep_reports_every_configuration_and_resumes_to_the_same_numbers(capsy
     assert [c["label"] for c in whole["configurations"]] == labels
     assert whole["best"] in labels and whole["iterations"] == 8
     lines = [json.loads(x) for x in (tmp_path / "whole" / "members.jsonl").read_text().splitlines()]
-    assert len(lines) == 8 * 4 and {(r["member"], r["seed"], r["config"]["lr"], r["config"]["ent_coef"])
-                                    for r in lines} == {(m, s, lr, e) for m, (lr, e, s) in enumerate(grid_members())}
+    assert [(r["iteration"], r["member"]) for r in lines] == [(it, m) for it in range(1, 9) for m in range(8)]
+    assert {(r["member"], r["seed"], r["config"]["lr"], r["config"]["ent_coef"])
+            for r in lines} == {(m, s, lr, e) for m, (lr, e, s) in enumerate(grid_members())}
     assert any(r["lineage"] != r["member"] for r in lines)  # PBT's lineage is in the members' lines
-    finals = {r["member"]: r["episode_return"] for r in lines if r["iteration"] == 8}
+    finals = {r["member"]: r["episode_return"] for r in lines if r["iteration"] == 8}  # a window of 1 of 8
     for c, row in enumerate(whole["configurations"]):  # the table's numbers are the members' last lines
         assert row["final"] == [finals[2 * c], finals[2 * c + 1]]
     state, history = prog.run(prog.init(0), 8)
-    np.testing.assert_allclose([finals[m] for m in range(8)], history["episode_return"][:, -2:].reshape(8, -1).mean(1),
-                               rtol=1e-6)
+    for r in lines:  # each line is its member's iteration in the same sweep run in Python
+        np.testing.assert_allclose(r["episode_return"], history["episode_return"][r["member"], r["iteration"] - 1],
+                                   rtol=1e-6)
+    at_end = [r for r in lines if r["iteration"] == 8]  # PBT's values and lineage as the last dispatch ended
+    assert [r["lineage"] for r in at_end] == np.asarray(state.lineage).tolist()
+    assert [r["values"] for r in at_end] == [{f: float(state.hyper[f][m]) for f in PBT_GRID} for m in range(8)]
+    for r, prev in zip(lines[8:], lines):  # a dispatch's 2 iterations carry the values it ended with
+        if r["iteration"] % 2 == 0:
+            assert (r["values"], r["lineage"]) == (prev["values"], prev["lineage"])
     from fragc.sinks.video import restore_policy  # fragc video --member 3 reads a sweep's checkpoints
 
     _, params, _ = restore_policy(tmp_path / "whole" / "checkpoints", member=3)
@@ -376,9 +384,50 @@ def test_a_sweep_over_seeds_alone_reports_each_seeds_single_run_and_is_tracked_a
     assert [json.loads(x)["iteration"] for x in metrics.read_text().splitlines()] == [ITERATIONS]
     assert [c["label"] for c in summary["configurations"]] == ["default"]
     lines = [json.loads(x) for x in (tmp_path / "members.jsonl").read_text().splitlines()]
-    assert [(r["member"], r["seed"], r["lineage"], r["values"]) for r in lines] == [(0, 0, 0, {}), (1, 1, 1, {})]
-    singles = [single_run(1e-3, 0.01, seed)[1]["episode_return"].mean() for seed in SEEDS]
+    assert [(r["iteration"], r["member"], r["seed"], r["lineage"], r["values"]) for r in lines] == \
+        [(it, m, m, m, {}) for it in range(1, ITERATIONS + 1) for m in range(2)]
+    singles = [single_run(1e-3, 0.01, seed)[1]["episode_return"][-1] for seed in SEEDS]  # a window of 1 of 2
     np.testing.assert_allclose(summary["configurations"][0]["final"], singles, rtol=1e-6)
+
+
+def test_a_sweeps_lines_and_curves_have_a_point_per_iteration_each_its_single_runs(capsys, tmp_path, monkeypatch):
+    """3 iterations in dispatches of 2 (a dispatch of 2, then of 1): members.jsonl has a line per member and
+    iteration, each metric that iteration's value in the member's `fragc run` (it had a line per dispatch, its mean
+    over the dispatch), the report's curve a point per iteration at its environment steps, and the final score the
+    last tenth of the iterations (1 of 3). The progress lines' best member is the best at the dispatch's last
+    iteration (the population's metrics are [members, iterations])."""
+    from fragc.cli import main
+
+    drawn, curves_png = {}, stats.curves_png
+
+    def drawing(curves, steps, path, **kwargs):
+        drawn.update(curves=curves, steps=steps, window=kwargs["window"])
+        return curves_png(curves, steps, path, **kwargs)
+
+    monkeypatch.setattr(stats, "curves_png", drawing)
+    argv = [a for a in SEEDS_ALONE if a != "--no-plot"]
+    argv[argv.index("--iterations") + 1] = "3"
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr()
+    summary = json.loads(printed.out.strip().splitlines()[-1])
+    singles = [single_run(1e-3, 0.01, seed, 3)[1] for seed in SEEDS]  # each metric: [3 iterations]
+    lines = [json.loads(x) for x in (tmp_path / "members.jsonl").read_text().splitlines()]
+    assert [(r["iteration"], r["member"], r["env_steps"]) for r in lines] == \
+        [(it, m, 32 * it) for it in (1, 2, 3) for m in range(2)]  # 4 environments x 8 steps an iteration
+    for r in lines:
+        history = singles[r["member"]]
+        assert set(history) <= set(r)
+        for name, values in history.items():
+            np.testing.assert_allclose(r[name], values[r["iteration"] - 1], rtol=TO_ROUNDING, atol=TO_ROUNDING,
+                                       err_msg=f"{name} of member {r['member']} at iteration {r['iteration']}")
+    returns = np.stack([h["episode_return"] for h in singles])  # [seeds, iterations]
+    np.testing.assert_allclose(drawn["curves"]["default"], returns, rtol=1e-6)
+    np.testing.assert_array_equal(drawn["steps"], [32, 64, 96])
+    assert drawn["window"] == (64, 96)  # the final score's window: iteration 3, from the end of iteration 2
+    assert summary["final_window"] == {"reports": 1, "of": 3, "iterations": [3, 3]}
+    np.testing.assert_allclose(summary["configurations"][0]["final"], returns[:, -1], rtol=1e-6)
+    best = [float(x) for x in re.findall(r"best member (-?[0-9.]+)", printed.err)]
+    np.testing.assert_allclose(best, returns[:, [1, 2]].max(0), atol=0.051)  # after iterations 2 and 3
 
 
 def test_track_dir_without_track_is_refused_before_the_sweep_writes(capsys, tmp_path):
@@ -481,28 +530,28 @@ def test_the_final_metrics_line_of_a_population_is_its_last_iteration_over_membe
     assert last_metrics({"episode_return": np.array([1.0, 4.0])}) == {"episode_return": 4.0}
 
 
-def test_the_report_scores_the_last_tenth_of_the_reports_and_names_pbts_starting_configurations(tmp_path, capsys):
-    """A members.jsonl written by hand: 2 starting configurations x 3 seeds under PBT, 20 reports. Each final score
-    is the member's mean over its last 2 reports (a tenth), in the table, summary.json and the plot's legend; the
-    table says which reports and that configurations are where members started; each member's values at the end
-    are listed; 3 seeds get the note."""
+def test_the_report_scores_the_last_tenth_of_the_iterations_and_names_pbts_starting_configurations(tmp_path, capsys):
+    """A members.jsonl written by hand: 2 starting configurations x 3 seeds under PBT, 20 iterations. Each final
+    score is the member's mean over its last 2 iterations (a tenth), in the table, summary.json and the plot's
+    legend; the table says which iterations and that configurations are where members started; each member's values
+    at the end are listed; 3 seeds get the note."""
     from fragc.sweep import Members, report
 
     members = Members([0, 1, 2], {"lr": [1e-3, 3e-4]}, steps_per_iteration=10, pbt=True)
     lines = [{"iteration": it, "member": m, "seed": members.seed(m), "config": members.config(m),
               "values": {"lr": 0.5 * m + it}, "lineage": 5 - m, "episode_return": 100.0 * m + it}
-             for it in range(2, 41, 2) for m in range(6)]
+             for it in range(1, 21) for m in range(6)]
     (tmp_path / "members.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     summary = report(str(tmp_path / "members.jsonl"), members, None, str(tmp_path))
     text = capsys.readouterr().out
-    by_hand = [100.0 * m + (38 + 40) / 2 for m in range(6)]  # the mean of the reports at iterations 38 and 40
+    by_hand = [100.0 * m + (19 + 20) / 2 for m in range(6)]  # the mean of iterations 19 and 20
     assert [c["final"] for c in summary["configurations"]] == [by_hand[:3], by_hand[3:]]
-    assert summary["final_window"] == {"reports": 2, "of": 20, "iterations": [37, 40]}
-    assert "over its last 2 of 20 reports (iterations 37-40" in text and "starting configuration" in text
+    assert summary["final_window"] == {"reports": 2, "of": 20, "iterations": [19, 20]}
+    assert "over its last 2 of 20 iterations (19-20, the last tenth)" in text and "starting configuration" in text
     assert "* best starting configuration (highest IQM): lr=0.0003" in text
     assert [(m["member"], m["values"], m["lineage"], m["final"]) for m in summary["members"]] == \
-        [(m, {"lr": 0.5 * m + 40}, 5 - m, by_hand[m]) for m in range(6)]
-    assert re.search(r"^5 +2 +lr=0.0003 +lr=42.5 +0 +539.0$", text, re.M)  # the member's row at the end
+        [(m, {"lr": 0.5 * m + 20}, 5 - m, by_hand[m]) for m in range(6)]
+    assert re.search(r"^5 +2 +lr=0.0003 +lr=22.5 +0 +519.5$", text, re.M)  # the member's row at the end
     assert summary["note"] in text and "with 3 seeds the IQM is the mean" in summary["note"]
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

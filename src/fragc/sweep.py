@@ -3,17 +3,22 @@
 Every configuration runs with every seed as one `population(POLICY, seeds, **grid)` program (src/fragc/ir/sweep.py), spread
 over the devices given. Into `--out` (default `sweeps/ALGO`) go:
 
-- `members.jsonl`: one line per member and dispatch: its member index, seed,
-  starting configuration, current values (population-based training changes
-  them), `lineage` (whose training its state continues) and each metric's
-  mean over the dispatch;
-- `checkpoints/`: the whole population's state (`--resume` continues it);
+- `members.jsonl`: one line per member and iteration: the iteration, its
+  environment steps, the member index, seed, starting configuration, `values`
+  (its hyperparameters: population-based training changes them), `lineage`
+  (whose training its state continues) and each metric's value at that
+  iteration (averaged over any environment or agent axis it has). `values`
+  and `lineage` are read once per dispatch, as the dispatch ends (after PBT's
+  step, which comes at a dispatch's end): the lines of one dispatch carry the
+  same ones;
+- `checkpoints/`: the whole population's state (`--resume` continues it, first
+  dropping the lines after the checkpoint's iteration);
 - `summary.json` and `curves.png`: per configuration (under PBT: per starting
   configuration), the IQM of the final returns over seeds (each member's mean over
-  the last tenth of its reports) with its 95% stratified-bootstrap CI (rliable:
+  the last tenth of its iterations) with its 95% stratified-bootstrap CI (rliable:
   src/fragc/sinks/stats.py), seeds at `--threshold`, the best configuration, learning
-  curves with CI bands, a note where too few seeds make the IQM a mean and the CI a
-  min-max, and under PBT each member's values at the end.
+  curves with a point per iteration and CI bands, a note where too few seeds make
+  the IQM a mean and the CI a min-max, and under PBT each member's values at the end.
 """
 
 from __future__ import annotations
@@ -67,14 +72,14 @@ class Members:
 
 
 class MemberMetrics(Action):
-    """One JSON line per member and dispatch (see the module docstring); a resumed sweep first drops the
+    """One JSON line per member and iteration (see the module docstring); a resumed sweep first drops the
     lines after its checkpoint."""
 
     def __init__(self, path: str, members: Members):
         self.path, self.members, self.file, self.last = path, members, None, 0
 
     def on_start(self, run: Run) -> None:
-        self.run = run
+        self.run, self.last = run, run.start
         if run.start:
             keep_rows_until(self.path, run.start)
         self.file = open(self.path, "a" if run.start else "w", encoding="utf-8")
@@ -85,14 +90,19 @@ class MemberMetrics(Action):
         return jax.tree.map(jnp.copy, (state.hyper, state.lineage))  # copies: the state's buffers are donated
 
     def on_metrics(self, iteration: int, metrics: dict, queued: Any) -> None:
+        """`metrics[k]` is [members, the dispatch's iterations, ...] (a population's iterations are on axis 1):
+        a line per iteration from the one after the previous dispatch's to `iteration`, every member at each."""
         hyper, lineage = queued
-        steps = self.members.steps_per_iteration * iteration
-        for m in range(self.members.count):
-            row = {"iteration": iteration, "env_steps": steps, "member": m, "seed": self.members.seed(m),
-                   "config": self.members.config(m), "values": {k: float(v[m]) for k, v in hyper.items()},
-                   "lineage": int(lineage[m])}
-            row.update({k: float(np.mean(np.asarray(v)[m])) for k, v in metrics.items()})
-            self.file.write(json.dumps(row) + "\n")
+        first = self.last + 1
+        values = {k: per_iteration(k, v, self.members.count, iteration - self.last) for k, v in metrics.items()}
+        for i, at in enumerate(range(first, iteration + 1)):
+            steps = self.members.steps_per_iteration * at
+            for m in range(self.members.count):
+                row = {"iteration": at, "env_steps": steps, "member": m, "seed": self.members.seed(m),
+                       "config": self.members.config(m), "values": {k: float(v[m]) for k, v in hyper.items()},
+                       "lineage": int(lineage[m])}
+                row.update({k: float(v[m, i]) for k, v in values.items()})
+                self.file.write(json.dumps(row) + "\n")
         self.file.flush()
         self.last = iteration
 
@@ -101,13 +111,23 @@ class MemberMetrics(Action):
             self.file.close()
 
 
+def per_iteration(name: str, values: Any, members: int, iterations: int) -> np.ndarray:
+    """A population's metric from one dispatch, [members, iterations, ...], as [members, iterations]: each
+    member's value at each iteration, the mean over the axes after those two (environments, agents)."""
+    x = np.asarray(values, np.float64)
+    if x.ndim < 2 or x.shape[:2] != (members, iterations):
+        raise FragcError(f"sweep: metric '{name}' has shape {x.shape}, not [{members} members, {iterations} "
+                         "iterations, ...]")
+    return x.reshape(members, iterations, -1).mean(axis=2)
+
+
 def best_member(metrics: dict) -> str:
-    """`  best member 172.9`: the highest of the members' mean episode returns at a dispatch's last iteration
-    (it was the highest over the dispatch's iterations of the members' mean)."""
+    """`  best member 172.9`: the highest of the members' episode returns (each its mean over environments) at a
+    dispatch's last iteration. A population's metrics are [members, iterations, ...]."""
     ret = metrics.get("episode_return")
     if ret is None:
         return ""
-    last = np.asarray(ret)[-1]  # the dispatch's last iteration: a row per member (rows are iterations)
+    last = np.asarray(ret)[:, -1]  # the dispatch's last iteration: a row per member
     return f"  best member {float(np.max(last.reshape(last.shape[0], -1).mean(1))):.1f}"
 
 
@@ -116,9 +136,9 @@ def best_member(metrics: dict) -> str:
 
 def report(path: str, members: Members, threshold: float | None, out: str, plot: bool = True,
            log: Any = None, metric: str = "episode_return") -> dict:
-    """The table (printed on `log`, default stdout), summary.json and curves.png from the members' metric lines. Each
-    member's final score is its mean over the last tenth of the reported dispatches (`stats.final_window`), in the
-    table and the plot alike."""
+    """The table (printed on `log`, default stdout), summary.json and curves.png from the members' metric lines
+    (one per member and iteration): the curves have a point per iteration, and each member's final score is its mean
+    over the last tenth of its iterations (`Window`, `stats.final_window`), in the table and the plot alike."""
     log = log or sys.stdout
     rows = [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
     iterations = sorted({r["iteration"] for r in rows})
@@ -169,29 +189,32 @@ def report(path: str, members: Members, threshold: float | None, out: str, plot:
 
 @dataclasses.dataclass
 class Window:
-    """The reports a final score averages: the last `stats.final_window` of them."""
+    """The iterations a final score averages: the last `stats.final_window` of the iterations reported (a tenth, at
+    least one), each one line per member of members.jsonl and one point of the curves."""
 
     iterations: list[int]
-    """The iteration of every report (each the mean over its dispatch)."""
+    """Every iteration reported (1, 2, ..., the last)."""
 
     def __post_init__(self) -> None:
         self.reports = stats.final_window(len(self.iterations))
 
     def covered(self) -> tuple[int, int]:
-        """The first and last iteration the window's reports average over (1-based)."""
-        before = self.iterations[-self.reports - 1] if len(self.iterations) > self.reports else 0
-        return before + 1, self.iterations[-1]
+        """The first and last iteration the window averages over (1-based)."""
+        return self.iterations[-self.reports], self.iterations[-1]
 
     def span(self) -> tuple[int, int]:
-        """The window on the curves' axis, in iterations: from the end of the report before it to its last."""
-        return self.covered()[0] - 1, self.iterations[-1]
+        """The window on the curves' axis, in iterations: from the end of the iteration before it to its last."""
+        first, last = self.covered()
+        return first - 1, last
 
     def title(self, metric: str) -> str:
         first, last = self.covered()
         return (f"final score: each seed's mean {metric} over its last {self.reports} of {len(self.iterations)} "
-                f"reports (iterations {first}-{last}, the last tenth)")
+                f"iterations ({first}-{last}, the last tenth)")
 
     def summary(self) -> dict:
+        """`reports`: how many iterations the window averages, `of`: the iterations reported, `iterations`: the
+        window's first and last."""
         return {"reports": self.reports, "of": len(self.iterations), "iterations": list(self.covered())}
 
 

@@ -135,12 +135,13 @@ def best_configuration(estimates: Mapping[str, tuple[float, float, float]]) -> s
 
 
 FINAL_WINDOW = 0.1
-"""A run's final score is its mean over the last tenth of its reported points (`final_window`): the last point
-alone is one dispatch, whose noise showed as jumps at the end of the curves."""
+"""A run's final score is its mean over the last tenth of its reported points (`final_window`), which for
+`fragc sweep` and `fragc tune` are its iterations: the last iteration alone is too noisy to rank runs by."""
 
 
 def final_window(points: int) -> int:
-    """How many of the last of `points` reported points a final score averages: a tenth, at least 1."""
+    """How many of the last of `points` reported points (a sweep's or a trial's iterations) a final score
+    averages: a tenth, at least 1."""
     return max(1, int(points * FINAL_WINDOW))
 
 
