@@ -50,7 +50,8 @@ class IPPONoTruncation(ippo.IPPO):
     agent axes). MPE's episodes all end at its time limit, which fragc's IPPO bootstraps and JaxMARL's does not. A
     bench side, not an algorithm; shared parameters only."""
 
-    rollout_no_trunc = ippo.agents_fragment(PPONoTruncation.rollout, ippo.IPPO.rollout_shared.agent_axes)
+    rollout_no_trunc = fragc.fragment(role="actor", in_axes=(None, 0), out_axes=(1, 0, None),
+                                      agent_axes=ippo.IPPO.rollout_shared.agent_axes)(PPONoTruncation.rollout.fn)
 
     def __init__(self, config: ippo.Config = ippo.Config()):
         super().__init__(config)

@@ -41,6 +41,8 @@ import jax.numpy as jnp  # noqa: E402
 
 import fragc  # noqa: E402
 from fragc.algos import ppo  # noqa: E402
+from fragc.algos.actor_critic import count_episodes, log_prob_of  # noqa: E402
+from fragc.algos.diagnostics import episode_metrics  # noqa: E402
 
 DIAGNOSTICS = ("approx_kl", "clip_fraction", "explained_variance", "learning_rate")
 VARIANTS = {  # side -> (per-environment keys, truncation bootstrap, diagnostics)
@@ -54,8 +56,6 @@ VARIANTS = {  # side -> (per-environment keys, truncation bootstrap, diagnostics
 
 class Variant(ppo.PPO):
     """fragc's PPO with each of its extras on or off."""
-
-    learner_skips_next_obs = True
 
     def __init__(self, config: ppo.Config, per_env_keys: bool, bootstrap: bool, diagnostics: bool):
         super().__init__(config)
@@ -72,10 +72,10 @@ class Variant(ppo.PPO):
 
     def _act(self, params: Any, obs: jax.Array, act_keys: jax.Array) -> tuple:
         if self.per_env_keys:
-            return self.act(params, obs, act_keys)
-        logits, value = self.apply_network(params, obs)
+            return self.model.act(params, obs, act_keys)
+        logits, value = self.model.apply(params, obs)
         action = jax.random.categorical(act_keys, logits)
-        return action, ppo.action_log_prob(jax.nn.log_softmax(logits), action), value
+        return action, log_prob_of(jax.nn.log_softmax(logits), action), value
 
     @fragc.fragment(role="actor", in_axes=(None, 0), out_axes=(1, 0, None))
     def rollout(self, params: Any, runner: Any) -> tuple:
@@ -90,17 +90,17 @@ class Variant(ppo.PPO):
         runner, (obs, action, log_prob, value, reached, reward, terminated, done) = jax.lax.scan(
             step, runner, None, self.config.num_steps)
         if self.bootstrap:
-            next_value = self.value(params, reached)
+            next_value = self.model.value(params, reached)
         else:  # PureJaxRL's: the next step's value (after a reset where done), the last observation's at the end
-            next_value = jnp.concatenate([value[1:], self.value(params, runner.obs)[None]])
+            next_value = jnp.concatenate([value[1:], self.model.value(params, runner.obs)[None]])
             terminated = done
         traj = ppo.Transition(obs, action, log_prob, value, None, next_value, reward, terminated, done)
-        metrics = {**self.episode_metrics(runner), "episodes": self.episodes_ended(done)}
+        metrics = {**episode_metrics(runner), "episodes": count_episodes(done)}
         return traj, runner, metrics
 
     @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None))
     def learn(self, learner: Any, traj: Any) -> tuple:
-        learner, metrics = ppo.PPO.learn.fn(self, learner, traj)
+        learner, metrics = ppo.update(learner, traj, self.config, self.model, self.optimizer)
         if not self.diagnostics:
             metrics = {k: v for k, v in metrics.items() if k not in DIAGNOSTICS}
         return learner, metrics

@@ -44,6 +44,7 @@ import purejaxrl_ppo  # noqa: E402
 
 import fragc  # noqa: E402
 from fragc.algos import ppo  # noqa: E402
+from fragc.algos.diagnostics import episode_metrics  # noqa: E402
 
 SIDES = ("fragc", "plain_jit", "purejaxrl")
 OPTIONAL_SIDES = ("fragc_no_trunc",)
@@ -62,14 +63,14 @@ class PPONoTruncation(ppo.PPO):
         def step(runner, _):
             keys = jax.vmap(lambda k: jax.random.split(k, 3))(runner.key)
             obs = runner.obs
-            action, log_prob, value = self.act(params, obs, keys[:, 0])
+            action, log_prob, value = self.model.act(params, obs, keys[:, 0])
             runner, out = self.env.step(runner.replace(key=keys[:, 2]), action, keys[:, 1])
             return runner, (obs, action, log_prob, value, out.reward, out.episode_done)
 
         runner, (obs, action, log_prob, value, reward, done) = jax.lax.scan(step, runner, None, self.config.num_steps)
-        next_value = jnp.concatenate([value[1:], self.value(params, runner.obs)[None]])
+        next_value = jnp.concatenate([value[1:], self.model.value(params, runner.obs)[None]])
         traj = ppo.Transition(obs, action, log_prob, value, obs, next_value, reward, done, done)
-        metrics = {**ppo.episode_metrics(runner), "episodes": fragc.psum(jnp.sum(traj.done))}
+        metrics = {**episode_metrics(runner), "episodes": fragc.psum(jnp.sum(traj.done))}
         return traj, runner, metrics
 
 

@@ -81,7 +81,7 @@ def test_a_key_samples_the_stochastic_policy_and_a_greedy_one_refuses_it(tmp_pat
     policy = fragc.load_policy(tmp_path / "ppo")
     obs = observations(algo, 5)
     keys = jax.random.split(jax.random.key(11), 5)
-    want = algo.act(algo.policy_params(state), obs, keys)[0]
+    want = algo.model.act(algo.policy_params(state), obs, keys)[0]
     np.testing.assert_array_equal(policy(obs, jax.random.key(11)), want)
     sac, sac_state = checkpoint("sac", tmp_path / "sac")
     sac_obs = observations(sac, 5)

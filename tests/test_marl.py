@@ -19,7 +19,7 @@ from conftest import assert_trees_close, traced_module
 if importlib.util.find_spec("jaxmarl") is None:
     pytest.skip("jaxmarl is the optional extra fragc[marl]", allow_module_level=True)
 
-from fragc.algos import ippo, mappo, ppo  # noqa: E402
+from fragc.algos import ippo, mappo  # noqa: E402
 from fragc.algos.envs import VecEnv  # noqa: E402
 from fragc.ir.errors import FragcError  # noqa: E402
 

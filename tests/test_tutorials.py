@@ -65,7 +65,9 @@ def run_page(page: str, folder: pathlib.Path, capsys, monkeypatch) -> None:
                     run_command(line, folder, capsys, monkeypatch)
         elif language == "python":
             first = body.splitlines()[0]
-            if re.fullmatch(r"# \w+\.py", first):
+            if named := re.fullmatch(r"# from (\S+)", first):  # an excerpt of fragc's own source
+                assert_excerpt(page, named.group(1), body)
+            elif re.fullmatch(r"# \w+\.py", first):
                 (folder / first[2:]).write_text(body)
             else:
                 script.append(body)
@@ -86,6 +88,7 @@ def test_the_first_run(tmp_path: pathlib.Path, capsys, monkeypatch):
 def test_writing_an_algorithm(tmp_path: pathlib.Path, capsys, monkeypatch):
     run_page("writing_an_algorithm.md", tmp_path, capsys, monkeypatch)
     assert (tmp_path / "reinforce.py").exists()
+    assert sum(body.startswith("# from src/fragc/algos/a2c.py") for _, body in blocks("writing_an_algorithm.md")) >= 4
 
 
 def excerpt_lines(body: str) -> list[str]:
@@ -108,16 +111,20 @@ def porting_blocks() -> tuple[list[tuple[str, str]], list[str], list[str]]:
     return excerpts, runnable, commands
 
 
+def assert_excerpt(page: str, source: str, body: str) -> None:
+    """Each line of an excerpt appears in its source file, in order."""
+    lines = [l.strip() for l in (ROOT / source).read_text().splitlines()]
+    at = 0
+    for line in excerpt_lines(body):
+        assert line in lines[at:], f"docs/{page} has a line {source} does not (after its line {at}): {line}"
+        at = lines.index(line, at) + 1
+
+
 def test_portings_code_is_the_port():
-    """Each excerpt's lines appear in its source file, in order."""
     excerpts, runnable, commands = porting_blocks()
     assert len(excerpts) >= 6 and runnable and commands
     for source, body in excerpts:
-        lines = [l.strip() for l in (ROOT / source).read_text().splitlines()]
-        at = 0
-        for line in excerpt_lines(body):
-            assert line in lines[at:], f"docs/porting.md has a line {source} does not (after its line {at}): {line}"
-            at = lines.index(line, at) + 1
+        assert_excerpt("porting.md", source, body)
 
 
 @pytest.mark.slow

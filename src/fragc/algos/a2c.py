@@ -15,23 +15,20 @@ import jax.numpy as jnp
 import optax
 
 import fragc
-from fragc.algos import losses
+from fragc.algos import actor_critic, losses
 from fragc.algos.actor_critic import Categorical, EvalState, Learner, State, Transition, collect, model_for
 from fragc.algos.diagnostics import explained_variance, lr_metric
 from fragc.algos.envs import Runner, VecEnv, discrete_env
-from fragc.algos.evaluation import EvalConfig, Evaluator
+from fragc.algos.evaluation import Evaluator
 from fragc.algos.minibatches import flatten_steps
-from fragc.algos.networks import ACTIVATIONS
 from fragc.algos.returns import gae
-from fragc.algos.run_length import RunLength
 from fragc.algos.validation import algo_name
-from fragc.ir.errors import FragcError
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(RunLength, EvalConfig):
-    env: str = "CartPole-v1"
-    """Environment: a gymnax id, or BACKEND:ID for a host backend (fragc envs); discrete actions."""
+class Config(actor_critic.NetworkConfig):
+    """The actor-critics' fields (actor_critic.py) at A2C's values."""
+
     num_envs: int = 8
     """Environments stepped in parallel."""
     num_steps: int = 8
@@ -42,33 +39,11 @@ class Config(RunLength, EvalConfig):
     """Environment steps over the whole run."""
     lr: float = 7e-4
     """Adam learning rate (at the start, when annealed)."""
-    anneal_lr: bool = True
-    """Anneal the learning rate linearly to zero over `total_steps`."""
-    gamma: float = 0.99
-    """Discount factor."""
     gae_lambda: float = 0.95
     """GAE lambda; 1.0 gives plain n-step returns."""
     ent_coef: float = 0.0
     """Entropy bonus weight (0, as RL Baselines3 Zoo's CartPole A2C: 0.01 kept the policy's entropy near
     0.5 nats of at most 0.69, and returns drifted down late in training)."""
-    vf_coef: float = 0.5
-    """Value loss weight."""
-    max_grad_norm: float = 0.5
-    """Global gradient-norm clip."""
-    hidden: int = 64
-    """Width of the two hidden layers of the actor and of the critic."""
-    activation: str = "tanh"
-    """Hidden-layer activation: "tanh" or "relu"."""
-    network: str = "auto"
-    """mlp (the two MLPs above, on the flattened observation), nature_cnn or impala_cnn (CleanRL's Atari
-    actor-critic: one CNN torso, a policy and a value head), or auto: a CNN for frames (nature_cnn from 36x36,
-    impala_cnn below), the MLP for vectors (docs/pixels.md)."""
-
-    def __post_init__(self) -> None:
-        self.check_fields()
-        if self.activation not in ACTIVATIONS:
-            raise FragcError(f"{algo_name(self)}: activation must be one of {', '.join(ACTIVATIONS)}, got "
-                             f"{self.activation!r}")
 
 
 def learning_rate(config: Config) -> Any:
@@ -139,7 +114,8 @@ class A2C:
         c = self.config
         advantages, targets = gae(traj, c.gamma, c.gae_lambda)
         rollout_loss = functools.partial(loss, config=c, model=self.model)
-        grads, metrics = jax.grad(rollout_loss, has_aux=True)(learner.params, *flatten_steps((traj, advantages, targets)))
+        batch = flatten_steps((traj, advantages, targets))  # [T * N, ...]: one batch of every step
+        grads, metrics = jax.grad(rollout_loss, has_aux=True)(learner.params, *batch)
         grads = fragc.pmean(grads)
         diagnostics = {**lr_metric(learning_rate(c), learner.opt_state),
                        "explained_variance": explained_variance(targets, traj.value)}

@@ -19,11 +19,63 @@ from flax import struct
 
 import fragc
 from fragc.algos.diagnostics import episode_metrics
-from fragc.algos.evaluation import EvaluatorState
-from fragc.algos.networks import ActorCritic, ChosenNetwork, GaussianActorCritic, PixelActorCritic, torso
+from fragc.algos.evaluation import EvalConfig, EvaluatorState
+from fragc.algos.networks import ACTIVATIONS, ActorCritic, ChosenNetwork, GaussianActorCritic, PixelActorCritic, torso
+from fragc.algos.run_length import RunLength
 from fragc.algos.validation import algo_name
 from fragc.algos.vec_env import Runner
 from fragc.ir.errors import FragcError
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(RunLength, EvalConfig):
+    """The fields every actor-critic's config has, at PureJaxRL's CartPole values (PPO's)."""
+
+    env: str = "CartPole-v1"
+    """Environment: a gymnax id, or BACKEND:ID for a host backend (fragc envs); discrete actions."""
+    num_envs: int = 4
+    """Environments stepped in parallel."""
+    num_steps: int = 128
+    """Steps per environment in one rollout."""
+    total_steps: int = 500_000
+    """Environment steps over the whole run; sets the learning-rate schedule and the CLI's run length."""
+    lr: float = 2.5e-4
+    """Adam learning rate (at the start, when annealed)."""
+    anneal_lr: bool = True
+    """Anneal the learning rate linearly to zero over `total_steps`."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda."""
+    ent_coef: float = 0.01
+    """Entropy bonus weight."""
+    vf_coef: float = 0.5
+    """Value loss weight."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    hidden: int = 64
+    """Width of the two hidden layers of the actor and of the critic."""
+
+    def __post_init__(self) -> None:
+        self.check_fields()
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkConfig(Config):
+    """An actor-critic whose network is `model_for`'s: PureJaxRL's MLPs or CleanRL's CNNs."""
+
+    activation: str = "tanh"
+    """Hidden-layer activation: "tanh" (PureJaxRL's CartPole network) or "relu" (its MinAtar one)."""
+    network: str = "auto"
+    """mlp (the two MLPs above, on the flattened observation), nature_cnn or impala_cnn (CleanRL's Atari
+    actor-critic: one CNN torso, a policy and a value head), or auto: a CNN for frames (nature_cnn from 36x36,
+    impala_cnn below), the MLP for vectors (docs/pixels.md)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.activation not in ACTIVATIONS:
+            raise FragcError(f"{algo_name(self)}: activation must be one of {', '.join(ACTIVATIONS)}, got "
+                             f"{self.activation!r}")
 
 
 @struct.dataclass

@@ -19,68 +19,35 @@ import jax.numpy as jnp
 import optax
 
 import fragc
-from fragc.algos import losses
+from fragc.algos import actor_critic, losses
 from fragc.algos.actor_critic import Categorical, EvalState, Learner, State, Transition, collect, model_for
 from fragc.algos.diagnostics import explained_variance, lr_metric
 from fragc.algos.envs import Runner, VecEnv, discrete_env, single_agent_env
-from fragc.algos.evaluation import EvalConfig, Evaluator
+from fragc.algos.evaluation import Evaluator
 from fragc.algos.minibatches import flatten_steps, shuffled
-from fragc.algos.networks import ACTIVATIONS
 from fragc.algos.returns import gae
-from fragc.algos.run_length import RunLength
 from fragc.algos.validation import algo_name
 from fragc.ir.errors import FragcError
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(RunLength, EvalConfig):
+class Config(actor_critic.NetworkConfig):
+    """The actor-critics' fields (actor_critic.py) and PPO's own, at PureJaxRL's CartPole values."""
+
     actions: ClassVar[str] = "discrete"
     """The action spaces taken: discrete (a categorical policy); ppo_continuous's config says continuous (a
     Gaussian)."""
-    env: str = "CartPole-v1"
-    """Environment: a gymnax id, or BACKEND:ID for a host backend (fragc envs); discrete actions."""
-    num_envs: int = 4
-    """Environments stepped in parallel."""
-    num_steps: int = 128
-    """Steps per environment in one rollout."""
-    total_steps: int = 500_000
-    """Environment steps over the whole run; sets the learning-rate schedule and the CLI's run length."""
-    lr: float = 2.5e-4
-    """Adam learning rate (at the start, when annealed)."""
-    anneal_lr: bool = True
-    """Anneal the learning rate linearly to zero over `total_steps`."""
     update_epochs: int = 4
     """Passes over each rollout."""
     num_minibatches: int = 4
     """Minibatches per epoch."""
-    gamma: float = 0.99
-    """Discount factor."""
-    gae_lambda: float = 0.95
-    """GAE lambda."""
     clip_eps: float = 0.2
     """PPO ratio clip."""
     clip_value: bool = True
     """Also clip each value update to `clip_eps` around the rollout's values (PureJaxRL's value loss)."""
-    ent_coef: float = 0.01
-    """Entropy bonus weight."""
-    vf_coef: float = 0.5
-    """Value loss weight."""
-    max_grad_norm: float = 0.5
-    """Global gradient-norm clip."""
-    hidden: int = 64
-    """Width of the two hidden layers of the actor and of the critic."""
-    activation: str = "tanh"
-    """Hidden-layer activation: "tanh" (PureJaxRL's CartPole network) or "relu" (its MinAtar one)."""
-    network: str = "auto"
-    """mlp (the two MLPs above, on the flattened observation), nature_cnn or impala_cnn (CleanRL's Atari
-    actor-critic: one CNN torso, a policy and a value head), or auto: a CNN for frames (nature_cnn from 36x36,
-    impala_cnn below), the MLP for vectors (docs/pixels.md)."""
 
     def __post_init__(self) -> None:
-        self.check_fields()
-        if self.activation not in ACTIVATIONS:
-            raise FragcError(f"{algo_name(self)}: activation must be one of {', '.join(ACTIVATIONS)}, got "
-                             f"{self.activation!r}")
+        super().__post_init__()
         if (self.num_envs * self.num_steps) % self.num_minibatches:
             raise FragcError(f"{algo_name(self)}: num_envs * num_steps ({self.num_envs * self.num_steps}) must "
                              f"divide by num_minibatches ({self.num_minibatches})")

@@ -34,14 +34,13 @@ import optax
 from flax import struct
 
 import fragc
-from fragc.algos import losses, ppo
+from fragc.algos import actor_critic, losses, ppo
 from fragc.algos.actor_critic import log_prob_of
 from fragc.algos.diagnostics import episode_metrics, explained_variance, lr_metric
 from fragc.algos.envs import Runner, Step, VecEnv, discrete_env
-from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
+from fragc.algos.evaluation import Evaluator, EvaluatorState
 from fragc.algos.networks import dense
 from fragc.algos.returns import gae
-from fragc.algos.run_length import RunLength
 from fragc.algos.sac import TORCH_INIT
 from fragc.ir.errors import FragcError
 
@@ -50,28 +49,18 @@ CARTPOLE_VELOCITIES = (1, 3)
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(RunLength, EvalConfig):
-    env: str = "CartPole-v1"
-    """Environment: a gymnax id, or BACKEND:ID for a host backend (fragc envs); discrete actions."""
+class Config(actor_critic.Config):
+    """The actor-critics' fields (actor_critic.py) and the recurrent network's, at PureJaxRL's ppo_rnn.py values."""
+
     num_envs: int = 16
     """Environments stepped in parallel (PureJaxRL uses 4; 16 leaves each of up to 8 replicas whole sequences
     for `num_minibatches`)."""
     num_steps: int = 128
     """Steps per environment in one rollout (the length of the sequences the GRU is trained on)."""
-    total_steps: int = 500_000
-    """Environment steps over the whole run; sets the learning-rate schedule and the CLI's run length."""
-    lr: float = 2.5e-4
-    """Adam learning rate (at the start, when annealed)."""
-    anneal_lr: bool = True
-    """Anneal the learning rate linearly to zero over `total_steps`."""
     update_epochs: int = 4
     """Passes over each rollout."""
     num_minibatches: int = 2
     """Minibatches per epoch, each a set of whole environment sequences (num_envs must divide by it)."""
-    gamma: float = 0.99
-    """Discount factor."""
-    gae_lambda: float = 0.95
-    """GAE lambda."""
     clip_eps: float = 0.2
     """PPO ratio clip (at the start, when annealed)."""
     anneal_clip: bool = False
@@ -81,12 +70,6 @@ class Config(RunLength, EvalConfig):
     clip_value: bool = True
     """Clip the value's change from the rollout's value to `clip_eps` in the value loss (PureJaxRL's); SB3's
     default (clip_range_vf=None) does not."""
-    ent_coef: float = 0.01
-    """Entropy bonus weight."""
-    vf_coef: float = 0.5
-    """Value loss weight."""
-    max_grad_norm: float = 0.5
-    """Global gradient-norm clip."""
     hidden: int = 128
     """Width of the embedding, of the GRU's hidden state and of the actor's and critic's hidden layer."""
     critic_gru: bool = False
@@ -108,7 +91,7 @@ class Config(RunLength, EvalConfig):
     learner) as (obs - mean) / sqrt(var + 1e-8), clipped to [-10, 10]."""
 
     def __post_init__(self) -> None:
-        self.check_fields()
+        super().__post_init__()
         if self.num_envs % self.num_minibatches:
             raise FragcError(f"ppo_rnn: num_envs ({self.num_envs}) must divide by num_minibatches "
                              f"({self.num_minibatches}): minibatches are whole environment sequences")
