@@ -77,7 +77,8 @@ def test_each_replica_samples_its_own_indices(name):
     assert not all(np.array_equal(a, b) for a, b in zip(local[0], local[1])), "both replicas drew the same slots"
 
     k_time, k_env = jax.random.split(key)  # one replica: the key as given, the draws of before
-    shape = (algo.batches_per_iteration, algo.config.batch_size)
+    batches = algo.config.num_steps if name == "dqn" else algo.config.gradient_steps  # one a step of either
+    shape = (batches, algo.config.batch_size)
     expected = slot_ids[np.asarray(jax.random.randint(k_time, shape, 0, capacity)),
                         np.asarray(jax.random.randint(k_env, shape, 0, envs))]
     np.testing.assert_array_equal(np.asarray(algo.sample(buffer, key)["id"]), expected)

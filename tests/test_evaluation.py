@@ -190,7 +190,7 @@ def test_ppo_evaluates_its_greedy_policy():
     evaluated, metrics = jax.jit(lambda s: algo.evaluator.maybe_evaluate(s, algo.policy_params(s)))(start)
     chex.assert_trees_all_equal((evaluated.learner, evaluated.runner), (start.learner, start.runner))
     assert int(evaluated.evaluator.iteration) == 1
-    argmax_logits = jax.jit(lambda params, obs: jnp.argmax(algo.network.apply(params, obs)[0], -1))
+    argmax_logits = jax.jit(lambda params, obs: jnp.argmax(algo.model.network.apply(params, obs)[0], -1))
     assert metrics["eval_return"] == plain_gymnax_return(argmax_logits, start.learner.params, start.evaluator)
 
 
@@ -259,8 +259,8 @@ def test_greedy_action_of_continuous_ppo_is_the_mean_clipped_as_env_action_clips
 
     @jax.jit
     def actions_and_means(key):
-        params = algo.network.init(key, obs[:1])
-        (mean, _), _ = algo.network.apply(params, obs)
+        params = algo.model.network.init(key, obs[:1])
+        (mean, _), _ = algo.model.network.apply(params, obs)
         shifted = jax.tree.map(lambda x: x, params)
         shifted["params"]["actor"]["Dense_2"]["bias"] += 10.0  # a mean beyond Pendulum's bound of 2
         return algo.greedy_action(params, obs), mean, algo.greedy_action(shifted, obs)

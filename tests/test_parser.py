@@ -7,6 +7,7 @@ import pytest
 import fragc
 import user_shapes
 from fragc.algos import ppo, pqn
+from fragc.algos.networks import ChosenNetwork
 from fragc.ir.graph import For
 from fragc.ir import ParseError, format_module, parse, verify
 from fragc.passes import BUILTIN, default_passes, resolve, run_pipeline
@@ -118,11 +119,17 @@ def test_a_broken_text_names_what_is_wrong(algo_module):
         parse(text.replace("(%state.", "(%nowhere.", 1))
 
 
+class Unrolled(ChosenNetwork):
+    """The MLP, its learner's loops unrolled: what a CNN on the CPU resolves to."""
+
+    unroll = True
+
+
 def test_an_unrolled_for_region_prints_and_parses_back():
     """`lax.scan(..., unroll=True)` around fragment calls (PQN's epochs with a CNN on the CPU) keeps its
     unrolling through the IR: printed, parsed back, and lowered with it."""
     algo = pqn.PQN(pqn.Config(num_envs=8, num_steps=8, num_minibatches=2, num_epochs=2))
-    algo.__dict__["unroll"] = True  # what a CNN on the CPU resolves to
+    algo.__dict__["chosen"] = Unrolled(algo.chosen.name, algo.chosen.observations)
     module = fragc.trace(algo)
     loop = next(n for n in module.graph.nodes if isinstance(n, For))
     assert loop.trips == loop.unroll == 2

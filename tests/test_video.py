@@ -76,7 +76,7 @@ def plain(algo):
     import gymnax
 
     env, env_params = gymnax.make("CartPole-v1")
-    return env, env_params, jax.jit(lambda p, obs: jnp.argmax(algo.network.apply(p, obs.reshape(1, -1))[0][0]))
+    return env, env_params, jax.jit(lambda p, obs: jnp.argmax(algo.model.apply(p, obs.reshape(1, -1))[0][0]))
 
 
 def episode_lengths(algo, params, episodes, seed, max_steps=MAX_STEPS):

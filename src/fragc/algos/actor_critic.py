@@ -190,7 +190,7 @@ class Gaussian(Categorical):
     are kept unclipped (their log-probabilities are exact) and clipped to the action space's bounds only for the
     environment."""
 
-    space: Any = None
+    env: Any = None  # its action space read where used: a gymnax space made inside a trace holds that trace's arrays
 
     def act(self, params: Any, obs: jax.Array, keys: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         (mean, log_std), value = self.apply(params, obs)
@@ -204,7 +204,8 @@ class Gaussian(Categorical):
         return gaussian_log_prob(mean, log_std, action), entropy, value
 
     def env_action(self, action: jax.Array) -> jax.Array:
-        return jnp.clip(action, self.space.low, self.space.high).reshape((action.shape[0],) + tuple(self.space.shape))
+        space = self.env.action_space
+        return jnp.clip(action, space.low, space.high).reshape((action.shape[0],) + tuple(space.shape))
 
     def greedy(self, params: Any, obs: jax.Array) -> jax.Array:
         """The Gaussian's mean for each of `obs[n, obs_size]`, clipped to the action space as `env_action` does."""
@@ -224,7 +225,7 @@ def model_for(config: Any, env: Any) -> Categorical:
         raise FragcError(f"{algo_name(config)}: network must be auto or mlp (no pixel network for continuous actions), "
                          f"got {config.network!r}")
     dims = int(np.prod(env.action_space.shape))
-    return Gaussian(GaussianActorCritic(dims, config.hidden, config.activation), chosen, space=env.action_space)
+    return Gaussian(GaussianActorCritic(dims, config.hidden, config.activation), chosen, env=env)
 
 
 # ---------------------------------------------------------------- the rollout

@@ -196,8 +196,7 @@ def config_options(parser: argparse.ArgumentParser, algo: str, values: Any = Non
     group = parser.add_argument_group(f"options of {algo}",
                                       f"fields of {config_cls.__module__}.{config_cls.__qualname__}; {description}")
     own = set(parser._option_string_actions)  # argparse's table of the option strings taken so far
-    declared_here = set(vars(config_cls).get("__annotations__", {}))
-    fields = sorted(dataclasses.fields(config_cls), key=lambda f: f.name not in declared_here)  # its own first
+    fields = sorted(dataclasses.fields(config_cls), key=lambda f: field_rank(config_cls, f.name))
     for field in fields:
         if not field.init:
             continue
@@ -265,6 +264,16 @@ def option_type(field: dataclasses.Field) -> tuple[Any, str]:
     if name.replace(" ", "") in ("str|None", "Optional[str]", "None|str"):
         return str, ""
     return literal, f" (a Python literal, type {name})"
+
+
+def field_rank(config_cls: type, name: str) -> int:
+    """Where a config's field comes in its options: a user's own fields first (declared outside fragc: a subclass of a
+    built-in's config), then the algorithm's, then the evaluation fields every built-in takes; the dataclass's order
+    within each."""
+    owner = next(c for c in config_cls.__mro__ if name in vars(c).get("__annotations__", {}))
+    if not owner.__module__.startswith("fragc."):
+        return 0
+    return 2 if owner.__module__ == "fragc.algos.evaluation" else 1
 
 
 @functools.lru_cache(maxsize=64)
