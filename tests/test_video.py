@@ -184,7 +184,8 @@ def test_headless_mujoco_picks_egl_or_osmesa(monkeypatch):
     own; faked here) is set as MUJOCO_GL, or one line refuses before training; a display, a MUJOCO_GL of the
     user's, or an environment that is not MuJoCo's are left alone."""
     for name in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL", "PYOPENGL_PLATFORM"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")  # recorded as it was before the test: what headless_gl sets is undone after it
+        monkeypatch.delenv(name)  # (a delenv of an absent name records nothing, and a later one records the new value)
     tried = []
     monkeypatch.setattr(video, "_gl_works", lambda backend: tried.append(backend) or backend == "osmesa")
     video.headless_gl("gymnasium:HalfCheetah-v5", "HalfCheetah-v5")
