@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -35,13 +35,14 @@ from flax import struct
 
 import fragc
 from fragc.algos import actor_critic, losses, ppo
-from fragc.algos.actor_critic import log_prob_of
+from fragc.algos.actor_critic import count_episodes, log_prob_of
 from fragc.algos.diagnostics import episode_metrics, explained_variance, lr_metric
 from fragc.algos.envs import Runner, Step, VecEnv, discrete_env
 from fragc.algos.evaluation import Evaluator, EvaluatorState
 from fragc.algos.networks import dense
 from fragc.algos.returns import gae
 from fragc.algos.sac import TORCH_INIT
+from fragc.algos.validation import algo_name
 from fragc.ir.errors import FragcError
 
 CARTPOLE_VELOCITIES = (1, 3)
@@ -350,89 +351,12 @@ class PPORNN:
     # COLLECT TRAJECTORIES: one GRU step per environment step
     @fragc.fragment(role="actor", in_axes=(None, ACTOR_AXES), out_axes=(1, ACTOR_AXES, None))
     def rollout(self, params: Any, actor: Actor) -> tuple[Transition, Actor, dict]:
-        def step(actor: Actor, _: None) -> tuple[Actor, tuple]:
-            runner = actor.runner
-            keys = jax.vmap(lambda k: jax.random.split(k, 3))(runner.key)  # acting, environment step, carried
-            # as VecNormalize: the statistics take each observation in before it is normalized
-            obs_stats = None if actor.obs_stats is None else actor.obs_stats.update(runner.obs)
-            obs = observe(obs_stats, runner.obs)
-            hidden, logits, value = self.network.apply(params, actor.hidden, obs[None], actor.done[None])
-            logits, value = logits[0], value[0]
-            action = jax.vmap(jax.random.categorical)(keys[:, 0], logits)
-            log_prob = log_prob_of(jax.nn.log_softmax(logits), action)
-            new_runner, out = self.env.step(runner.replace(key=keys[:, 2]), action, keys[:, 1])
-            record = (actor.hidden, actor.done, obs, action, log_prob, value, hidden,
-                      observe(obs_stats, out.final_obs), out.reward, out.terminated, out.episode_done)
-            return Actor(new_runner, hidden, out.episode_done, obs_stats), record
-
-        actor, (h, reset, obs, action, log_prob, value, h_after, next_obs, reward, terminated, done) = \
-            jax.lax.scan(step, actor, None, self.config.num_steps)
-        # V(s_{t+1}) for every step at once: one GRU step from the hidden state after step t on the observation
-        # reached (before any reset), all T * N of them as one batch; a truncated episode bootstraps from it
-        T, N = reward.shape
-        _, _, next_value = self.network.apply(params, h_after.reshape(T * N, -1),
-                                              next_obs.reshape(1, T * N, -1), jnp.zeros((1, T * N), bool))
-        traj = Transition(h, reset, obs, action, log_prob, value, next_value.reshape(T, N), reward, terminated, done)
-        metrics = {**episode_metrics(actor.runner), "episodes": fragc.psum(jnp.sum(done))}
-        return traj, actor, metrics
+        return collect(self.network, self.env, params, actor, self.config.num_steps)
 
     # UPDATE NETWORK: the advantages once, then `update_epochs` passes in minibatches of whole environment sequences
     @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None))
     def learn(self, learner: Learner, traj: Transition) -> tuple[Learner, dict]:
-        c = self.config
-        T, N = traj.reward.shape
-        if N % c.num_minibatches:
-            raise FragcError(f"ppo_rnn: each replica's environments ({N}) must divide by num_minibatches "
-                             f"({c.num_minibatches}): use more environments or fewer minibatches")
-        advantages, targets = gae(traj, c.gamma, c.gae_lambda)  # from the rollout's values: the same every epoch
-
-        def epoch(learner: Learner, _: None) -> tuple[Learner, dict]:
-            clip = self.ratio_clip(learner.epochs)
-
-            def minibatch_step(learner: Learner, mb: Any) -> tuple[Learner, dict]:
-                grads, metrics = jax.grad(self._loss, has_aux=True)(learner.params, *mb, clip)
-                grads = fragc.pmean(grads)
-                metrics = {**metrics, **lr_metric(ppo.learning_rate(c), learner.opt_state)}
-                return losses.apply_gradients(learner, grads, self.optimizer), metrics
-
-            key, perm_key = jax.random.split(learner.key)
-            # the same shuffle of its own environments on every replica, as ppo's shuffle of its own steps is; drawn
-            # as N + 1 uniforms, as a draw of exactly N from the replicated key reads as a per-environment stream
-            perm = jnp.argsort(jax.random.uniform(perm_key, (N + 1,))[:N])
-            # [T, N, ...] -> [M, T, N / M, ...]: the environments shuffled, each keeps its whole sequence
-            split = lambda x: jnp.swapaxes(x[:, perm].reshape((T, c.num_minibatches, -1) + x.shape[2:]), 0, 1)
-            shuffled = jax.tree.map(split, (traj, advantages, targets))
-            learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled)
-            return learner.replace(epochs=learner.epochs + 1), fragc.pmean(jax.tree.map(jnp.mean, metrics))
-
-        learner, metrics = jax.lax.scan(epoch, learner, None, c.update_epochs)
-        metrics = jax.tree.map(jnp.mean, metrics)  # over epochs
-        return learner, {**metrics, "explained_variance": explained_variance(targets, traj.value)}
-
-    def ratio_clip(self, epochs: jax.Array) -> jax.Array | float:
-        """The ratio clip of the epoch after `epochs` passes: clip_eps, or with anneal_clip clip_eps times the
-        fraction of the run left after the current iteration's rollout (SB3's progress_remaining)."""
-        c = self.config
-        if not c.anneal_clip:
-            return c.clip_eps
-        iteration = epochs // c.update_epochs
-        return c.clip_eps * (1.0 - (iteration + 1) / c.iterations)
-
-    def _loss(self, params: Any, traj: Transition, advantages: jax.Array, targets: jax.Array,
-              clip: jax.Array | float | None = None) -> tuple[jax.Array, dict]:
-        """PPO's clipped loss on a minibatch of whole sequences; `clip`: the ratio clip (clip_eps when None)."""
-        c = self.config
-        clip = c.clip_eps if clip is None else clip
-        _, logits, value = self.network.apply(params, traj.hidden[0], traj.obs, traj.reset)  # replay from the start
-        log_probs = jax.nn.log_softmax(logits)
-        log_prob = log_prob_of(log_probs, traj.action)
-        entropy = jnp.mean(-jnp.sum(jnp.exp(log_probs) * log_probs, -1))
-
-        value_loss = losses.value_loss(value, targets, traj.value, c.clip_eps if c.clip_value else None)
-        actor_loss, diagnostics = losses.clipped_surrogate(log_prob, traj.log_prob, advantages, clip)
-        loss = actor_loss + c.vf_coef * value_loss - c.ent_coef * entropy
-        return loss, {"loss": loss, "actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy,
-                      **diagnostics}
+        return update(learner, traj, self.config, self.network, self.optimizer)
 
     # THE DETERMINISTIC POLICY: what evaluation episodes and videos act with (`Evaluator.recurrent`). There is no
     # `greedy_action(params, obs)`: a recurrent policy carries its hidden state from step to step.
@@ -460,3 +384,102 @@ class PPORNN:
         most probable action each)."""
         hidden, logits, _ = self.network.apply(params, hidden, obs[None], reset[None])
         return hidden, jnp.argmax(logits[0], -1)
+
+
+# ---------------------------------------------------------------- the rollout and the update: IPPO-RNN calls them too
+
+
+def collect(network: Any, env: Any, params: Any, actor: Actor, num_steps: int,
+            episode_stats: Callable[[Runner], dict] = episode_metrics,
+            episodes_ended: Callable[[jax.Array], jax.Array] = count_episodes) -> tuple[Transition, Actor, dict]:
+    """`num_steps` steps of every environment, one step of the recurrent network (`network.apply(params, carry,
+    obs [T, B..., D], resets [T, B...])`) each, with per-environment keys -> (trajectory [T, N, ...], actor,
+    metrics). The environments' arrays may have an agent axis after the environment axis ([N, A, ...]: IPPO-RNN's
+    agents, each a sequence of its own)."""
+
+    def step(actor: Actor, _: None) -> tuple[Actor, tuple]:
+        runner = actor.runner
+        keys = jax.vmap(lambda k: jax.random.split(k, 3))(runner.key)  # acting, environment step, carried
+        # as VecNormalize: the statistics take each observation in before it is normalized
+        obs_stats = None if actor.obs_stats is None else actor.obs_stats.update(runner.obs)
+        obs = observe(obs_stats, runner.obs)
+        hidden, logits, value = network.apply(params, actor.hidden, obs[None], actor.done[None])
+        logits, value = logits[0], value[0]
+        action = jax.vmap(jax.random.categorical)(keys[:, 0], logits)
+        log_prob = log_prob_of(jax.nn.log_softmax(logits), action)
+        new_runner, out = env.step(runner.replace(key=keys[:, 2]), action, keys[:, 1])
+        record = (actor.hidden, actor.done, obs, action, log_prob, value, hidden,
+                  observe(obs_stats, out.final_obs), out.reward, out.terminated, out.episode_done)
+        return Actor(new_runner, hidden, out.episode_done, obs_stats), record
+
+    actor, (h, reset, obs, action, log_prob, value, h_after, next_obs, reward, terminated, done) = \
+        jax.lax.scan(step, actor, None, num_steps)
+    # V(s_{t+1}) for every step at once: one GRU step from the hidden state after step t on the observation
+    # reached (before any reset), all of them as one batch; a truncated episode bootstraps from it
+    lead = reward.shape
+    n = int(np.prod(lead))
+    _, _, next_value = network.apply(params, h_after.reshape(n, -1), next_obs.reshape((1, n) + next_obs.shape[len(lead):]),
+                                     jnp.zeros((1, n), bool))
+    traj = Transition(h, reset, obs, action, log_prob, value, next_value.reshape(lead), reward, terminated, done)
+    return traj, actor, {**episode_stats(actor.runner), "episodes": episodes_ended(done)}
+
+
+def update(learner: Learner, traj: Transition, config: Any, network: Any,
+           tx: optax.GradientTransformation) -> tuple[Learner, dict]:
+    """The advantages once, then `update_epochs` passes over the rollout in minibatches of whole environment
+    sequences (with their agents', where there are any), the gradients averaged over the learner's replicas."""
+    c = config
+    T, N = traj.reward.shape[:2]
+    if N % c.num_minibatches:
+        raise FragcError(f"{algo_name(c)}: each replica's environments ({N}) must divide by num_minibatches "
+                         f"({c.num_minibatches}): use more environments or fewer minibatches")
+    advantages, targets = gae(traj, c.gamma, c.gae_lambda)  # from the rollout's values: the same every epoch
+
+    def epoch(learner: Learner, _: None) -> tuple[Learner, dict]:
+        clip = ratio_clip(c, learner.epochs)
+
+        def minibatch_step(learner: Learner, mb: Any) -> tuple[Learner, dict]:
+            minibatch_loss = functools.partial(loss, clip=clip, config=c, network=network)
+            grads, metrics = jax.grad(minibatch_loss, has_aux=True)(learner.params, *mb)
+            grads = fragc.pmean(grads)
+            metrics = {**metrics, **lr_metric(ppo.learning_rate(c), learner.opt_state)}
+            return losses.apply_gradients(learner, grads, tx), metrics
+
+        key, perm_key = jax.random.split(learner.key)
+        # the same shuffle of its own environments on every replica, as ppo's shuffle of its own steps is; drawn
+        # as N + 1 uniforms, as a draw of exactly N from the replicated key reads as a per-environment stream
+        perm = jnp.argsort(jax.random.uniform(perm_key, (N + 1,))[:N])
+        # [T, N, ...] -> [M, T, N / M, ...]: the environments shuffled, each keeps its whole sequence
+        split = lambda x: jnp.swapaxes(x[:, perm].reshape((T, c.num_minibatches, -1) + x.shape[2:]), 0, 1)
+        shuffled = jax.tree.map(split, (traj, advantages, targets))
+        learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled)
+        return learner.replace(epochs=learner.epochs + 1), fragc.pmean(jax.tree.map(jnp.mean, metrics))
+
+    learner, metrics = jax.lax.scan(epoch, learner, None, c.update_epochs)
+    metrics = jax.tree.map(jnp.mean, metrics)  # over epochs
+    return learner, {**metrics, "explained_variance": explained_variance(targets, traj.value)}
+
+
+def ratio_clip(config: Any, epochs: jax.Array) -> jax.Array | float:
+    """The ratio clip of the epoch after `epochs` passes: clip_eps, or with anneal_clip clip_eps times the
+    fraction of the run left after the current iteration's rollout (SB3's progress_remaining)."""
+    c = config
+    if not c.anneal_clip:
+        return c.clip_eps
+    iteration = epochs // c.update_epochs
+    return c.clip_eps * (1.0 - (iteration + 1) / c.iterations)
+
+
+def loss(params: Any, traj: Transition, advantages: jax.Array, targets: jax.Array, clip: jax.Array | float,
+         config: Any, network: Any) -> tuple[jax.Array, dict]:
+    """PPO's clipped loss on a minibatch of whole sequences, replayed from their start; `clip`: the ratio clip."""
+    c = config
+    _, logits, value = network.apply(params, traj.hidden[0], traj.obs, traj.reset)  # replay from the start
+    log_probs = jax.nn.log_softmax(logits)
+    log_prob = log_prob_of(log_probs, traj.action)
+    entropy = jnp.mean(-jnp.sum(jnp.exp(log_probs) * log_probs, -1))
+    value_loss = losses.value_loss(value, targets, traj.value, c.clip_eps if c.clip_value else None)
+    actor_loss, diagnostics = losses.clipped_surrogate(log_prob, traj.log_prob, advantages, clip)
+    total = actor_loss + c.vf_coef * value_loss - c.ent_coef * entropy
+    return total, {"loss": total, "actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy,
+                   **diagnostics}
