@@ -24,14 +24,18 @@ ALGOS = {
 """Every algorithm, small enough for 2-iteration tests on 8 devices."""
 
 if importlib.util.find_spec("jaxmarl") is not None:  # the optional extra fragc[marl]
-    from fragc.algos import ippo, mappo
+    from fragc.algos import ippo, ippo_rnn, mappo, mappo_rnn
 
     ALGOS["ippo"] = lambda: ippo.IPPO(ippo.Config(num_envs=8, num_steps=4, num_minibatches=2, update_epochs=1,
                                                   hidden=16, shared_params=False))
     ALGOS["mappo"] = lambda: mappo.MAPPO(mappo.Config(env="jaxmarl:SMAX_3m", num_envs=8, num_steps=4,
                                                       num_minibatches=2, update_epochs=1, hidden=16))
+    ALGOS["ippo_rnn"] = lambda: ippo_rnn.IPPORNN(ippo_rnn.Config(num_envs=8, num_steps=4, num_minibatches=2,
+                                                                 update_epochs=1, hidden=8))
+    ALGOS["mappo_rnn"] = lambda: mappo_rnn.MAPPORNN(mappo_rnn.Config(env="jaxmarl:SMAX_3m", num_envs=8, num_steps=4,
+                                                                     num_minibatches=2, update_epochs=1, hidden=8))
 
-MARL = frozenset({"ippo", "mappo"})
+MARL = frozenset({"ippo", "mappo", "ippo_rnn", "mappo_rnn"})
 """The multi-agent algorithms: their cells of the passes-only tables (test_parser.py, test_schedule.py) run in -m slow,
 where tracing them would add seconds to the default suite; test_marl.py checks their IR in the default suite."""
 

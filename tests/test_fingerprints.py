@@ -1,8 +1,7 @@
 """Every built-in algorithm's parameters after `fragc run ALGO --seed 0 --iterations 6 --json`, pinned bit for bit.
 
-A refactor of src/fragc/algos/ changes no bit of any algorithm: these are the fingerprints of the algorithms before
-they were written by composition, run in one fresh process with one CPU device, as the command runs
-(tests/fingerprints.py). They are XLA's CPU bits of the pinned jax (pyproject.toml) on x86-64: a jax upgrade
+A refactor of src/fragc/algos/ changes no bit of any algorithm: each algorithm's fingerprint as it was pinned when it
+was added, run in one fresh process with one CPU device, as the command runs (tests/fingerprints.py). They are XLA's CPU bits of the pinned jax (pyproject.toml) on x86-64: a jax upgrade
 re-pins them, with the change said in CHANGELOG.md. -m slow (a minute and a half of compiling); .ci/run runs it
 after the default suite.
 """
@@ -29,6 +28,8 @@ PINNED = {
     "impala": "8f31cb8f8f55cde3",
     "ippo": "def08a9461caa3a6",
     "mappo": "89a1c2a12dfa0a6c",
+    "ippo_rnn": "925432e5b717205d",
+    "mappo_rnn": "8c3f9af74eea4539",
 }
 PINNED_JAX = "0.10.2"
 

@@ -26,8 +26,11 @@ SMALL = {
     "sac": dict(num_envs=4, num_steps=2, buffer_size=64, batch_size=16),
     "ippo": dict(num_envs=4, num_steps=4),
     "mappo": dict(num_envs=4, num_steps=4),
+    "ippo_rnn": dict(num_envs=4, num_steps=4),
+    "mappo_rnn": dict(num_envs=4, num_steps=4),
 }
-NAMES = [n for n in algos.ALGOS if n not in ("ippo", "mappo") or importlib.util.find_spec("jaxmarl")]
+MARL = ("ippo", "mappo", "ippo_rnn", "mappo_rnn")
+NAMES = [n for n in algos.ALGOS if n not in MARL or importlib.util.find_spec("jaxmarl")]
 
 
 def checkpoint(name, folder):
@@ -60,7 +63,7 @@ def test_every_built_in_algorithm_round_trips(tmp_path, name):
     exported = fragc.load_policy(out)
     if loaded.recurrent:
         carry = algo.initial_carry(obs.shape[0])
-        want = algo.evaluator.greedy_step(params, carry, obs, jnp.zeros(obs.shape[0], bool))
+        want = algo.greedy_step(params, carry, obs, jnp.zeros(obs.shape[:-1], bool))  # rows [n, A, D]: [n, A]
         for policy in (loaded, exported):
             got = policy(obs, carry=policy.initial_carry(obs.shape[0]))
             jax.tree.map(np.testing.assert_array_equal, got, want)

@@ -37,8 +37,7 @@ class Policy:
 
     def __init__(self, algo: Any, params: Any, meta: dict):
         self.algo, self.params, self.meta = algo, params, meta
-        evaluator = getattr(algo, "evaluator", None)
-        self.recurrent = getattr(evaluator, "greedy_step", None) is not None
+        self.recurrent = callable(getattr(algo, "greedy_step", None))
         if not self.recurrent and not callable(getattr(algo, "greedy_action", None)):
             raise FragcError(f"{type(algo).__name__} has no greedy_action(params, obs): fragc cannot act with its "
                              "policy")
@@ -56,8 +55,8 @@ class Policy:
                 raise FragcError(f"{self.name}: a recurrent policy acts greedily here; call it without a key")
             if carry is None:
                 raise FragcError(f"{self.name}: a recurrent policy needs its carry: carry = policy.initial_carry(n)")
-            reset = jax.numpy.zeros(obs.shape[0], bool) if reset is None else reset
-            return self.algo.evaluator.greedy_step(params, carry, obs, reset)
+            reset = jax.numpy.zeros(obs.shape[:-1], bool) if reset is None else reset  # multi-agent rows: [n, A]
+            return self.algo.greedy_step(params, carry, obs, reset)
         if key is None:
             return self.algo.greedy_action(params, obs)
         return self._sample(params, obs, key)

@@ -38,6 +38,9 @@ ALGOS = {
     "ippo": ("fragc.algos.ippo:IPPO", "independent PPO on JaxMARL's multi-agent environments (jaxmarl:MPE_*, SMAX_*), "
                                       "shared or per-agent parameters"),
     "mappo": ("fragc.algos.mappo:MAPPO", "multi-agent PPO: IPPO with a centralised critic over the world state"),
+    "ippo_rnn": ("fragc.algos.ippo_rnn:IPPORNN", "recurrent IPPO (a GRU per agent), JaxMARL's ippo_rnn baselines"),
+    "mappo_rnn": ("fragc.algos.mappo_rnn:MAPPORNN", "recurrent MAPPO: a GRU actor and a GRU critic over the world "
+                                                  "state, JaxMARL's mappo_rnn baselines"),
 }
 
 

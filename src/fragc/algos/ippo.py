@@ -113,6 +113,29 @@ AGENT_RUNNER = AgentsRunner(env_state=None, obs=1, key=None, episode_return=1, l
 states, the keys and the win flags are the environment's."""
 
 
+def agents_env(config: Any) -> VecEnv:
+    """The JaxMARL environment a multi-agent config names (each agent's row with the world state for a centralised
+    critic), or one line refusing a single-agent one."""
+    if split_env_name(config.env)[0] != "jaxmarl":
+        raise FragcError(f"{algo_name(config)} is a multi-agent algorithm; {config.env} is a single-agent environment "
+                         "(use ppo, or a jaxmarl: environment)")
+    return VecEnv(config.env, world_state=config.centralised_critic)
+
+
+def agents_episode_metrics(env: Any, runner: Runner) -> dict:
+    """The team's statistics (each agent's last episode, averaged as JaxMARL logs them), each agent's return, and on
+    SMAX the fraction of environments whose last episode was won."""
+    metrics = episode_metrics(runner)
+    completed = jnp.maximum(fragc.psum(jnp.sum(runner.has_return, 0)), 1)
+    agents = fragc.psum(jnp.sum(runner.last_return * runner.has_return, 0)) / completed
+    metrics.update({f"episode_return_agent{i}": agents[i] for i in range(env.num_agents)})
+    if env.smax:
+        finished = runner.has_return[:, 0]
+        metrics["win_rate"] = (fragc.psum(jnp.sum(runner.last_won * finished))
+                               / jnp.maximum(fragc.psum(jnp.sum(finished)), 1))
+    return metrics
+
+
 def episodes_ended(done: jax.Array) -> jax.Array:
     """The environments' episodes that ended ([T, N, A] `done`): an episode ends for every agent at once (an agent's
     own `done` comes earlier where it dies, on SMAX), so where all agents are done."""
@@ -124,8 +147,8 @@ def episodes_ended(done: jax.Array) -> jax.Array:
 
 def rollout(algo: "IPPO", params: Any, runner: Runner) -> tuple[Transition, Runner, dict]:
     """The actor-critics' rollout on the agents' rows: the trajectory is [T, N, A, ...]."""
-    return collect(algo.model, algo.env, params, runner, algo.config.num_steps, False, algo.episode_metrics,
-                   episodes_ended)
+    return collect(algo.model, algo.env, params, runner, algo.config.num_steps, False,
+                   functools.partial(agents_episode_metrics, algo.env), episodes_ended)
 
 
 def learn(algo: "IPPO", learner: Learner, traj: Transition) -> tuple[Learner, dict]:
@@ -154,10 +177,7 @@ class IPPO:
 
     @functools.cached_property
     def env(self) -> VecEnv:
-        if split_env_name(self.config.env)[0] != "jaxmarl":
-            raise FragcError(f"{algo_name(self.config)} is a multi-agent algorithm; {self.config.env} is a single-agent "
-                             "environment (use ppo, or a jaxmarl: environment)")
-        return VecEnv(self.config.env, world_state=self.config.centralised_critic)  # the world state: MAPPO's critic
+        return agents_env(self.config)
 
     @property
     def num_agents(self) -> int:
@@ -198,19 +218,6 @@ class IPPO:
                                   agent_axes=((None, 2), (None, None)))(learn)
     learn_agents = fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None),
                                   agent_axes=((AGENT_LEARNER, 2), (AGENT_LEARNER, 0)))(learn_agents)
-
-    def episode_metrics(self, runner: Runner) -> dict:
-        """The team's statistics (each agent's last episode, averaged as JaxMARL logs them), each agent's return,
-        and on SMAX the fraction of environments whose last episode was won."""
-        metrics = episode_metrics(runner)
-        completed = jnp.maximum(fragc.psum(jnp.sum(runner.has_return, 0)), 1)
-        agents = fragc.psum(jnp.sum(runner.last_return * runner.has_return, 0)) / completed
-        metrics.update({f"episode_return_agent{i}": agents[i] for i in range(self.num_agents)})
-        if self.env.smax:
-            finished = runner.has_return[:, 0]
-            metrics["win_rate"] = (fragc.psum(jnp.sum(runner.last_won * finished))
-                                   / jnp.maximum(fragc.psum(jnp.sum(finished)), 1))
-        return metrics
 
     def policy_params(self, state: State) -> Any:
         return state.learner.params

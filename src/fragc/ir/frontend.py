@@ -317,7 +317,7 @@ def check_per_replica(module: Module) -> list[str]:
         if (fdef.placement is None or fdef.placement.replicas == 1) and n is not None and n % 2 == 0:
             try:
                 fdef.body_for(2)
-            except FragmentError as err:
+            except FragcError as err:  # a fragment's rule, or the algorithm's own check of its replica's share
                 problems.append(str(err))
     return problems
 

@@ -231,7 +231,8 @@ class _Greedy:
 
 def _greedy(algo: Any) -> _Greedy:
     """`algo`'s greedy policy: its evaluator's recurrent step (`Evaluator.recurrent`: ppo_rnn, which acts in the
-    evaluator's environment, masking the observations itself), else `greedy_action(params, obs)` in `algo.env`."""
+    evaluator's environment, masking the observations itself), its own `greedy_step` (ippo_rnn's), else
+    `greedy_action(params, obs)` in `algo.env`."""
     if not callable(getattr(algo, "policy_params", None)):
         raise FragcError(f"{type(algo).__name__} has no policy_params(): videos act with the deterministic policy "
                          "(policy_params(state) and greedy_action(params, obs), as the built-in algorithms define "
@@ -241,6 +242,10 @@ def _greedy(algo: Any) -> _Greedy:
         running = jnp.ones(1, bool)  # an episode's steps: its carry is reset only at its start (`start`)
         step = jax.jit(lambda params, carry, obs: evaluator.act(params, carry, obs, running))
         return _Greedy(lambda: evaluator.initial_carry(1), step, evaluator.env)
+    if callable(getattr(algo, "greedy_step", None)) and callable(getattr(algo, "initial_carry", None)):
+        # a recurrent policy without evaluation episodes (ippo_rnn's): its own step, in its own environment
+        step = jax.jit(lambda params, carry, obs: algo.greedy_step(params, carry, obs, jnp.zeros(obs.shape[:-1], bool)))
+        return _Greedy(lambda: algo.initial_carry(1), step, getattr(algo, "env", None))
     if not callable(getattr(algo, "greedy_action", None)):
         raise FragcError(f"{type(algo).__name__} has no greedy_action(): videos act with the deterministic policy "
                          "(policy_params(state) and greedy_action(params, obs), or a recurrent policy's "
