@@ -30,9 +30,9 @@ if importlib.util.find_spec("jaxmarl") is not None:  # the optional extra fragc[
                                                   hidden=16, shared_params=False))
     ALGOS["mappo"] = lambda: mappo.MAPPO(mappo.Config(env="jaxmarl:SMAX_3m", num_envs=8, num_steps=4,
                                                       num_minibatches=2, update_epochs=1, hidden=16))
-    ALGOS["ippo_rnn"] = lambda: ippo_rnn.IPPORNN(ippo_rnn.Config(num_envs=8, num_steps=4, num_minibatches=2,
+    ALGOS["ippo_rnn"] = lambda: ippo_rnn.IPPORNN(ippo_rnn.Config(num_envs=16, num_steps=4, num_minibatches=2,
                                                                  update_epochs=1, hidden=8))
-    ALGOS["mappo_rnn"] = lambda: mappo_rnn.MAPPORNN(mappo_rnn.Config(env="jaxmarl:SMAX_3m", num_envs=8, num_steps=4,
+    ALGOS["mappo_rnn"] = lambda: mappo_rnn.MAPPORNN(mappo_rnn.Config(env="jaxmarl:SMAX_3m", num_envs=16, num_steps=4,
                                                                      num_minibatches=2, update_epochs=1, hidden=8))
 
 MARL = frozenset({"ippo", "mappo", "ippo_rnn", "mappo_rnn"})
