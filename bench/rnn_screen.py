@@ -17,10 +17,9 @@ critic's own GRU): 7/10 seeds at 475. Each screen is one `fragc sweep` (a grid x
 
 The rule, fixed with this file before any screen ran: the configuration with the most seeds whose final return
 reaches 475, ties broken by the higher IQM, is run once more on seeds 0-9 (`final`). A screen that fails or runs
-past `--sweep-timeout` is left out of the choice. The screens' final return is the last dispatch's mean (16
-iterations); the ten-seed run reports each iteration (`--iterations-per-dispatch 1`, since 2872187: the first
-three screens' pick ran with 16), so its final return is the last iteration's, bench/results.py's statistic, with
-the last 16 iterations' mean beside it. Each sweep's members.jsonl (and summary.json, where rliable imports)
+past `--sweep-timeout` is left out of the choice. A sweep's members.jsonl has a line per member and iteration, so
+every final return here is the last iteration's, bench/results.py's statistic, with the last 16 iterations' mean
+beside it. Each sweep's members.jsonl (and summary.json, where rliable imports)
 stays under DIR; DIR/screen.json holds every configuration's seeds at 475 and IQM, the pick and the ten-seed
 result. What the screens gave on an H200: docs/results.md, "Screens on a GPU".
 
@@ -74,7 +73,7 @@ def sweep(name: str, options: list[str], seeds: str, out: str, timeout: float, e
 
 
 def finals(members_jsonl: str) -> list[dict]:
-    """Per configuration (in member order): its seeds' final returns (the last dispatch's), seeds at 475, IQM."""
+    """Per configuration (in member order): its seeds' final returns (the last iteration's), seeds at 475, IQM."""
     if not os.path.exists(members_jsonl):
         return []
     rows = [json.loads(line) for line in open(members_jsonl, encoding="utf-8") if line.strip()]

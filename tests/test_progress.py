@@ -71,9 +71,9 @@ def test_a_terminal_gets_the_bar_and_a_log_the_lines():
 def test_a_sweeps_lines_name_its_best_member_at_the_dispatchs_last_iteration():
     from fragc.sweep import best_member
 
-    returns = np.array([[[50.0, 60.0], [10.0, 20.0]],  # iteration 1: member 0 55, member 1 15
-                        [[30.0, 30.0], [80.0, 90.0]]])  # iteration 2: member 0 30, member 1 85
-    assert best_member({"episode_return": returns}) == "  best member 85.0"
+    returns = np.array([[[50.0, 60.0], [10.0, 20.0]],  # member 0 [iterations, envs]: 55, then 15
+                        [[90.0, 100.0], [30.0, 30.0]]])  # member 1: 95, then 30
+    assert best_member({"episode_return": returns}) == "  best member 30.0"  # at the dispatch's last iteration
     assert best_member({"loss": returns}) == ""
 
 
