@@ -24,7 +24,7 @@ import fragc
 from fragc.algos.diagnostics import episode_metrics
 from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
-from fragc.algos import replay
+from fragc.algos import losses, replay
 from fragc.algos.networks import ChosenNetwork, PixelQNetwork, torso
 from fragc.algos.replay import BUFFER_AXES, Buffer, Transition
 from fragc.algos.run_length import RunLength
@@ -215,8 +215,7 @@ class DQN:
             (loss, q_value), grads = jax.value_and_grad(self._td, has_aux=True)(learner.params, learner.target_params,
                                                                                  batch)
             grads = fragc.pmean(grads)
-            updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
-            new = learner.replace(params=optax.apply_updates(learner.params, updates), opt_state=opt_state)
+            new = losses.apply_gradients(learner, grads, self.optimizer)
             return (jax.tree.map(lambda a, b: jnp.where(started, a, b), new, learner),
                     fragc.pmean({"loss": loss, "q_value": q_value}))
 

@@ -32,9 +32,11 @@ import optax
 from flax import struct
 
 import fragc
+from fragc.algos import losses
 from fragc.algos.diagnostics import episode_metrics, lr_metric
 from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
+from fragc.algos.minibatches import flatten_steps, shuffled
 from fragc.algos.networks import ChosenNetwork, PixelQNetwork, torso
 from fragc.algos.run_length import RunLength
 from fragc.ir.errors import FragcError
@@ -257,19 +259,17 @@ class PQN:
     @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None))
     def learn(self, learner: Learner, traj: Transition) -> tuple[Learner, dict]:
         c = self.config
-        batch = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), traj)
+        batch = flatten_steps(traj)
 
         def minibatch_step(learner: Learner, mb: Transition) -> tuple[Learner, dict]:
             (loss, q_value), grads = jax.value_and_grad(self._loss, has_aux=True)(learner.params, mb)
             grads = fragc.pmean(grads)
             metrics = {"loss": loss, "q_value": q_value, **lr_metric(self._learning_rate(), learner.opt_state)}
-            updates, opt_state = self.optimizer.update(grads, learner.opt_state, learner.params)
-            return learner.replace(params=optax.apply_updates(learner.params, updates), opt_state=opt_state), metrics
+            return losses.apply_gradients(learner, grads, self.optimizer), metrics
 
         key, perm_key = jax.random.split(learner.key)
-        perm = jax.random.permutation(perm_key, batch.target.size)
-        shuffled = jax.tree.map(lambda x: x[perm].reshape((c.num_minibatches, -1) + x.shape[1:]), batch)
-        learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), shuffled, unroll=self.chosen.unroll)
+        minibatches = shuffled(perm_key, batch, c.num_minibatches)
+        learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), minibatches, unroll=self.chosen.unroll)
         return learner, fragc.pmean(jax.tree.map(jnp.mean, metrics))
 
     def _loss(self, params: Any, mb: Transition) -> tuple[jax.Array, jax.Array]:
