@@ -9,7 +9,7 @@ IPPO's (ippo.py).
 
 Defaults are JaxMARL's ippo_rnn_mpe.yaml; `preset="auto"` sets ippo_rnn_smax.yaml's values on SMAX. fragc
 bootstraps a truncated episode from the value of the state it reached, where JaxMARL's GAE treats every episode
-end as terminal (MPE's episodes all end at its time limit): bench/jaxmarl_rnn.py runs both rules beside JaxMARL's
+end as terminal (MPE's episodes all end at its time limit): bench/marl_rnn_reference.py runs both rules beside JaxMARL's
 own scripts.
 """
 
