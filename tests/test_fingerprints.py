@@ -28,8 +28,8 @@ PINNED = {
     "impala": "8f31cb8f8f55cde3",
     "ippo": "def08a9461caa3a6",
     "mappo": "89a1c2a12dfa0a6c",
-    "ippo_rnn": "925432e5b717205d",
-    "mappo_rnn": "8c3f9af74eea4539",
+    "ippo_rnn": "8caa36b9ad44bdea",
+    "mappo_rnn": "73ee8a2a641de152",
 }
 PINNED_JAX = "0.10.2"
 

@@ -94,3 +94,28 @@ def test_bad_input_is_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
+
+
+def test_mappo_rnns_actor_and_critic_clip_their_gradients_apart():
+    """As JaxMARL's MAPPO's two optimizers: a huge critic gradient does not shrink the actor's step. Two Adam steps
+    (its first step's size does not depend on the gradient's scale), the second with the critic's gradient 1e6
+    times larger: the actor's update is the same; under one clip of the whole gradient (IPPO-RNN's) it is not."""
+    from fragc.algos import ppo
+
+    algo = mappo_rnn.MAPPORNN(mappo_rnn.Config(**SMALL))
+    params = algo.init(jax.random.key(0)).learner.params
+    labels = ippo_rnn.critic_part(params)
+    assert {"actor", "critic"} == set(jax.tree.leaves(labels))
+
+    def actor_update(tx, critic_scale):
+        ones = jax.tree.map(jnp.ones_like, params)
+        second = jax.tree.map(lambda g, label: g * (critic_scale if label == "critic" else 1.0), ones, labels)
+        state = tx.init(params)
+        _, state = tx.update(ones, state, params)
+        updates, _ = tx.update(second, state, params)
+        return [u for u, label in zip(jax.tree.leaves(updates), jax.tree.leaves(labels)) if label == "actor"]
+
+    apart = algo.optimizer
+    jax.tree.map(np.testing.assert_allclose, actor_update(apart, 1e6), actor_update(apart, 1.0))
+    together = ppo.optimizer(algo.config)
+    assert not np.allclose(actor_update(together, 1e6)[0], actor_update(together, 1.0)[0])

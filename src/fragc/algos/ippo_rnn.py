@@ -85,11 +85,23 @@ class Config(actor_critic.Config):
         return SMAX if "SMAX_" in self.env else {}
 
 
+class Memory(nn.Module):
+    """An embedding (a dense relu layer) and a GRU: (carry [B, H], obs [T, B, D], resets [T, B]) -> (carry,
+    features [T, B, H])."""
+
+    hidden: int
+
+    @nn.compact
+    def __call__(self, carry: jax.Array, obs: jax.Array, resets: jax.Array) -> tuple[jax.Array, jax.Array]:
+        x = nn.relu(dense(self.hidden, np.sqrt(2))(obs))
+        return ppo_rnn.ScannedGRU(self.hidden)(carry, (x, resets))
+
+
 class AgentsActorCriticRNN(nn.Module):
-    """JaxMARL's recurrent actor-critic on agents' rows: an embedding (a dense relu layer) and a GRU of the agent's
-    own observation, then the actor's head (a dense relu layer, then the logits, unavailable actions at -1e10). The
-    critic's head reads the same GRU's output (IPPO's ActorCriticRNN), or an embedding and a GRU of the world state
-    of its own (MAPPO's CriticRNN), whose carry lies beside the actor's."""
+    """JaxMARL's recurrent actor-critic on agents' rows: a memory (`Memory`) of the agent's own observation, then the
+    actor's head (a dense relu layer, then the logits, unavailable actions at -1e10). The critic's head reads the same
+    memory (IPPO's ActorCriticRNN), or a memory of the world state of its own (MAPPO's CriticRNN), whose carry lies
+    beside the actor's. The critic's parameters are those whose names start with `critic` (`critic_part`)."""
 
     layout: AgentLayout
     hidden: int
@@ -103,19 +115,22 @@ class AgentsActorCriticRNN(nn.Module):
         rows, resets = rows.reshape((lead[0], -1, rows.shape[-1])), resets.reshape(lead[0], -1)
         carry = carry.reshape((-1, carry.shape[-1]))
         actor_carry, critic_carry = jnp.split(carry, 2, -1) if self.centralised else (carry, None)
-        carry, x = self.memory(actor_carry, self.layout.own(rows), resets)
-        logits = dense(self.layout.num_actions, 0.01)(nn.relu(dense(self.hidden, 2.0)(x)))
+        carry, x = Memory(self.hidden, name="actor_memory" if self.centralised else "memory")(
+            actor_carry, self.layout.own(rows), resets)
+        logits = dense(self.layout.num_actions, 0.01, "actor_out")(nn.relu(dense(self.hidden, 2.0, "actor_hidden")(x)))
         mask = self.layout.mask(rows)
         logits = logits if mask is None else jnp.where(mask, logits, -1e10)
         if self.centralised:
-            critic_carry, x = self.memory(critic_carry, self.layout.world(rows), resets)
+            critic_carry, x = Memory(self.hidden, name="critic_memory")(critic_carry, self.layout.world(rows), resets)
             carry = jnp.concatenate([carry, critic_carry], -1)
-        value = jnp.squeeze(dense(1, 1.0)(nn.relu(dense(self.hidden, 2.0)(x))), -1)
-        return carry.reshape(lead[1:] + (-1,)), logits.reshape(lead + (-1,)), value.reshape(lead)
+        value = dense(1, 1.0, "critic_out")(nn.relu(dense(self.hidden, 2.0, "critic_hidden")(x)))
+        return carry.reshape(lead[1:] + (-1,)), logits.reshape(lead + (-1,)), jnp.squeeze(value, -1).reshape(lead)
 
-    def memory(self, carry: jax.Array, obs: jax.Array, resets: jax.Array) -> tuple[jax.Array, jax.Array]:
-        x = nn.relu(dense(self.hidden, np.sqrt(2))(obs))
-        return ppo_rnn.ScannedGRU(self.hidden)(carry, (x, resets))
+
+def critic_part(params: Any) -> Any:
+    """Each parameter labelled `critic` or `actor`, by its module's name."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: "critic" if str(path[1].key).startswith("critic") else "actor", params)
 
 
 class IPPORNN:
@@ -142,8 +157,15 @@ class IPPORNN:
 
     @property
     def optimizer(self) -> optax.GradientTransformation:
-        """PPO's (ppo.py); built where it is used, for sweeps."""
-        return ppo.optimizer(self.config)
+        """PPO's (ppo.py). With a centralised critic, as JaxMARL's MAPPO has an optimizer for the actor and another
+        for the critic, each clips its own gradient's norm (Adam's moments are per parameter: one Adam is the two).
+        Built where it is used, for sweeps."""
+        c = self.config
+        if not c.centralised_critic:
+            return ppo.optimizer(c)
+        clip = optax.clip_by_global_norm(c.max_grad_norm)
+        return optax.chain(optax.multi_transform({"actor": clip, "critic": clip}, critic_part),
+                           optax.adam(ppo.learning_rate(c), eps=1e-5))
 
     def init(self, key: jax.Array) -> State:
         c = self.config

@@ -3,7 +3,7 @@ a GRU of its own, as JaxMARL's `mappo_rnn_mpe.py` and `mappo_rnn_smax.py` have i
 
 Defaults are JaxMARL's mappo_homogenous_rnn_mpe.yaml; `preset="auto"` sets mappo_homogenous_rnn_smax.yaml's on SMAX.
 JaxMARL's MAPPO keeps the actor's and the critic's parameters in two optimizers, each clipping its own gradient
-norm; here they are one network under one optimizer.
+norm; here they are one network whose optimizer clips the actor's and the critic's gradients apart (`optimizer`).
 """
 
 from __future__ import annotations

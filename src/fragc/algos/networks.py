@@ -249,8 +249,8 @@ class ChosenNetwork:
 ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
 
 
-def dense(n: int, scale: float) -> nn.Dense:
-    return nn.Dense(n, kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.zeros)
+def dense(n: int, scale: float, name: str | None = None) -> nn.Dense:
+    return nn.Dense(n, kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.zeros, name=name)
 
 
 class MLP(nn.Module):
