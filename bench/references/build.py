@@ -174,6 +174,8 @@ JAXMARL = Reference(
     commit="c793d095618c6d3edfb5632802348f57b70a4b94",
     files={"baselines/IPPO/ippo_ff_mpe.py": "ippo_ff_mpe.py",
            "baselines/IPPO/config/ippo_ff_mpe.yaml": "config/ippo_ff_mpe.yaml",
+           "baselines/IPPO/ippo_rnn_mpe.py": "ippo_rnn_mpe.py",
+           "baselines/IPPO/config/ippo_rnn_mpe.yaml": "config/ippo_rnn_mpe.yaml",
            "baselines/MAPPO/mappo_rnn_mpe.py": "mappo_rnn_mpe.py",
            "baselines/MAPPO/config/mappo_homogenous_rnn_mpe.yaml": "config/mappo_homogenous_rnn_mpe.yaml"},
     note="MAPPO has no feed-forward MPE script in JaxMARL; mappo_rnn_mpe.py (GRU) is the closest. The scripts "
