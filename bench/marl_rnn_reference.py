@@ -20,9 +20,9 @@ For each algorithm and seed, three sides train, alternating (J F T J F T ...):
   history's per-iteration `episode_return` (the agents' mean of each one's last episode). fragc's config
   defaults are JaxMARL's yaml: `fragc_config` checks them field by field against the yaml actually read, and
   raises naming every difference.
-- `fragc_jaxmarl_truncation`: fragc with JaxMARL's truncation rule, a bench side, not an algorithm: a subclass
-  whose learn fragment hands ppo_rnn.update `traj.replace(terminated=traj.done)`, so every episode end is
-  terminal and nothing is bootstrapped. MPE's episodes all end at its 25-step time limit, where fragc's own rule
+- `fragc_jaxmarl_truncation`: fragc with JaxMARL's truncation rule (`bootstrap_truncation=False`: its learner
+  hands ppo_rnn.update `traj.replace(terminated=traj.done)`), so every episode end is terminal and nothing is
+  bootstrapped. MPE's episodes all end at its 25-step time limit, where fragc's own rule
   bootstraps from the value of the state reached.
 
 Known differences with the same hyperparameters: JaxMARL's MAPPO keeps the actor and the critic in two
@@ -43,6 +43,7 @@ reference's revision; JSON goes to `--out`.
 
 from __future__ import annotations
 
+import dataclasses
 import argparse
 import json
 import os
@@ -127,25 +128,6 @@ def fragc_config(algo: str, config: dict):
     return mine
 
 
-# ---------------------------------------------------------------- fragc with JaxMARL's truncation rule
-
-
-def jaxmarl_truncation(algo_class: type) -> type:
-    """`algo_class` whose learner treats every episode end as terminal (JaxMARL's GAE): no bootstrap at MPE's time
-    limit. The learn fragment is declared as IPPORNN.learn declares it."""
-    import fragc
-    from fragc.algos import ppo_rnn
-
-    class JaxMARLTruncation(algo_class):
-        @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None))
-        def learn(self, learner, traj):
-            return ppo_rnn.update(learner, traj.replace(terminated=traj.done), self.config, self.network,
-                                  self.optimizer)
-
-    JaxMARLTruncation.__name__ = JaxMARLTruncation.__qualname__ = f"{algo_class.__name__}JaxMARLTruncation"
-    return JaxMARLTruncation
-
-
 # ---------------------------------------------------------------- the sides
 
 Side = tuple[Callable[[], None], Callable[[int], list[float]]]
@@ -201,8 +183,7 @@ def fragc_side(algo: str, config: dict, truncation: bool) -> Side:
     import fragc
 
     _, algo_class = fragc_algo(algo)
-    algo_class = jaxmarl_truncation(algo_class) if truncation else algo_class
-    mine = fragc_config(algo, config)
+    mine = dataclasses.replace(fragc_config(algo, config), bootstrap_truncation=not truncation)
     holder = {}
 
     def compile_() -> None:  # compiled on first use: one iteration
@@ -243,11 +224,11 @@ def model_name() -> str:
                 "unknown")
 
 
-def train_algo(algo: str, config: dict, seeds: list[int], log: WandbLog) -> dict:
+def train_algo(algo: str, config: dict, seeds: list[int], log: WandbLog, chosen: tuple[str, ...] = SIDES) -> dict:
     """Every side compiled, then J F T per seed; -> side -> {"compile_s", "runs": [{seed, final_return, wall_s,
     load, returns}]}."""
-    sides = {side: make_side(side, algo, config, log) for side in SIDES}
-    out: dict[str, dict] = {side: {"runs": []} for side in SIDES}
+    sides = {side: make_side(side, algo, config, log) for side in chosen}
+    out: dict[str, dict] = {side: {"runs": []} for side in chosen}
     for side, (compile_, _) in sides.items():
         start = time.perf_counter()
         compile_()
@@ -264,7 +245,7 @@ def train_algo(algo: str, config: dict, seeds: list[int], log: WandbLog) -> dict
                                       "returns": returns})
             print(f"{algo} seed {seed} {side:25} final return {final:8.2f}  wall {wall:6.1f} s  load {load:.1f}",
                   flush=True)
-    for side in SIDES:
+    for side in chosen:
         finals = [r["final_return"] for r in out[side]["runs"]]
         out[side].update(mean=statistics.fmean(finals), min=min(finals), max=max(finals))
     return out
@@ -294,8 +275,12 @@ def main() -> None:
                         help="TOTAL_TIMESTEPS of every run (default 2e6; the yamls' is 1e7)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0 .. N-1 (default 3)")
     parser.add_argument("--algos", default=",".join(ALGOS), help="comma-separated: ippo_rnn,mappo_rnn")
+    parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, of {', '.join(SIDES)}")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
+    sides = tuple(s.strip() for s in args.sides.split(",") if s.strip())
+    if not sides or set(sides) - set(SIDES):
+        raise SystemExit(f"--sides: choose from {', '.join(SIDES)}")
     revision = references.require(NAME)
     algos = [a.strip() for a in args.algos.split(",") if a.strip()]
     unknown = [a for a in algos if a not in ALGOS]
@@ -311,7 +296,7 @@ def main() -> None:
         processor = f"{model_name()}; {processor}"
     loads_before = os.getloadavg()
     started = time.perf_counter()
-    results = {algo: train_algo(algo, configs[algo], seeds, log) for algo in algos}
+    results = {algo: train_algo(algo, configs[algo], seeds, log, sides) for algo in algos}
     result = {"total_steps": args.total_steps, "seeds": seeds, "processor": processor,
               "load_before": loads_before, "load_after": os.getloadavg(),
               "elapsed_s": time.perf_counter() - started, "reference": revision,
@@ -325,7 +310,8 @@ def main() -> None:
           f"{processor}, load {min(loads):.1f}-{max(loads):.1f}")
     print(table(results))
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"marl_rnn_reference_{steps_name(args.total_steps)}_seeds{args.seeds}.json")
+    picked = "" if sides == SIDES else "_" + "_".join(sides)
+    path = os.path.join(args.out, f"marl_rnn_reference_{steps_name(args.total_steps)}_seeds{args.seeds}{picked}.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {path}")

@@ -119,3 +119,19 @@ def test_mappo_rnns_actor_and_critic_clip_their_gradients_apart():
     jax.tree.map(np.testing.assert_allclose, actor_update(apart, 1e6), actor_update(apart, 1.0))
     together = ppo.optimizer(algo.config)
     assert not np.allclose(actor_update(together, 1e6)[0], actor_update(together, 1.0)[0])
+
+
+def test_jaxmarls_truncation_rule_makes_every_episode_end_terminal():
+    """`bootstrap_truncation=False`: the learner's GAE stops at every episode end without bootstrapping (JaxMARL's):
+    its update is fragc's update of the trajectory with every done terminal; fragc's own rule bootstraps MPE's time
+    limits, and updates otherwise."""
+    config = ippo_rnn.Config(**{**SMALL, "num_steps": 32})  # MPE's episodes (26 steps) end inside the rollout
+    own, jaxmarls = ippo_rnn.IPPORNN(config), ippo_rnn.IPPORNN(dataclasses.replace(config, bootstrap_truncation=False))
+    state = own.init(jax.random.key(0))
+    traj, _, _ = own.rollout(state.learner.params, state.actor)
+    assert bool(jnp.any(traj.done & ~traj.terminated))  # truncated ends, as MPE's all are
+    want, _ = own.learn(state.learner, traj.replace(terminated=traj.done))
+    got, _ = jaxmarls.learn(state.learner, traj)
+    assert_trees_close(got.params, want.params, rtol=1e-6, atol=1e-7)
+    bootstrapped, _ = own.learn(state.learner, traj)
+    assert not np.allclose(jax.tree.leaves(bootstrapped.params)[0], jax.tree.leaves(got.params)[0])

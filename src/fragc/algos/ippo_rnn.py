@@ -9,8 +9,8 @@ IPPO's (ippo.py).
 
 Defaults are JaxMARL's ippo_rnn_mpe.yaml; `preset="auto"` sets ippo_rnn_smax.yaml's values on SMAX. fragc
 bootstraps a truncated episode from the value of the state it reached, where JaxMARL's GAE treats every episode
-end as terminal (MPE's episodes all end at its time limit): bench/marl_rnn_reference.py runs both rules beside JaxMARL's
-own scripts.
+end as terminal (MPE's episodes all end at its time limit; `bootstrap_truncation=False` is JaxMARL's rule):
+bench/marl_rnn_reference.py runs both rules beside JaxMARL's own scripts.
 """
 
 from __future__ import annotations
@@ -66,6 +66,9 @@ class Config(actor_critic.Config):
     """PPO ratio clip, and the value's clip."""
     clip_value: bool = True
     """Clip the value's change from the rollout's value to `clip_eps` in the value loss (JaxMARL's)."""
+    bootstrap_truncation: bool = True
+    """Bootstrap a truncated episode from the value of the state it reached (fragc's rule); False: every episode end
+    is terminal (JaxMARL's GAE, which MPE's time limit makes every end)."""
     preset: str = "auto"
     """auto: JaxMARL's values for the environment's family (SMAX) on the fields left at their defaults; none: the
     fields as given."""
@@ -191,6 +194,8 @@ class IPPORNN:
     # UPDATE NETWORK: ppo_rnn's update, minibatches of whole environments' sequences with their agents'
     @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None))
     def learn(self, learner: Learner, traj: Transition) -> tuple[Learner, dict]:
+        if not self.config.bootstrap_truncation:
+            traj = traj.replace(terminated=traj.done)
         return ppo_rnn.update(learner, traj, self.config, self.network, self.optimizer)
 
     # THE DETERMINISTIC POLICY: what fragc.load_policy acts with
