@@ -121,6 +121,8 @@ CHECKS = {
                                  jaxmarl("ippo_ff_mpe", "ippo_ff_mpe")),
     "jaxmarl/mappo_rnn_mpe": Check("jaxmarl", ("distrax", "hydra", "wandb", "jaxmarl"),
                                    jaxmarl("mappo_rnn_mpe", "mappo_homogenous_rnn_mpe")),
+    "jaxmarl/ippo_rnn_mpe": Check("jaxmarl", ("distrax", "hydra", "wandb", "jaxmarl"),
+                                  jaxmarl("ippo_rnn_mpe", "ippo_rnn_mpe")),
     "cleanrl/ppo_atari_envpool_xla_jax": Check(
         "cleanrl", ("envpool", "tyro", "tensorboardX"),
         cleanrl("ppo_atari_envpool_xla_jax.py", "--total-timesteps", "256", "--num-steps", "32",
