@@ -310,7 +310,7 @@ def main() -> None:
           f"{processor}, load {min(loads):.1f}-{max(loads):.1f}")
     print(table(results))
     os.makedirs(args.out, exist_ok=True)
-    picked = "" if sides == SIDES else "_" + "_".join(sides)
+    picked = ("" if tuple(algos) == tuple(ALGOS) else "_" + "_".join(algos)) + ("" if sides == SIDES else "_" + "_".join(sides))
     path = os.path.join(args.out, f"marl_rnn_reference_{steps_name(args.total_steps)}_seeds{args.seeds}{picked}.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
