@@ -58,14 +58,20 @@ class Config(ppo.Config):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.preset not in ("auto", "none"):
-            raise FragcError(f"{algo_name(self)}: preset must be auto or none, got {self.preset!r}")
-        if self.eval_every:
-            raise FragcError(f"{algo_name(self)}: evaluation episodes (eval_every) take one agent's greedy action; "
-                             "the multi-agent algorithms have none yet: leave eval_every at 0")
+        check_agents_config(self)
 
     def presets(self) -> dict[str, Any]:
         return SMAX if "SMAX_" in self.env else {}
+
+
+def check_agents_config(config: Any) -> None:
+    """What every multi-agent config refuses (IPPO's, MAPPO's and their recurrent ones'): an unknown preset, and
+    evaluation episodes, which take one agent's greedy action."""
+    if config.preset not in ("auto", "none"):
+        raise FragcError(f"{algo_name(config)}: preset must be auto or none, got {config.preset!r}")
+    if config.eval_every:
+        raise FragcError(f"{algo_name(config)}: evaluation episodes (eval_every) take one agent's greedy action; "
+                         "the multi-agent algorithms have none yet: leave eval_every at 0")
 
 
 def with_preset(config: Config) -> Config:

@@ -75,11 +75,7 @@ class Config(actor_critic.Config):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.preset not in ("auto", "none"):
-            raise FragcError(f"{algo_name(self)}: preset must be auto or none, got {self.preset!r}")
-        if self.eval_every:
-            raise FragcError(f"{algo_name(self)}: evaluation episodes (eval_every) take one agent's greedy action; "
-                             "the multi-agent algorithms have none yet: leave eval_every at 0")
+        ippo.check_agents_config(self)
         if self.num_envs % self.num_minibatches:
             raise FragcError(f"{algo_name(self)}: num_envs ({self.num_envs}) must divide by num_minibatches "
                              f"({self.num_minibatches}): minibatches are whole environment sequences")
