@@ -51,7 +51,10 @@ def test_each_agent_of_each_environment_is_a_sequence_of_its_own(centralised):
     np.testing.assert_allclose(logits[2:, 1, 0], fresh[1][:, 0], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name,policy,devices", [("ippo_rnn", "anakin", 2), ("mappo_rnn", "actor_learner", 4)])
+@pytest.mark.parametrize("name,policy,devices", [
+    ("ippo_rnn", "anakin", 2),
+    pytest.param("mappo_rnn", "actor_learner", 4, marks=pytest.mark.slow),  # the default suite's 6 minutes; the
+])  # slow algorithm x policy matrix (shared_programs.py) runs mappo_rnn under anakin, actor_learner_async, populations
 def test_compiled_under_a_policy_equals_the_interpreter(name, policy, devices):
     """IPPO-RNN on MPE split over 2 replicas; MAPPO-RNN on SMAX (masked actions, the world state's critic) with its
     actors and learners on devices of their own: two iterations each against `fragc.interpret`."""
