@@ -39,6 +39,7 @@ reference's revision; JSON goes to `--out`.
     python bench/marl_rnn_reference.py                                     # 2e6 steps x seeds 0 1 2
     python bench/marl_rnn_reference.py --total-steps 5e5 --seeds 3         # docs/marl.md's figures
     python bench/marl_rnn_reference.py --total-steps 2e5 --seeds 1         # a quick check
+    python bench/marl_rnn_reference.py --total-steps 2e5 --speed 5         # speed: A B A B in one process
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from typing import Any, Callable
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import references_built as references  # noqa: E402
+import side_by_side  # noqa: E402
 
 from fragc.runtime import cpu_lowering  # noqa: E402,F401  (before any jit: its jit-cache state, src/fragc/runtime/cpu_lowering.py)
 
@@ -251,6 +253,18 @@ def train_algo(algo: str, config: dict, seeds: list[int], log: WandbLog, chosen:
     return out
 
 
+def speed(algo: str, config: dict, log: WandbLog, repeats: int, processor: str, revision: dict, out: str,
+          total_steps: float) -> dict:
+    """JaxMARL's script against fragc (its own truncation rule), steady: one process, A B A B; -> the summary."""
+    sides = {"jaxmarl": jaxmarl_side(algo, config, log), "fragc": fragc_side(algo, config, truncation=False)}
+    raw = side_by_side.steady(sides, repeats)
+    title = (f"JaxMARL {ALGOS[algo][0]} @ {revision['commit'][:12]} against fragc's {algo}, {total_steps:g} steps "
+             f"({iterations(config)} updates), steady, {processor}")
+    return side_by_side.summary(raw, "steady", "jaxmarl", "JaxMARL", title, out,
+                                f"marl_rnn_speed_{algo}_{steps_name(total_steps)}", processor=processor,
+                                reference=revision, total_steps=total_steps)
+
+
 def table(results: dict) -> str:
     lines = ["| algorithm | side | final return per seed | mean [min, max] | wall s per run |",
              "| --- | --- | --- | --- | --- |"]
@@ -276,6 +290,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0 .. N-1 (default 3)")
     parser.add_argument("--algos", default=",".join(ALGOS), help="comma-separated: ippo_rnn,mappo_rnn")
     parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, of {', '.join(SIDES)}")
+    parser.add_argument("--speed", type=int, default=0, metavar="REPEATS",
+                        help="time JaxMARL's script against fragc instead (bench/side_by_side.py's steady mode: one "
+                             "process, A B A B, REPEATS rounds of one seed's run each; fragc with its own truncation)")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     sides = tuple(s.strip() for s in args.sides.split(",") if s.strip())
@@ -294,6 +311,10 @@ def main() -> None:
     processor = references.processor()  # the model name, the cores this process may use, JAX's version
     if model_name() not in processor:
         processor = f"{model_name()}; {processor}"
+    if args.speed:
+        for algo in algos:
+            speed(algo, configs[algo], log, args.speed, processor, revision, args.out, args.total_steps)
+        return
     loads_before = os.getloadavg()
     started = time.perf_counter()
     results = {algo: train_algo(algo, configs[algo], seeds, log, sides) for algo in algos}

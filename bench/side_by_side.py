@@ -4,7 +4,9 @@ share.
 - `steady`: one process, each side compiled (and run once), then timed alternately (A B A B ...): wall and process
   CPU time per round.
 - `fresh`: each run in a new process (the bench's own script with `--child SIDE`, which prints {"compile_s",
-  "train_s"} as JSON), sides alternating: its training time and the whole process's wall time.
+  "train_s"} as JSON), sides alternating: its training time and the whole process's wall time. A reference's
+  process keeps XLA's own CPU threads (`FRAGC_CPU_THREADS=xla`: the bench script imports fragc, which would
+  otherwise choose them, src/fragc/runtime/cpu_threads.py); in `steady` both sides share the process's.
 - `spinning(n)`: n processes spinning on a core each meanwhile (`--busy N`: "one other busy process" is 1).
 - `summary`: ratios of the reference's time to fragc's (above 1: fragc is faster), medians and each round's.
 """
@@ -55,6 +57,8 @@ def fresh(script: str, sides: tuple[str, ...], repeats: int, cache: str | None, 
         for side in sides:
             with tempfile.TemporaryDirectory() as cold:
                 env = dict(os.environ, FRAGC_CACHE_DIR=cache or cold)
+                if side != "fragc":  # the reference on XLA's own CPU threads, as its users run it (without fragc)
+                    env = {k: v for k, v in env.items() if k not in ("PJRT_NPROC", "NPROC")} | {"FRAGC_CPU_THREADS": "xla"}
                 if cache:
                     env["JAX_COMPILATION_CACHE_DIR"] = cache
                 start = time.perf_counter()

@@ -32,6 +32,9 @@ os.environ.setdefault("FRAGC_THREEFRY", "rolled")
 # The packed sort decided, not measured per processor (src/fragc/runtime/cpu_lowering.py): the suite's programs are the same
 # on every machine, and tests/test_cpu_lowering.py checks the measuring itself.
 os.environ.setdefault("FRAGC_SORT", "packed")
+# XLA's CPU threads decided, not measured (src/fragc/runtime/cpu_threads.py): the `fragc` subprocesses of one CPU
+# device would otherwise time them on a fresh machine. tests/test_cpu_threads.py checks the choosing itself.
+os.environ.setdefault("FRAGC_CPU_THREADS", "xla")
 IN_A_CHILD = "FRAGC_TEST_XLA_DEFAULTS"
 """Set in the process that runs one marked test (it runs the test itself)."""
 _MADE_CACHE_DIR = None

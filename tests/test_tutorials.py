@@ -85,10 +85,18 @@ def test_the_first_run(tmp_path: pathlib.Path, capsys, monkeypatch):
     run_page("first_run.md", tmp_path, capsys, monkeypatch)
 
 
+@pytest.mark.slow  # 20 s of training runs: .ci/run runs it after the default suite, so the page cannot rot
 def test_writing_an_algorithm(tmp_path: pathlib.Path, capsys, monkeypatch):
     run_page("writing_an_algorithm.md", tmp_path, capsys, monkeypatch)
     assert (tmp_path / "reinforce.py").exists()
-    assert sum(body.startswith("# from src/fragc/algos/a2c.py") for _, body in blocks("writing_an_algorithm.md")) >= 4
+
+
+def test_writing_an_algorithms_excerpts_are_the_source():
+    """The page's excerpts of A2C are src/fragc/algos/a2c.py's lines (in the default suite; running the page is slow)."""
+    excerpts = [body for _, body in blocks("writing_an_algorithm.md") if body.startswith("# from src/fragc/algos/a2c.py")]
+    assert len(excerpts) >= 4
+    for body in excerpts:
+        assert_excerpt("writing_an_algorithm.md", "src/fragc/algos/a2c.py", body)
 
 
 def excerpt_lines(body: str) -> list[str]:

@@ -9,6 +9,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fragc.ir.lazy import lazy_names
+from fragc.runtime import cpu_threads
+
+cpu_threads.configure()  # XLA's CPU threads are fixed when JAX starts its CPU backend: decided before (see the module)
 
 __getattr__, __dir__, __all__ = lazy_names(__name__, {
     "fragc.ir": ("REPLICA", "FragcError", "FragmentError", "Module", "VerifyError", "fragment", "interpret", "pmean",

@@ -16,10 +16,12 @@ from fragc import lowering_workloads
 from fragc.compiler import build
 from fragc.options import CompileOptions, SearchOptions, search_seeds
 from fragc.passes import Policy, Population
+from fragc.runtime import cpu_threads
 from fragc.runtime.program import Program
 from fragc.search import search
 
 lowering_workloads.register()  # the CPU lowering rules are decided on a training iteration, not a micro-program
+cpu_threads.measure_if_undecided(lowering_workloads.CHILD)  # once per machine, before JAX's backend starts if it can
 
 
 def compile(

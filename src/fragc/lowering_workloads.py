@@ -13,7 +13,9 @@ from typing import Callable
 
 from fragc.compiler import build
 from fragc.options import CompileOptions
-from fragc.runtime import cpu_lowering
+import sys
+
+from fragc.runtime import cpu_lowering, cpu_threads
 
 ITERATIONS = 32
 """Iterations a timed round runs (about 0.1 s of CartPole PPO on a 2.5 GHz core)."""
@@ -34,5 +36,15 @@ def ppo_iterations() -> Callable[[], None]:
     return run
 
 
+CHILD = [sys.executable, "-m", "fragc.lowering_workloads"]
+"""A child that `cpu_threads.measure` times XLA's CPU threads with: PPO's iteration, under its own threads and the
+lowering rules chosen for them."""
+
+
 def register() -> None:
     cpu_lowering.WORKLOADS["threefry"] = ppo_iterations
+
+
+if __name__ == "__main__":
+    register()
+    cpu_threads.serve(ppo_iterations())

@@ -12,7 +12,7 @@ from fragc.algos import ALGOS
 from fragc.algos.envs import BACKENDS, backend_summary, env_names, make
 from fragc.ir.errors import FragcError
 from fragc.passes.policy import BUILTIN
-from fragc.runtime.reporting import read_json, user_cache_folder, write_json
+from fragc.runtime.user_cache import read_json, user_cache_folder, write_json
 
 
 def add_options(parser: argparse.ArgumentParser, algo: str | None) -> None:

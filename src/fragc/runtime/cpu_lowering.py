@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import platform
 import statistics
 import sys
 import threading
@@ -45,7 +44,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .reporting import read_json, user_cache_folder, write_json
+from . import cpu_threads
+from .user_cache import read_json, user_cache_folder, write_json
 
 RULES = ("threefry", "sort")
 _FORCED = {"threefry": ("FRAGC_THREEFRY", {"straight": True, "rolled": False, "jax": False}),
@@ -216,17 +216,11 @@ def _scope_on() -> Iterator[None]:
 
 
 def processor() -> str:
-    """This machine's processor model, the cores this process may use, and the JAX version: what a choice is kept
+    """This machine's processor model, the cores this process may use, the threads XLA's CPU runtime runs on
+    (src/fragc/runtime/cpu_threads.py: a rule's worth depends on them) and the JAX version: what a choice is kept
     under."""
-
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{model} | {cores} cores | jax {jax.__version__}"
+    return (f"{cpu_threads.processor_model()} | {cpu_threads.usable_cores()} cores | {cpu_threads.threads()} threads"
+            f" | jax {jax.__version__}")
 
 
 def choices_path() -> str:

@@ -15,6 +15,8 @@ import numpy as np
 
 from fragc.ir.errors import FragcError
 
+from .user_cache import user_cache_folder
+
 from .multihost import to_host
 
 
@@ -117,34 +119,8 @@ def config_dict(algo: Any) -> dict | None:
     return json.loads(json.dumps(dataclasses.asdict(config), default=str))
 
 
-def user_cache_folder() -> str:
-    """fragc's folder in the user's cache (XDG_CACHE_HOME, else ~/.cache)."""
-    return os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "fragc")
-
-
 def default_cache_dir() -> str:
     return os.environ.get("FRAGC_CACHE_DIR") or os.path.join(user_cache_folder(), "jax")
-
-
-def read_json(path: str) -> dict | None:
-    """The file's JSON, None where it is missing or damaged (a cache then measures or searches again)."""
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def write_json(path: str, obj: dict) -> None:
-    """Written to a file of its own first, then renamed: a reader never sees half a file."""
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        partial = f"{path}.{os.getpid()}.tmp"
-        with open(partial, "w") as f:
-            json.dump(obj, f, indent=1, default=str)
-        os.replace(partial, path)
-    except OSError:  # a cache that cannot be written costs a measurement or a search next time
-        pass
 
 
 def enable_compilation_cache(path: str | None = None) -> str:

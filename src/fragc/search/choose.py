@@ -22,7 +22,7 @@ from fragc.options import CompileOptions, SearchOptions, search_seeds
 from fragc.runtime.actions import steps_per_iteration
 from fragc.runtime.cost import Machine, predict, state_bytes_per_device
 from fragc.runtime.program import Program
-from fragc.runtime.reporting import read_json, write_json
+from fragc.runtime.user_cache import read_json, write_json
 
 from .cache import algo_key, cache_folder, digest
 from .candidates import Candidate, default_candidates

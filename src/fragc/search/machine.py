@@ -19,7 +19,8 @@ from fragc.compiler import build
 from fragc.ir.frontend import fragment
 from fragc.options import CompileOptions
 from fragc.runtime.cost import Machine, jaxpr_cost
-from fragc.runtime.reporting import read_json, write_json
+from fragc.runtime import cpu_threads
+from fragc.runtime.user_cache import read_json, write_json
 
 from .cache import cache_folder, digest
 from .candidates import group_sizes_of
@@ -208,6 +209,8 @@ def machine_constants(devices: Sequence[Any], group_sizes: Sequence[int] = (), c
     sizes = sorted(set(group_sizes_of(n)) | {g for g in group_sizes if 1 <= g <= n})
     key = {"kind": devices[0].device_kind, "platform": devices[0].platform, "count": n, "jax": jax.__version__,
            "v": 5}
+    if devices[0].platform == "cpu":  # the constants depend on the threads XLA runs a program on
+        key["threads"] = cpu_threads.threads()
     path = os.path.join(cache_folder(), f"machine-{digest(key)}.json")
     if cache and (d := read_json(path)):
         try:

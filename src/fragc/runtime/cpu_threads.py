@@ -1,0 +1,211 @@
+"""How many threads XLA's CPU runtime runs a program on: one, or one per usable core (XLA's default), decided per
+processor before JAX starts its CPU backend.
+
+XLA's CPU client runs a program's operations (thunks) on a pool of threads and runs independent ones at once. An RL
+training iteration on a few environments is thousands of small thunks in loops, and handing them between threads can
+cost more than it saves: on the 2-core Xeon of docs/benchmarks.md, fragc's PPO at PureJaxRL's configuration runs
+976 iterations in 2.97 s on one thread and 3.74 s on two, and fragc's straight threefry (src/fragc/runtime/cpu_lowering.py),
+which two threads make slower, is 12% faster on one.
+
+The pool's size is read once, when JAX creates its CPU backend, from the environment variable `PJRT_NPROC` (XLA's
+`DefaultThreadPoolSize`, which also reads `NPROC`). So fragc decides it at `import fragc` (`configure`), in order:
+- `PJRT_NPROC` or `NPROC` set: the user's.
+- `FRAGC_CPU_THREADS=N` sets it to N; `FRAGC_CPU_THREADS=xla` keeps XLA's default.
+- several CPU devices (`JAX_NUM_CPU_DEVICES`, `jax_num_cpu_devices`, `--xla_force_host_platform_device_count`):
+  XLA's default, since the devices' programs share the pool.
+- else the choice measured on this processor, kept in the user's cache folder per processor model, usable cores
+  and JAX version (`choices_path()`). Not measured yet: `measure_if_undecided` (called where fragc's compiler is
+  imported) measures it, once per machine, in two fresh processes alternating rounds of fragc's PPO iteration;
+  where JAX's CPU backend has started by then, the choice applies from the next process.
+
+One thread is chosen only where it measures faster in wall time (`MARGIN`) and no slower in CPU time. Where a GPU or
+TPU plugin is installed (and `JAX_PLATFORMS` does not name the CPU first), nothing is measured or set: the CPU then
+runs little of the program. This module imports no JAX: `fragc --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import re
+import statistics
+import subprocess
+import sys
+from typing import Callable
+
+from .user_cache import read_json, user_cache_folder, write_json
+
+VARIABLE = "FRAGC_CPU_THREADS"
+XLA_VARIABLES = ("PJRT_NPROC", "NPROC")
+"""What XLA's CPU client reads for its thread pool's size, in this order."""
+ROUNDS = 7
+MARGIN = 0.95
+"""One thread is chosen where its median wall time is under this fraction of XLA's default, its CPU time no more."""
+PROTOCOL = "fragc-threads:"
+"""The prefix of a measuring child's lines on stdout (other output, such as a library's warnings, is skipped)."""
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def processor_model() -> str:
+    """The processor's model name (`/proc/cpuinfo`), else the platform's word for it."""
+    import platform
+
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return model
+
+
+def threads() -> int:
+    """The threads XLA's CPU client of this process runs on: `PJRT_NPROC` or `NPROC` where set, else one per usable
+    core. (Read from the environment: it tells the truth where nothing changes it after JAX's backend starts.)"""
+    for variable in XLA_VARIABLES:
+        value = os.environ.get(variable, "")
+        if value.isdigit():
+            return int(value) or usable_cores()
+    return usable_cores()
+
+
+def choices_path() -> str:
+    return os.path.join(user_cache_folder(), "cpu_threads.json")
+
+
+def key() -> str:
+    """What a choice is kept under: processor model, usable cores, JAX's version."""
+    try:
+        version = importlib.metadata.version("jax")
+    except importlib.metadata.PackageNotFoundError:
+        version = "?"
+    return f"{processor_model()} | {usable_cores()} cores | jax {version}"
+
+
+def several_cpu_devices() -> bool:
+    """Whether this process asks JAX for more than one CPU device."""
+    counts = [os.environ.get("JAX_NUM_CPU_DEVICES", "")]
+    counts += re.findall(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    if "jax" in sys.modules:
+        counts.append(str(getattr(sys.modules["jax"].config, "jax_num_cpu_devices", "")))
+    return any(c.lstrip("-").isdigit() and int(c) > 1 for c in counts)
+
+
+def accelerator_installed() -> bool:
+    """Whether JAX may start on another backend than the CPU: a plugin installed and `JAX_PLATFORMS` not naming the
+    CPU first."""
+    if os.environ.get("JAX_PLATFORMS", "").split(",")[0].strip() == "cpu":
+        return False
+    plugins = importlib.metadata.entry_points(group="jax_plugins")
+    return bool(plugins) or any(importlib.util.find_spec(m) is not None for m in ("jax_plugins", "libtpu"))
+
+
+def decided_by_environment() -> str | None:
+    """Why the environment decides, or None where fragc's measured choice does."""
+    if any(v in os.environ for v in XLA_VARIABLES):
+        return "the user's " + next(v for v in XLA_VARIABLES if v in os.environ)
+    value = os.environ.get(VARIABLE, "auto")
+    if value != "auto":
+        if value != "xla" and not (value.isdigit() and int(value) > 0):
+            raise ValueError(f"{VARIABLE}={value!r}: expected auto, xla or a number of threads")
+        return f"{VARIABLE}={value}"
+    if several_cpu_devices():
+        return "several CPU devices"
+    if accelerator_installed():
+        return "an accelerator's plugin"
+    return None
+
+
+def configure() -> None:
+    """At `import fragc`, before JAX's CPU backend starts: set XLA's CPU threads for this process where
+    `FRAGC_CPU_THREADS` or the kept choice says so (see the module)."""
+    reason = decided_by_environment()
+    if reason is not None:
+        value = os.environ.get(VARIABLE, "")
+        if reason.startswith(VARIABLE) and value.isdigit():
+            os.environ["PJRT_NPROC"] = value
+        return
+    kept = (read_json(choices_path()) or {}).get(key())
+    if kept and kept.get("threads") == 1 and not backend_started():
+        os.environ["PJRT_NPROC"] = "1"
+
+
+def backend_started() -> bool:
+    """Whether JAX has created its backends in this process (after which the pool's size is fixed)."""
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    return bool(getattr(bridge, "_backends", None))
+
+
+def measure_if_undecided(child: list[str]) -> None:
+    """Measure the choice where nothing decides it yet (see the module), keep it, and apply it to this process if
+    JAX's backend has not started. `child`: the command of a measuring child (`child_rounds` in a module of the layer
+    that knows the workload)."""
+    if decided_by_environment() is not None:
+        return
+    path, kept = choices_path(), read_json(choices_path()) or {}
+    if key() in kept:
+        return
+    print(f"fragc: timing XLA's CPU threads on this processor (once, about a minute; kept in {path})", file=sys.stderr)
+    kept[key()] = measure(child)
+    write_json(path, kept)
+    if kept[key()]["threads"] == 1:
+        if backend_started():
+            print("fragc: JAX's CPU backend had started: one thread applies from the next process", file=sys.stderr)
+        else:
+            os.environ["PJRT_NPROC"] = "1"
+
+
+def measure(child: list[str], rounds: int = ROUNDS) -> dict:
+    """Two children, one on one thread and one on XLA's default, each compiling the workload (and deciding its CPU
+    lowering rules) in turn, then running rounds alternately (A B A B ...); -> {"threads": 1 or 0 (XLA's default),
+    and the medians}."""
+    sides = {"one": {"PJRT_NPROC": "1"}, "xla": {VARIABLE: "xla"}}
+    procs = {}
+    try:
+        for side, extra in sides.items():  # one at a time: each times its lowering rules without the other running
+            env = {k: v for k, v in os.environ.items() if k not in XLA_VARIABLES and k != VARIABLE}
+            procs[side] = subprocess.Popen(child, env={**env, "JAX_PLATFORMS": "cpu", **extra}, text=True,
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            _reply(procs[side])
+        times: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
+        for _ in range(rounds):
+            for side, proc in procs.items():
+                proc.stdin.write("run\n")
+                proc.stdin.flush()
+                wall, cpu = map(float, _reply(procs[side]).split())
+                times[side].append((wall, cpu))
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+    medians = {f"{side}_{what}_s": statistics.median(t[i] for t in times[side])
+               for side in sides for i, what in enumerate(("wall", "cpu"))}
+    one = medians["one_wall_s"] < MARGIN * medians["xla_wall_s"] and medians["one_cpu_s"] <= medians["xla_cpu_s"]
+    return {"threads": 1 if one else 0, **medians}
+
+
+def _reply(proc: subprocess.Popen) -> str:
+    """The child's next protocol line's text; a child that ended without one is an error."""
+    for line in proc.stdout:
+        if line.startswith(PROTOCOL):
+            return line[len(PROTOCOL):].strip()
+    raise RuntimeError(f"fragc: the CPU threads' measuring child ended (exit {proc.wait()}) without answering")
+
+
+def serve(run: Callable[[], None]) -> None:
+    """A measuring child's loop: say ready, then run the workload once per "run" line on stdin and answer its wall
+    and CPU seconds."""
+    import time
+
+    run()
+    print(PROTOCOL, "ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() != "run":
+            continue
+        start, start_cpu = time.perf_counter(), time.process_time()
+        run()
+        print(PROTOCOL, time.perf_counter() - start, time.process_time() - start_cpu, flush=True)
