@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import types
+import warnings
 
 import pytest
 
@@ -26,6 +27,7 @@ def environ(monkeypatch):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setattr(cpu_threads, "accelerator_installed", lambda: False)
     monkeypatch.setattr(cpu_threads, "backend_started", lambda: False)
+    monkeypatch.setattr(cpu_threads, "_chose_one_thread", False)  # what a test's configure() sets is undone after it
     one_device = types.SimpleNamespace(config=types.SimpleNamespace(jax_num_cpu_devices=-1))
     monkeypatch.setitem(sys.modules, "jax", one_device)  # restored after the test; several_cpu_devices reads it
     return monkeypatch
@@ -127,3 +129,26 @@ def test_measure_chooses_the_faster(one, xla, chosen):
 def test_a_child_that_dies_is_one_line():
     with pytest.raises(RuntimeError, match=r"measuring child ended \(exit 3\) without answering"):
         cpu_threads.measure([sys.executable, "-c", "import sys; sys.exit(3)"], rounds=1)
+
+
+def test_several_devices_take_fragcs_one_thread_back(environ):
+    """fragc simulating several CPU devices before JAX starts (`--devices N`) drops its own choice of one thread;
+    a user's PJRT_NPROC stays."""
+    environ.setenv("PJRT_NPROC", "1")
+    cpu_threads.several_devices_asked()
+    assert os.environ["PJRT_NPROC"] == "1"  # the user's
+    cpu_threads._one_thread()
+    cpu_threads.several_devices_asked()
+    assert "PJRT_NPROC" not in os.environ and not cpu_threads._chose_one_thread
+
+
+def test_devices_started_on_fragcs_one_thread_are_said_once(environ):
+    environ.setattr(cpu_threads, "_chose_one_thread", True)
+    cpu_threads.warn_if_devices_share_one_thread(1)
+    with pytest.warns(UserWarning, match=r"JAX then started 8 CPU devices, which take turns on it: set "
+                                         r"jax_num_cpu_devices before importing fragc, or FRAGC_CPU_THREADS=xla"):
+        cpu_threads.warn_if_devices_share_one_thread(8)
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        cpu_threads.warn_if_devices_share_one_thread(8)
+    assert not again  # said once

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 
 from fragc.ir.errors import FragcError
+from fragc.runtime import cpu_threads
 
 
 MAX_SIMULATED_CPU_DEVICES = 1024
@@ -20,7 +21,9 @@ def simulate_cpu_devices(n: int) -> None:
     try:
         jax.config.update("jax_num_cpu_devices", int(n))
     except RuntimeError:
-        pass  # the backend has started; `devices()` reports what exists
+        return  # the backend has started; `devices()` reports what exists
+    if n > 1:
+        cpu_threads.several_devices_asked()  # several devices share XLA's threads: not fragc's one
 
 
 def per_process_devices(n: int) -> list[jax.Device]:
@@ -41,12 +44,12 @@ def per_process_devices(n: int) -> list[jax.Device]:
 def devices(n: int | None = None) -> list[jax.Device]:
     """The first `n` devices (all when `None`), simulating CPU devices if needed."""
     if n is None:
-        return jax.devices()
+        return _started(jax.devices())
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise FragcError(f"devices must be a positive int, got {n!r}")
     if n > 1:
         simulate_cpu_devices(n)
-    available = jax.devices()
+    available = _started(jax.devices())
     if len(available) < n and n > MAX_SIMULATED_CPU_DEVICES:
         raise FragcError(f"{n} devices were asked for but only {len(available)} exist, and fragc simulates at most "
                          f"{MAX_SIMULATED_CPU_DEVICES} CPU devices")
@@ -57,3 +60,10 @@ def devices(n: int | None = None) -> list[jax.Device]:
             f"jax.config.update('jax_num_cpu_devices', {n})) before the first JAX operation."
         )
     return available[:n]
+
+
+def _started(available: list[jax.Device]) -> list[jax.Device]:
+    """`available`, once JAX has started: said once where its CPU devices share fragc's one thread."""
+    cpu = [d for d in available if d.platform == "cpu"]
+    cpu_threads.warn_if_devices_share_one_thread(len(cpu))
+    return available

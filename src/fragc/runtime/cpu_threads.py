@@ -12,7 +12,9 @@ The pool's size is read once, when JAX creates its CPU backend, from the environ
 - `PJRT_NPROC` or `NPROC` set: the user's.
 - `FRAGC_CPU_THREADS=N` sets it to N; `FRAGC_CPU_THREADS=xla` keeps XLA's default.
 - several CPU devices (`JAX_NUM_CPU_DEVICES`, `jax_num_cpu_devices`, `--xla_force_host_platform_device_count`):
-  XLA's default, since the devices' programs share the pool.
+  XLA's default, since the devices' programs share the pool. Where fragc itself simulates several CPU devices
+  later (`--devices N`, `fragc.compile(..., devices=N)`), it takes its choice of one thread back first
+  (`several_devices_asked`).
 - else the choice measured on this processor, kept in the user's cache folder per processor model, usable cores
   and JAX version (`choices_path()`). Not measured yet: `measure_if_undecided` (called where fragc's compiler is
   imported) measures it, once per machine, in two fresh processes alternating rounds of fragc's PPO iteration;
@@ -131,7 +133,38 @@ def configure() -> None:
         return
     kept = (read_json(choices_path()) or {}).get(key())
     if kept and kept.get("threads") == 1 and not backend_started():
-        os.environ["PJRT_NPROC"] = "1"
+        _one_thread()
+
+
+_chose_one_thread = False  # whether fragc set PJRT_NPROC in this process (and may take it back)
+
+
+def _one_thread() -> None:
+    global _chose_one_thread
+    os.environ["PJRT_NPROC"] = "1"
+    _chose_one_thread = True
+
+
+def several_devices_asked() -> None:
+    """Called where fragc asks JAX for several CPU devices before its backend starts (`fragc.devices`): their
+    programs share XLA's pool, so fragc's choice of one thread is taken back (a user's `PJRT_NPROC` stays)."""
+    global _chose_one_thread
+    if _chose_one_thread and not backend_started():
+        os.environ.pop("PJRT_NPROC", None)
+        _chose_one_thread = False
+
+
+def warn_if_devices_share_one_thread(cpu_devices: int) -> None:
+    """Warn once where fragc chose one thread and JAX started with several CPU devices anyway (a user's
+    `jax_num_cpu_devices` set after `import fragc`): their programs then take turns on it."""
+    global _chose_one_thread
+    if _chose_one_thread and cpu_devices > 1:
+        import warnings
+
+        warnings.warn(f"fragc chose one XLA CPU thread at import, and JAX then started {cpu_devices} CPU devices, which "
+                      "take turns on it: set jax_num_cpu_devices before importing fragc, or FRAGC_CPU_THREADS=xla",
+                      stacklevel=3)
+        _chose_one_thread = False  # said once
 
 
 def backend_started() -> bool:
@@ -156,7 +189,7 @@ def measure_if_undecided(child: list[str]) -> None:
         if backend_started():
             print("fragc: JAX's CPU backend had started: one thread applies from the next process", file=sys.stderr)
         else:
-            os.environ["PJRT_NPROC"] = "1"
+            _one_thread()
 
 
 def measure(child: list[str], rounds: int = ROUNDS) -> dict:
