@@ -22,7 +22,7 @@ whether it is due; no state leaves the devices.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp

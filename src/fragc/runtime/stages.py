@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from fragc.ir.interpreter import Frame, Interpreter
 from fragc.ir.errors import FragcError
 from fragc.ir.module import (
-    For, Graph, HostLoop, If, Module, Run, Stage, Transfer, While, graph_at, is_host_loop, walk_counted,
+    For, Graph, HostLoop, If, Module, Run, Stage, Transfer, While, is_host_loop, walk_counted,
 )
 
 from .executable import Executable
