@@ -152,3 +152,30 @@ def test_devices_started_on_fragcs_one_thread_are_said_once(environ):
         warnings.simplefilter("always")
         cpu_threads.warn_if_devices_share_one_thread(8)
     assert not again  # said once
+
+
+def test_a_choice_kept_meanwhile_is_applied_without_measuring(environ, tmp_path):
+    """Another process measured while this one started (it waited on the lock): its choice applies here."""
+    environ.setenv("XDG_CACHE_HOME", str(tmp_path))
+    keep(tmp_path, threads=1)
+    cpu_threads.measure_if_undecided([sys.executable, "-c", "raise SystemExit('measured again')"])
+    assert os.environ["PJRT_NPROC"] == "1"
+
+
+def test_an_unwritable_cache_measures_nothing_and_says_so(environ, tmp_path, capsys):
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("")
+    environ.setenv("XDG_CACHE_HOME", str(blocker))
+    cpu_threads.measure_if_undecided([sys.executable, "-c", "raise SystemExit('measured')"])
+    assert "PJRT_NPROC" not in os.environ
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("fragc: cannot keep XLA's CPU threads' choice in ") and "FRAGC_CPU_THREADS=N" in line
+
+
+def test_a_missing_choice_is_measured_once_and_kept(environ, tmp_path, capsys):
+    environ.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cpu_threads.measure_if_undecided([sys.executable, "-c", CHILD, "0.01", "0.03"])
+    assert os.environ["PJRT_NPROC"] == "1"
+    kept = json.loads((tmp_path / "fragc" / "cpu_threads.json").read_text())
+    assert kept[cpu_threads.key()]["threads"] == 1
+    assert "timing XLA's CPU threads on this processor" in capsys.readouterr().err

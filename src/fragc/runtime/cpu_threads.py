@@ -34,7 +34,7 @@ import re
 import statistics
 import subprocess
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 from .user_cache import read_json, user_cache_folder, write_json
 
@@ -175,21 +175,42 @@ def backend_started() -> bool:
 
 def measure_if_undecided(child: list[str]) -> None:
     """Measure the choice where nothing decides it yet (see the module), keep it, and apply it to this process if
-    JAX's backend has not started. `child`: the command of a measuring child (`child_rounds` in a module of the layer
-    that knows the workload)."""
+    JAX's backend has not started. `child`: the command of a measuring child (src/fragc/lowering_workloads.py's
+    `CHILD`). Processes starting together (`fragc launch`) measure once: the others wait on a lock for the choice.
+    Where the cache folder cannot be written, nothing is measured (it would be again in every process): XLA's
+    default, said in one line."""
     if decided_by_environment() is not None:
         return
-    path, kept = choices_path(), read_json(choices_path()) or {}
-    if key() in kept:
+    path = choices_path()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        lock = open(path + ".lock", "a")
+    except OSError as err:
+        print(f"fragc: cannot keep XLA's CPU threads' choice in {path} ({err.strerror}): XLA's default threads "
+              f"({VARIABLE}=N decides without measuring)", file=sys.stderr)
         return
-    print(f"fragc: timing XLA's CPU threads on this processor (once, about a minute; kept in {path})", file=sys.stderr)
-    kept[key()] = measure(child)
-    write_json(path, kept)
-    if kept[key()]["threads"] == 1:
+    with lock:
+        _exclusive(lock)
+        kept = read_json(path) or {}
+        if key() not in kept:
+            print(f"fragc: timing XLA's CPU threads on this processor (once, about a minute; kept in {path})",
+                  file=sys.stderr)
+            kept[key()] = measure(child)
+            write_json(path, kept)
+    if kept[key()]["threads"] == 1 and not _chose_one_thread:
         if backend_started():
             print("fragc: JAX's CPU backend had started: one thread applies from the next process", file=sys.stderr)
         else:
             _one_thread()
+
+
+def _exclusive(lock: Any) -> None:
+    """Hold `lock` (an open file) alone until it is closed; where the platform has no `fcntl`, nothing."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    fcntl.flock(lock, fcntl.LOCK_EX)
 
 
 def measure(child: list[str], rounds: int = ROUNDS) -> dict:
