@@ -3,9 +3,10 @@ processor before JAX starts its CPU backend.
 
 XLA's CPU client runs a program's operations (thunks) on a pool of threads and runs independent ones at once. An RL
 training iteration on a few environments is thousands of small thunks in loops, and handing them between threads can
-cost more than it saves: on the 2-core Xeon of docs/benchmarks.md, fragc's PPO at PureJaxRL's configuration runs
-976 iterations in 2.97 s on one thread and 3.74 s on two, and fragc's straight threefry (src/fragc/runtime/cpu_lowering.py),
-which two threads make slower, is 12% faster on one.
+cost more than it saves: on the 2-core Xeon of docs/benchmarks.md, 32 of fragc's PPO iterations at PureJaxRL's
+configuration take 0.098 s on one thread and 0.114 s on two, and fragc's straight threefry
+(src/fragc/runtime/cpu_lowering.py), which two threads make slower, is on with one. Much larger batches (a population
+of 256 members there) can run faster on XLA's default.
 
 The pool's size is read once, when JAX creates its CPU backend, from the environment variable `PJRT_NPROC` (XLA's
 `DefaultThreadPoolSize`, which also reads `NPROC`). So fragc decides it at `import fragc` (`configure`), in order:
