@@ -68,9 +68,7 @@ def reference_config(total_steps: float) -> dict:
     return config
 
 
-def iterations(config: dict) -> int:
-    """JaxMARL's NUM_UPDATES."""
-    return int(config["TOTAL_TIMESTEPS"] // config["NUM_STEPS"] // config["NUM_ENVS"])
+iterations = references.jaxmarl_updates  # JaxMARL's NUM_UPDATES
 
 
 def fragc_config(config: dict):
@@ -79,24 +77,11 @@ def fragc_config(config: dict):
     from fragc.algos import ippo
 
     mine = ippo.Config(total_steps=int(config["TOTAL_TIMESTEPS"]))
-    pairs = {"env": ("ENV_NAME", lambda v: f"jaxmarl:{v}"), "num_envs": ("NUM_ENVS", int),
-             "num_steps": ("NUM_STEPS", int), "total_steps": ("TOTAL_TIMESTEPS", int), "lr": ("LR", float),
-             "anneal_lr": ("ANNEAL_LR", bool), "update_epochs": ("UPDATE_EPOCHS", int),
-             "num_minibatches": ("NUM_MINIBATCHES", int), "gamma": ("GAMMA", float),
-             "gae_lambda": ("GAE_LAMBDA", float), "clip_eps": ("CLIP_EPS", float), "ent_coef": ("ENT_COEF", float),
-             "vf_coef": ("VF_COEF", float), "max_grad_norm": ("MAX_GRAD_NORM", float),
-             "activation": ("ACTIVATION", str)}
+    pairs = {**references.JAXMARL_PPO_FIELDS, "activation": ("ACTIVATION", str)}
     # what JaxMARL's script fixes in code rather than in its yaml: ActorCritic's two 64-unit layers per MLP, the
     # clipped value loss, one network for all agents, no environment arguments
     fixed = {"hidden": 64, "clip_value": True, "shared_params": True}
-    wrong = [f"{field}: fragc {getattr(mine, field)!r}, JaxMARL {key}={convert(config[key])!r}"
-             for field, (key, convert) in pairs.items() if getattr(mine, field) != convert(config[key])]
-    wrong += [f"{field}: fragc {getattr(mine, field)!r}, JaxMARL's script {value!r}"
-              for field, value in fixed.items() if getattr(mine, field) != value]
-    if config.get("ENV_KWARGS"):
-        wrong.append(f"ENV_KWARGS: JaxMARL {config['ENV_KWARGS']!r}, fragc takes none")
-    if mine.iterations != iterations(config):
-        wrong.append(f"iterations: fragc {mine.iterations}, JaxMARL NUM_UPDATES {iterations(config)}")
+    wrong = references.jaxmarl_differences(mine, config, pairs, fixed)
     if wrong:
         raise SystemExit("fragc's ippo.Config disagrees with JaxMARL's ippo_ff_mpe.yaml:\n  " + "\n  ".join(wrong))
     return mine

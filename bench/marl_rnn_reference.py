@@ -87,9 +87,7 @@ def reference_config(algo: str, total_steps: float) -> dict:
     return config
 
 
-def iterations(config: dict) -> int:
-    """JaxMARL's NUM_UPDATES."""
-    return int(config["TOTAL_TIMESTEPS"] // config["NUM_STEPS"] // config["NUM_ENVS"])
+iterations = references.jaxmarl_updates  # JaxMARL's NUM_UPDATES
 
 
 def fragc_algo(algo: str) -> tuple[Any, type]:
@@ -104,27 +102,14 @@ def fragc_config(algo: str, config: dict):
     the yaml read here; only total_steps is set. Raises naming every field that differs."""
     config_class, _ = fragc_algo(algo)
     mine = config_class(total_steps=int(config["TOTAL_TIMESTEPS"]))
-    pairs = {"env": ("ENV_NAME", lambda v: f"jaxmarl:{v}"), "num_envs": ("NUM_ENVS", int),
-             "num_steps": ("NUM_STEPS", int), "total_steps": ("TOTAL_TIMESTEPS", int), "lr": ("LR", float),
-             "anneal_lr": ("ANNEAL_LR", bool), "update_epochs": ("UPDATE_EPOCHS", int),
-             "num_minibatches": ("NUM_MINIBATCHES", int), "gamma": ("GAMMA", float),
-             "gae_lambda": ("GAE_LAMBDA", float), "clip_eps": ("CLIP_EPS", float), "ent_coef": ("ENT_COEF", float),
-             "vf_coef": ("VF_COEF", float), "max_grad_norm": ("MAX_GRAD_NORM", float),
-             "hidden": ("FC_DIM_SIZE", int)}
-    wrong = [f"{field}: fragc {getattr(mine, field)!r}, JaxMARL {key}={convert(config[key])!r}"
-             for field, (key, convert) in pairs.items() if getattr(mine, field) != convert(config[key])]
+    # what JaxMARL's scripts fix in code rather than in the yaml: the clipped value loss, a constant ratio clip
+    fixed = {"clip_value": True, "anneal_clip": False}
+    wrong = references.jaxmarl_differences(mine, config, {**references.JAXMARL_PPO_FIELDS,
+                                                          "hidden": ("FC_DIM_SIZE", int)}, fixed)
     if mine.hidden != int(config["GRU_HIDDEN_DIM"]):
         wrong.append(f"hidden: fragc {mine.hidden!r}, JaxMARL GRU_HIDDEN_DIM={config['GRU_HIDDEN_DIM']!r}")
     if config["SCALE_CLIP_EPS"]:
         wrong.append("SCALE_CLIP_EPS: JaxMARL divides CLIP_EPS by the agent count, fragc does not")
-    # what JaxMARL's scripts fix in code rather than in the yaml: the clipped value loss, a constant ratio clip
-    fixed = {"clip_value": True, "anneal_clip": False}
-    wrong += [f"{field}: fragc {getattr(mine, field)!r}, JaxMARL's script {value!r}"
-              for field, value in fixed.items() if getattr(mine, field) != value]
-    if config.get("ENV_KWARGS"):
-        wrong.append(f"ENV_KWARGS: JaxMARL {config['ENV_KWARGS']!r}, fragc takes none")
-    if mine.iterations != iterations(config):
-        wrong.append(f"iterations: fragc {mine.iterations}, JaxMARL NUM_UPDATES {iterations(config)}")
     if wrong:
         raise SystemExit(f"fragc's {algo} Config disagrees with JaxMARL's {ALGOS[algo][1]}:\n  " + "\n  ".join(wrong))
     return mine

@@ -54,3 +54,33 @@ def processor() -> str:
     from fragc.runtime.cpu_lowering import processor as described
 
     return described()
+
+
+def jaxmarl_updates(config: dict) -> int:
+    """JaxMARL's NUM_UPDATES for a yaml's config."""
+    return int(config["TOTAL_TIMESTEPS"] // config["NUM_STEPS"] // config["NUM_ENVS"])
+
+
+JAXMARL_PPO_FIELDS = {
+    "env": ("ENV_NAME", lambda v: f"jaxmarl:{v}"), "num_envs": ("NUM_ENVS", int), "num_steps": ("NUM_STEPS", int),
+    "total_steps": ("TOTAL_TIMESTEPS", int), "lr": ("LR", float), "anneal_lr": ("ANNEAL_LR", bool),
+    "update_epochs": ("UPDATE_EPOCHS", int), "num_minibatches": ("NUM_MINIBATCHES", int), "gamma": ("GAMMA", float),
+    "gae_lambda": ("GAE_LAMBDA", float), "clip_eps": ("CLIP_EPS", float), "ent_coef": ("ENT_COEF", float),
+    "vf_coef": ("VF_COEF", float), "max_grad_norm": ("MAX_GRAD_NORM", float)}
+"""fragc's config field -> (the key of JaxMARL's PPO yamls, its conversion): what every JaxMARL PPO yaml sets."""
+
+
+def jaxmarl_differences(mine, config: dict, pairs: dict, fixed: dict) -> list[str]:
+    """Where fragc's config `mine` differs from JaxMARL's yaml `config`: the fields of `pairs` (field -> (key,
+    conversion)), what the script fixes in code (`fixed`: field -> value), environment arguments, and the
+    iterations (JaxMARL's NUM_UPDATES)."""
+    wrong = [f"{field}: fragc {getattr(mine, field)!r}, JaxMARL {key}={convert(config[key])!r}"
+             for field, (key, convert) in pairs.items() if getattr(mine, field) != convert(config[key])]
+    wrong += [f"{field}: fragc {getattr(mine, field)!r}, JaxMARL's script {value!r}"
+              for field, value in fixed.items() if getattr(mine, field) != value]
+    if config.get("ENV_KWARGS"):
+        wrong.append(f"ENV_KWARGS: JaxMARL {config['ENV_KWARGS']!r}, fragc takes none")
+    updates = jaxmarl_updates(config)
+    if mine.iterations != updates:
+        wrong.append(f"iterations: fragc {mine.iterations}, JaxMARL NUM_UPDATES {updates}")
+    return wrong
