@@ -9,12 +9,11 @@ iteration hand its work between the two threads, 1.6x the CPU time and slower in
 
 from __future__ import annotations
 
+import sys
 from typing import Callable
 
 from fragc.compiler import build
 from fragc.options import CompileOptions
-import sys
-
 from fragc.runtime import cpu_lowering, cpu_threads
 
 ITERATIONS = 32

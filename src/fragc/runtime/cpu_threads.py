@@ -126,10 +126,9 @@ def decided_by_environment() -> str | None:
 def configure() -> None:
     """At `import fragc`, before JAX's CPU backend starts: set XLA's CPU threads for this process where
     `FRAGC_CPU_THREADS` or the kept choice says so (see the module)."""
-    reason = decided_by_environment()
-    if reason is not None:
+    if decided_by_environment() is not None:
         value = os.environ.get(VARIABLE, "")
-        if reason.startswith(VARIABLE) and value.isdigit():
+        if value.isdigit() and not any(v in os.environ for v in XLA_VARIABLES):  # the user's own come first
             os.environ["PJRT_NPROC"] = value
         return
     kept = (read_json(choices_path()) or {}).get(key())
@@ -231,7 +230,7 @@ def measure(child: list[str], rounds: int = ROUNDS) -> dict:
             for side, proc in procs.items():
                 proc.stdin.write("run\n")
                 proc.stdin.flush()
-                wall, cpu = map(float, _reply(procs[side]).split())
+                wall, cpu = map(float, _reply(proc).split())
                 times[side].append((wall, cpu))
     finally:
         for proc in procs.values():
