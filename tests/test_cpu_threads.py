@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -48,10 +49,14 @@ def test_who_decides(environ):
 
 
 @pytest.mark.parametrize("value", ["0", "two", "-1", ""])
-def test_a_bad_value_is_one_line(environ, value):
+def test_a_bad_value_is_one_line(environ, value, capsys):
+    """At `import fragc` a bad value cannot exit as the CLI does: one line on stderr, and XLA's default threads."""
     environ.setenv("FRAGC_CPU_THREADS", value)
-    with pytest.raises(ValueError, match=r"^FRAGC_CPU_THREADS=.*: expected auto, xla or a number of threads$"):
-        cpu_threads.configure()
+    cpu_threads.configure()
+    assert "PJRT_NPROC" not in os.environ
+    [line] = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(r"fragc: FRAGC_CPU_THREADS=.*: expected auto, xla or a number of threads; XLA's default "
+                        r"threads", line), line
 
 
 def test_configure_sets_the_pool(environ, tmp_path):

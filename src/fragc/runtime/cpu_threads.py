@@ -11,7 +11,8 @@ of 256 members there) can run faster on XLA's default.
 The pool's size is read once, when JAX creates its CPU backend, from the environment variable `PJRT_NPROC` (XLA's
 `DefaultThreadPoolSize`, which also reads `NPROC`). So fragc decides it at `import fragc` (`configure`), in order:
 - `PJRT_NPROC` or `NPROC` set: the user's.
-- `FRAGC_CPU_THREADS=N` sets it to N; `FRAGC_CPU_THREADS=xla` keeps XLA's default.
+- `FRAGC_CPU_THREADS=N` sets it to N; `FRAGC_CPU_THREADS=xla` keeps XLA's default (any other value: one line on
+  stderr, and XLA's default).
 - several CPU devices (`JAX_NUM_CPU_DEVICES`, `jax_num_cpu_devices`, `--xla_force_host_platform_device_count`):
   XLA's default, since the devices' programs share the pool. Where fragc itself simulates several CPU devices
   later (`--devices N`, `fragc.compile(..., devices=N)`), it takes its choice of one thread back first
@@ -112,9 +113,7 @@ def decided_by_environment() -> str | None:
     if any(v in os.environ for v in XLA_VARIABLES):
         return "the user's " + next(v for v in XLA_VARIABLES if v in os.environ)
     value = os.environ.get(VARIABLE, "auto")
-    if value != "auto":
-        if value != "xla" and not (value.isdigit() and int(value) > 0):
-            raise ValueError(f"{VARIABLE}={value!r}: expected auto, xla or a number of threads")
+    if value != "auto":  # a bad value included: XLA's default (`bad_value`)
         return f"{VARIABLE}={value}"
     if several_cpu_devices():
         return "several CPU devices"
@@ -123,12 +122,22 @@ def decided_by_environment() -> str | None:
     return None
 
 
+def bad_value() -> str | None:
+    """What is wrong with `FRAGC_CPU_THREADS`, or None."""
+    value = os.environ.get(VARIABLE, "auto")
+    if value in ("auto", "xla") or (value.isdigit() and int(value) > 0):
+        return None
+    return f"{VARIABLE}={value!r}: expected auto, xla or a number of threads"
+
+
 def configure() -> None:
     """At `import fragc`, before JAX's CPU backend starts: set XLA's CPU threads for this process where
     `FRAGC_CPU_THREADS` or the kept choice says so (see the module)."""
+    if (bad := bad_value()) is not None:  # said in one line: an import cannot exit as the CLI does
+        print(f"fragc: {bad}; XLA's default threads", file=sys.stderr)
     if decided_by_environment() is not None:
         value = os.environ.get(VARIABLE, "")
-        if value.isdigit() and not any(v in os.environ for v in XLA_VARIABLES):  # the user's own come first
+        if bad is None and value.isdigit() and not any(v in os.environ for v in XLA_VARIABLES):  # the user's first
             os.environ["PJRT_NPROC"] = value
         return
     kept = (read_json(choices_path()) or {}).get(key())
