@@ -4,15 +4,17 @@ Third-party code is never committed: each reference's files are copied out of a 
 clone) at the commit pinned in REFERENCES below, and the few patches listed there are applied, each asserted to
 match its text exactly once at that commit, so a changed upstream fails here, loudly, instead of running something
 else. The patches only let the code import and run on this project's library versions (jax 0.10.2, flax 0.12.8,
-gymnax 1.0.1, jaxmarl 0.2.0, envpool 1.2, gymnasium 1.3) and without packages it does not use; each says why, the
-algorithms are left as written, and the scripts' `__main__` blocks are untouched (`make_train` imports without them).
+gymnax 1.0.1, jaxmarl 0.2.0, envpool 1.2, gymnasium 1.3, pgx 2.6.0, mctx 0.0.71, dm-haiku 0.0.17), without packages
+it does not use and without the network; each says why, the algorithms are left as written, and the scripts'
+`__main__` blocks are untouched (`make_train` imports without them), but for pgx's AlphaZero, whose training loop is
+its `__main__` block: there, one jax call that jax 0.10 removed is replaced.
 
 Each reference lands in build/<name>/ with a REFERENCE.json (repository, commit, files, patches), so a bench can
 `sys.path.insert(0, "bench/references/build/purejaxrl"); import ppo; ppo.make_train(config)` and print the
 revision it ran. `python bench/references/verify.py` then runs each one on a tiny configuration.
 
     python bench/references/build.py [--purejaxrl PATH] [--purejaxql PATH] [--jaxmarl PATH] [--cleanrl PATH]
-                                     [--out bench/references/build]
+                                     [--pgx PATH] [--out bench/references/build]
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ MIRRORS = {  # the CLI option naming each mirror -> where it is looked for when 
     "purejaxql": "/work/.mirror/mttga+purejaxql/repo",
     "jaxmarl": "/work/.mirror/FLAIROx+JaxMARL/repo",
     "cleanrl": "/work/.mirror/vwxyzjn+cleanrl/repo",
+    "pgx": "/work/.mirror/sotetsuk+pgx/repo",
 }
 MARK = "# patched (fragc bench/references/build.py):"
 
@@ -284,7 +287,46 @@ CLEANRL_SAC = Reference(
          "(tyro arguments); its replay buffer (cleanrl_utils/buffers.py) is torch's, so it needs torch.",
 )
 
-REFERENCES = (PUREJAXRL, PUREJAXQL, JAXMARL, CLEANRL, CLEANRL_SAC)
+PGX_ALPHAZERO = Reference(
+    name="pgx_alphazero",
+    mirror="pgx",
+    url="https://github.com/sotetsuk/pgx",
+    commit="079b2d730e3845c25d49d99e0ccf9a374dd04cb9",
+    files={"examples/alphazero/train.py": "train.py", "examples/alphazero/network.py": "network.py",
+           "examples/alphazero/requirements.txt": "requirements.txt"},
+    patches=(
+        Patch("train.py", 'baseline = pgx.make_baseline_model(config.env_id + "_v0")\n',
+              f"baseline = None  {MARK} no download: evaluate's opponent\n"
+              "# is uniform random over legal actions, unless train.baseline = pgx.make_baseline_model(ID) is set\n",
+              "pgx.make_baseline_model downloads pretrained weights (Google Drive) at import, and exists only for "
+              "animal_shogi, gardner_chess, go_9x9, hex and othello (any other env_id fails its assert): None, "
+              "which evaluate below reads as a uniform random opponent over legal actions"),
+        Patch("train.py", "        opp_logits, _ = baseline(state.observation)\n",
+              f"        if baseline is None:  {MARK} uniform over legal actions\n"
+              "            opp_logits = jnp.where(state.legal_action_mask, 0.0, jnp.finfo(jnp.float32).min)\n"
+              "        else:\n"
+              "            opp_logits, _ = baseline(state.observation)\n",
+              "evaluate's opponent, when no pretrained baseline is set (the patch above): uniform random over legal "
+              "actions (the pretrained baseline's logits, when set, are used unmasked, as written)"),
+        Patch("train.py", "    model, opt_state = jax.device_put_replicated((model, opt_state), devices)\n",
+              f"    {MARK} jax 0.10 removed device_put_replicated:\n"
+              "    # the same copies, stacked along a new leading axis, one per device\n"
+              "    sharding = jax.NamedSharding(jax.sharding.Mesh(devices, (\"i\",)), jax.P(\"i\"))\n"
+              "    model, opt_state = jax.tree_util.tree_map(\n"
+              "        lambda x: jax.device_put(jnp.stack([x] * num_devices), sharding), (model, opt_state)\n"
+              "    )\n",
+              "jax.device_put_replicated was removed in jax 0.10 (used in __main__ only): the same arrays with "
+              "public APIs, as flax 0.12's jax_utils.replicate builds them (copies stacked along a new leading axis, "
+              "sharded one per device; the sharding the pmapped functions return, so none is compiled twice)"),
+    ),
+    note="A script whose configuration is read from the command line at import (OmegaConf.from_cli() over "
+         "sys.argv[1:], into its pydantic Config), which also builds env, forward and optimizer at import: set "
+         "sys.argv = ['train.py', 'env_id=tic_tac_toe', ...] before `import train`. Its functions are jax.pmap'ed "
+         "over jax.local_devices() (a leading device axis on every argument); the training loop is its __main__ "
+         "block, which calls wandb.init and wandb.log: run it with WANDB_MODE=disabled.",
+)
+
+REFERENCES = (PUREJAXRL, PUREJAXQL, JAXMARL, CLEANRL, CLEANRL_SAC, PGX_ALPHAZERO)
 
 
 class BuildError(Exception):

@@ -1,9 +1,10 @@
 """Run each reference built by build.py on a tiny configuration: one line each, ok / skipped (why) / failed (why).
 
 Each check runs in a process of its own (the references share module names such as `ppo` and `wrappers`), in a
-scratch working directory (CleanRL's scripts write runs/), on its upstream configuration (PureJaxRL's `__main__`
-dict, read from the file; the Hydra YAMLs of purejaxql and JaxMARL; CleanRL's defaults) with only the sizes cut to
-a couple of updates. A check whose reference is not built, or whose extra dependency is not installed, is skipped.
+scratch working directory (CleanRL's scripts write runs/, pgx's AlphaZero checkpoints/), on its upstream
+configuration (PureJaxRL's `__main__` dict, read from the file; the Hydra YAMLs of purejaxql and JaxMARL; CleanRL's
+and pgx's AlphaZero's defaults) with only the sizes cut to a couple of updates (and pgx's AlphaZero on tic-tac-toe
+instead of 9x9 Go). A check whose reference is not built, or whose extra dependency is not installed, is skipped.
 
     python bench/references/verify.py [--build bench/references/build] [--only purejaxrl/ppo,...] [--jobs 2]
 """
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -47,6 +50,14 @@ def main_config(path: Path) -> dict:
                 if isinstance(stmt, ast.Assign) and ast.unparse(stmt.targets[0]) == "config":
                     return ast.literal_eval(stmt.value)
     raise ValueError(f"{path.name} has no config dict in its __main__ block")
+
+
+def main_block(path: Path):
+    """A script's `if __name__ == "__main__":` block, compiled, to run in the namespace of the module imported."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            return compile(ast.Module(body=node.body, type_ignores=[]), str(path), "exec")
+    raise ValueError(f"{path.name} has no __main__ block")
 
 
 def hydra_config(config_dir: Path, name: str, overrides: list[str] | None = None) -> dict:
@@ -109,6 +120,25 @@ def cleanrl(script: str, *args: str) -> Callable[[Path], str]:
     return run
 
 
+def pgx_alphazero(*args: str) -> Callable[[Path], str]:
+    """pgx's AlphaZero train.py: imported at a configuration given as its command line (it reads sys.argv at
+    import, as a bench does), then its own training loop (its __main__ block) run in that module; -> the last log."""
+    def run(build: Path) -> str:
+        sys.argv = ["train.py", *args]
+        os.environ["WANDB_MODE"] = "disabled"  # the loop calls wandb.init and wandb.log
+        import train as script
+
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):  # the loop prints its log dict every iteration
+            exec(main_block(build / "train.py"), vars(script))
+        log = ast.literal_eval(last_line(printed.getvalue()))
+        rates = "/".join(f"{log[f'eval/vs_baseline/{k}_rate']:.2f}" for k in ("win", "draw", "lose"))
+        return (f"{script.config.env_id}, {log['iteration']} iterations, {log['frames']} frames: policy loss "
+                f"{log['train/policy_loss']:.3f}, value loss {log['train/value_loss']:.3f}; sampled policy vs "
+                f"uniform random: win/draw/lose {rates}")
+    return run
+
+
 CHECKS = {
     "purejaxrl/ppo": Check("purejaxrl", ("distrax",), purejaxrl("ppo", TOTAL_TIMESTEPS=2 * 4 * 128)),
     "purejaxrl/ppo_rnn": Check("purejaxrl", ("distrax",), purejaxrl("ppo_rnn", TOTAL_TIMESTEPS=2 * 4 * 128)),
@@ -131,6 +161,11 @@ CHECKS = {
         "cleanrl_sac", ("torch", "tyro", "tensorboard"),
         cleanrl("sac_continuous_action_jax.py", "--env-id", "Pendulum-v1", "--total-timesteps", "300",
                 "--learning-starts", "100"), install=f"{EXTRA}; {TORCH}"),
+    "pgx_alphazero/train": Check(
+        "pgx_alphazero", ("haiku", "mctx", "pgx", "omegaconf", "pydantic", "wandb"),
+        pgx_alphazero("env_id=tic_tac_toe", "num_channels=16", "num_layers=2", "selfplay_batch_size=64",
+                      "num_simulations=8", "max_num_steps=32", "training_batch_size=256", "max_num_iters=2",
+                      "eval_interval=1")),
 }
 
 
