@@ -13,6 +13,7 @@ import pytest
 import fragc
 from fragc.algos import ALGOS, dqn, impala, make, ppo, ppo_rnn, pqn, returns, sac
 from fragc.algos.diagnostics import approx_kl, clip_fraction, episode_metrics, explained_variance, scheduled_lr
+from fragc.algos.networks import QModel
 from fragc.algos.replay import Transition as ReplayTransition
 from fragc.algos.vec_env import VecEnv
 
@@ -212,13 +213,14 @@ def test_dqn_and_pqn_report_the_mean_q_of_the_taken_actions():
     want = np.mean(q[np.arange(6), ACTION])
     batch = ReplayTransition(OBS, ACTION, np.ones(6, np.float32), OBS, np.zeros(6, np.float32))
     algo = dqn.DQN(dqn.Config())
-    algo.network = LinearNetwork()
+    algo.model = QModel(LinearNetwork(), algo.model.chosen)
     loss, q_value = algo._td(SCALARS, SCALARS, batch)
     np.testing.assert_allclose(q_value, want, rtol=1e-6)
     assert float(loss) == float(algo._loss(SCALARS, SCALARS, batch))  # the TD loss, as before
     algo = pqn.PQN(pqn.Config())
-    algo.network = LinearNetwork()
-    _, q_value = algo._loss(SCALARS, pqn.Transition(OBS, ACTION, np.zeros(6, np.float32)))
+    algo.model = QModel(LinearNetwork(), algo.model.chosen)
+    _, metrics = algo._loss(SCALARS, pqn.Transition(OBS, ACTION, np.zeros(6, np.float32)))
+    q_value = metrics["q_value"]
     np.testing.assert_allclose(q_value, want, rtol=1e-6)
 
 

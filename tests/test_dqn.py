@@ -117,9 +117,9 @@ def test_the_loss_is_the_squared_td_error_to_the_max_or_the_double_target(double
     batch = dqn.Transition(jnp.asarray(rng.normal(size=(32, 4)), jnp.float32), jnp.asarray(rng.integers(0, 2, 32)),
                            jnp.asarray(rng.normal(size=32), jnp.float32),
                            jnp.asarray(rng.normal(size=(32, 4)), jnp.float32), jnp.asarray(rng.random(32) < 0.3))
-    q = np.asarray(algo.network.apply(params, batch.obs), np.float64)
-    q_next_online = np.asarray(algo.network.apply(params, batch.next_obs), np.float64)
-    q_next_target = np.asarray(algo.network.apply(target_params, batch.next_obs), np.float64)
+    q = np.asarray(algo.model.network.apply(params, batch.obs), np.float64)
+    q_next_online = np.asarray(algo.model.network.apply(params, batch.next_obs), np.float64)
+    q_next_target = np.asarray(algo.model.network.apply(target_params, batch.next_obs), np.float64)
     rows = np.arange(32)
     if double_dqn:
         q_next = q_next_target[rows, q_next_online.argmax(-1)]

@@ -23,7 +23,7 @@ import fragc
 import toy_algos
 from conftest import assert_trees_close, traced_module
 from fragc.algos import dqn, ppo, ppo_continuous
-from fragc.algos.evaluation import Evaluator, EvaluatorState
+from fragc.algos.evaluation import Evaluator, EvaluatorState, with_evaluator
 from fragc.ir.errors import FragcError
 from fragc.ir.module import Delay, If, Run
 from fragc.passes import default_passes, resolve, run_pipeline
@@ -186,7 +186,7 @@ def test_ppo_evaluates_its_greedy_policy():
     """PPO's wiring, outside a compiled program: its initial state and one `maybe_evaluate` under jax.jit."""
     algo = ppo_evaluating()
     start = jax.jit(algo.init)(jax.random.key(0))
-    assert isinstance(start, ppo.EvalState)
+    assert type(start) is with_evaluator(ppo.State) and isinstance(start, ppo.State)
     evaluated, metrics = jax.jit(lambda s: algo.evaluator.maybe_evaluate(s, algo.policy_params(s)))(start)
     chex.assert_trees_all_equal((evaluated.learner, evaluated.runner), (start.learner, start.runner))
     assert int(evaluated.evaluator.iteration) == 1

@@ -1,12 +1,14 @@
 """`fragc.ir.parse` reads back what the printer writes: every module after every pass of every
 built-in policy, for every algorithm (passes only, no XLA)."""
 
+import dataclasses
+
 import jax
 import pytest
 
 import fragc
 import user_shapes
-from fragc.algos import ppo, pqn
+from fragc.algos import pqn
 from fragc.algos.networks import ChosenNetwork
 from fragc.ir.graph import For
 from fragc.ir import ParseError, format_module, parse, verify
@@ -129,7 +131,8 @@ def test_an_unrolled_for_region_prints_and_parses_back():
     """`lax.scan(..., unroll=True)` around fragment calls (PQN's epochs with a CNN on the CPU) keeps its
     unrolling through the IR: printed, parsed back, and lowered with it."""
     algo = pqn.PQN(pqn.Config(num_envs=8, num_steps=8, num_minibatches=2, num_epochs=2))
-    algo.__dict__["chosen"] = Unrolled(algo.chosen.name, algo.chosen.observations)
+    algo.__dict__["model"] = dataclasses.replace(algo.model, chosen=Unrolled(algo.model.chosen.name,
+                                                                            algo.model.chosen.observations))
     module = fragc.trace(algo)
     loop = next(n for n in module.graph.nodes if isinstance(n, For))
     assert loop.trips == loop.unroll == 2

@@ -39,8 +39,8 @@ def small(name, env):
 
 
 def chosen(algo):
-    """The network an algorithm chose (`auto` resolved): the actor-critics' model's, or the Q-learners' own."""
-    return getattr(algo, "model", algo).chosen
+    """The network an algorithm chose (`auto` resolved)."""
+    return algo.model.chosen
 
 
 def test_the_trajectory_crosses_to_the_learner_once_as_uint8_frames():
@@ -110,7 +110,7 @@ def test_a_bad_network_is_one_line(args, message, capsys):
 def test_a_cnn_on_frames_it_cannot_take_or_on_vectors_is_one_line():
     with pytest.raises(FragcError, match=r"^network nature_cnn needs frames of at least 36x36; this environment's "
                                          r"are 10x10 \(10, 10, 4\) \(use impala_cnn\)$"):
-        pqn.PQN(pqn.Config(env="Breakout-MinAtar", network="nature_cnn")).network
+        pqn.PQN(pqn.Config(env="Breakout-MinAtar", network="nature_cnn")).model
     with pytest.raises(FragcError, match=r"^network impala_cnn needs frames .* this environment's are \(4,\)$"):
         ppo.PPO(ppo.Config(network="impala_cnn")).model
     assert chosen(ppo_continuous.PPOContinuous()).name == "mlp"
@@ -119,12 +119,15 @@ def test_a_cnn_on_frames_it_cannot_take_or_on_vectors_is_one_line():
 
 def test_next_obs_crosses_only_to_a_learner_that_may_read_it():
     """PPO's and A2C's learners bootstrap from V(s_{t+1}), which the rollout computes: no s_{t+1} in their
-    trajectories. IMPALA's bootstraps under the learner's own parameters, and a user's PPO whose learner reads it says
-    so (`learner_reads_next_obs = True`)."""
+    trajectories. IMPALA's bootstraps under the learner's own parameters, and a user's PPO whose learner reads it
+    keeps it in its own rollout (`collect(..., keep_next_obs=True)`)."""
     from fragc.algos import a2c, impala, ppo
+    from fragc.algos.actor_critic import collect
 
     class OwnLoss(ppo.PPO):
-        learner_reads_next_obs = True
+        @fragc.fragment(role="actor", in_axes=(None, 0), out_axes=(1, 0, None))
+        def rollout(self, params, runner):
+            return collect(self.model, self.env, params, runner, self.config.num_steps, keep_next_obs=True)
 
     def next_obs(algo):
         state = jax.eval_shape(algo.init, jax.random.key(0))

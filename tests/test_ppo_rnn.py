@@ -16,6 +16,7 @@ import fragc
 from conftest import assert_trees_close, traced_module
 from fragc.algos import ppo, ppo_rnn
 from fragc.algos.envs import VecEnv
+from fragc.algos.evaluation import with_evaluator
 
 ITERATIONS = 2
 
@@ -249,7 +250,7 @@ def evaluating_program(normalize_obs: bool, critic_gru: bool, policy: str) -> fr
     return fragc.compile(algo, policy, devices=REPLICAS[policy], iterations_per_dispatch=EVALUATED_ITERATIONS)
 
 
-def hand_written_greedy_return(algo: ppo_rnn.PPORNN, state: ppo_rnn.EvalState) -> float:
+def hand_written_greedy_return(algo: ppo_rnn.PPORNN, state: ppo_rnn.State) -> float:
     """An evaluation outside fragc: the evaluator's key split as the evaluator splits it, then each episode in a
     Python loop over gymnax's CartPole, the network stepped on the masked observation (normalized by the state's
     statistics, when it has some) from a zero hidden state, acting with the argmax of its logits."""
@@ -286,7 +287,7 @@ def test_the_greedy_evaluation_carries_the_hidden_state_as_a_hand_written_loop(n
     prog = evaluating_program(normalize_obs, critic_gru, "single")  # the next test's program
     algo = prog.algo
     state, _ = prog.run(prog.init(0), 2)
-    assert isinstance(state, ppo_rnn.EvalState) and int(state.evaluator.iteration) == 2
+    assert type(state) is with_evaluator(ppo_rnn.State) and int(state.evaluator.iteration) == 2
     evaluated, metrics = jax.jit(lambda s: algo.evaluator.maybe_evaluate(s, algo.policy_params(s)))(state)
     chex.assert_trees_all_equal((evaluated.learner, evaluated.actor), (state.learner, state.actor))
     assert metrics["eval_return"] == hand_written_greedy_return(algo, state)

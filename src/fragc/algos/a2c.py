@@ -16,7 +16,7 @@ import optax
 
 import fragc
 from fragc.algos import actor_critic, losses
-from fragc.algos.actor_critic import Categorical, EvalState, Learner, State, Transition, collect, model_for
+from fragc.algos.actor_critic import Categorical, Learner, State, Transition, collect, model_for
 from fragc.algos.diagnostics import explained_variance, lr_metric
 from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import Evaluator
@@ -30,7 +30,6 @@ class Config(actor_critic.NetworkConfig):
     """The actor-critics' fields (actor_critic.py) at A2C's values."""
 
     num_envs: int = 8
-    """Environments stepped in parallel."""
     num_steps: int = 8
     """Steps per environment in one rollout (the n of n-step returns). A2C takes one gradient step per
     rollout, so small rollouts mean many steps: 8 x 8 gives 15,625 steps in 1e6 env steps (16 x 32 gave
@@ -38,7 +37,6 @@ class Config(actor_critic.NetworkConfig):
     total_steps: int = 1_000_000
     """Environment steps over the whole run."""
     lr: float = 7e-4
-    """Adam learning rate (at the start, when annealed)."""
     gae_lambda: float = 0.95
     """GAE lambda; 1.0 gives plain n-step returns."""
     ent_coef: float = 0.0
@@ -95,7 +93,7 @@ class A2C:
         params = self.model.init(k_params)
         learner = Learner(params, self.optimizer.init(params), k_learn)
         state = State(learner, self.env.reset(k_env, self.config.num_envs))
-        return self.evaluator.init(key, state, EvalState)
+        return self.evaluator.init(key, state)
 
     def iteration(self, state: State) -> tuple[State, dict]:
         state, eval_metrics = self.evaluator.maybe_evaluate(state, self.policy_params(state))  # when due

@@ -19,7 +19,7 @@ from flax import struct
 
 import fragc
 from fragc.algos.diagnostics import episode_metrics
-from fragc.algos.evaluation import EvalConfig, EvaluatorState
+from fragc.algos.evaluation import EvalConfig
 from fragc.algos.networks import ACTIVATIONS, ActorCritic, ChosenNetwork, GaussianActorCritic, PixelActorCritic, torso
 from fragc.algos.run_length import RunLength
 from fragc.algos.validation import algo_name
@@ -89,13 +89,6 @@ class Learner:
 class State:
     learner: Learner
     runner: Runner
-
-
-@struct.dataclass
-class EvalState(State):
-    """The state with evaluation on (`eval_every` > 0)."""
-
-    evaluator: EvaluatorState  # the evaluator's own (src/fragc/algos/evaluation.py)
 
 
 @struct.dataclass

@@ -14,7 +14,6 @@ import dataclasses
 import functools
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -23,9 +22,9 @@ from flax import struct
 import fragc
 from fragc.algos.diagnostics import episode_metrics
 from fragc.algos.envs import Runner, VecEnv, discrete_env
-from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
+from fragc.algos.evaluation import EvalConfig, Evaluator
 from fragc.algos import losses, replay
-from fragc.algos.networks import ChosenNetwork, PixelQNetwork, torso
+from fragc.algos.networks import QModel, q_of
 from fragc.algos.replay import BUFFER_AXES, Buffer, Transition
 from fragc.algos.run_length import RunLength
 from fragc.ir.errors import FragcError
@@ -74,17 +73,6 @@ class Config(RunLength, EvalConfig):
             raise FragcError("dqn: buffer_size must hold at least one rollout (num_envs * num_steps)")
 
 
-class QNetwork(nn.Module):
-    num_actions: int
-    hidden: int = 120
-
-    @nn.compact
-    def __call__(self, obs: jax.Array) -> jax.Array:
-        x = nn.relu(nn.Dense(self.hidden)(obs))
-        x = nn.relu(nn.Dense(84)(x))
-        return nn.Dense(self.num_actions)(x)
-
-
 @struct.dataclass
 class Learner:
     params: Any
@@ -101,13 +89,6 @@ class State:
     buffer: Buffer
 
 
-@struct.dataclass
-class EvalState(State):
-    """The state with evaluation on (`eval_every` > 0)."""
-
-    evaluator: EvaluatorState  # the evaluator's own (src/fragc/algos/evaluation.py)
-
-
 class DQN:
     """Deep Q-learning (Mnih et al. 2015), optionally double (van Hasselt et al. 2016)."""
 
@@ -121,21 +102,10 @@ class DQN:
         return discrete_env(self.config.env, "dqn", " (use ppo_continuous)")
 
     @functools.cached_property
-    def chosen(self) -> ChosenNetwork:
-        """The network `config.network` names for the environment's observations, and how they are kept."""
-        return ChosenNetwork.of(self.config.network, self.env)
-
-    @functools.cached_property
-    def network(self) -> nn.Module:
-        if self.chosen.name == "mlp":
-            return QNetwork(self.env.action_space.n, self.config.hidden)
-        # nature_cnn: CleanRL's dqn_atari_jax.py (Flax's default initialisation)
-        features = torso(self.chosen.name, self.env.obs_shape, kernel_init="lecun_normal")
-        return PixelQNetwork(features, self.env.action_space.n)
-
-    def q_values(self, params: Any, obs: jax.Array) -> jax.Array:
-        """Q(obs, a) for every action, on observations as the environment gives them or as frames."""
-        return self.network.apply(params, self.chosen.observations.frames(obs))
+    def model(self) -> QModel:
+        """The Q network `config.network` names: PureJaxRL's MLP, or CleanRL's dqn_atari_jax.py CNN (Flax's default
+        initialisation)."""
+        return QModel.of(self.config.network, self.env, (self.config.hidden, 84), "lecun_normal", layer_norm=False)
 
     @property
     def optimizer(self) -> optax.GradientTransformation:
@@ -145,14 +115,14 @@ class DQN:
     def init(self, key: jax.Array) -> State:
         c = self.config
         k_params, k_env, k_learn = jax.random.split(key, 3)
-        params = self.network.init(k_params, self.chosen.observations.zeros(1))
+        params = self.model.init(k_params)
         learner = Learner(params, params, self.optimizer.init(params), k_learn, jnp.int32(0))
         runner = self.env.reset(k_env, c.num_envs)
-        obs = self.chosen.observations.struct(c.num_envs)
+        obs = self.model.chosen.observations.struct(c.num_envs)
         scalar = lambda dtype: jax.ShapeDtypeStruct((c.num_envs,), dtype)  # noqa: E731
         step = Transition(obs, scalar(jnp.int32), scalar(jnp.float32), obs, scalar(bool))
         state = State(learner, runner, replay.empty(step, c.buffer_size, c.num_envs))
-        return self.evaluator.init(key, state, EvalState)
+        return self.evaluator.init(key, state)
 
     def iteration(self, state: State) -> tuple[State, dict]:
         state, eval_metrics = self.evaluator.maybe_evaluate(state, self.policy_params(state))  # when due
@@ -180,15 +150,12 @@ class DQN:
         eps = self.epsilon(env_steps)
 
         def step(runner: Runner, _: None) -> tuple[Runner, Transition]:
-            keys = jax.vmap(lambda k: jax.random.split(k, 3))(runner.key)
-            greedy = self.greedy_action(params, runner.obs)
-            explore = jax.vmap(lambda k: jax.random.uniform(k) < eps)(keys[:, 0])
-            random_action = jax.vmap(lambda k: jax.random.randint(k, (), 0, self.env.action_space.n))(keys[:, 1])
-            action = jnp.where(explore, random_action, greedy)
-            obs = self.chosen.observations.frames(runner.obs)  # a CNN's frames stay frames, uint8 ones uint8
+            keys = jax.vmap(lambda k: jax.random.split(k, 3))(runner.key)  # explore?, random action, carried
+            action = self.model.epsilon_greedy(params, runner.obs, eps, keys)
+            frames = self.model.chosen.observations.frames  # a CNN's frames stay frames, uint8 ones uint8
+            obs = frames(runner.obs)
             runner, out = self.env.step(runner.replace(key=keys[:, 2]), action)
-            return runner, Transition(obs, action, out.reward, self.chosen.observations.frames(out.final_obs),
-                                      out.terminated)
+            return runner, Transition(obs, action, out.reward, frames(out.final_obs), out.terminated)
 
         runner, traj = jax.lax.scan(step, runner, None, self.config.num_steps)
         metrics = {**episode_metrics(runner), "epsilon": eps}
@@ -219,7 +186,7 @@ class DQN:
             return (jax.tree.map(lambda a, b: jnp.where(started, a, b), new, learner),
                     fragc.pmean({"loss": loss, "q_value": q_value}))
 
-        learner, metrics = jax.lax.scan(update, learner, batches, unroll=self.chosen.unroll)
+        learner, metrics = jax.lax.scan(update, learner, batches, unroll=self.model.chosen.unroll)
         return learner.replace(env_steps=env_steps), jax.tree.map(jnp.mean, metrics)
 
     @fragc.fragment(role="learner", in_axes=(None, None), out_axes=None)
@@ -234,14 +201,13 @@ class DQN:
 
     def _td(self, params: Any, target_params: Any, batch: Transition) -> tuple[jax.Array, jax.Array]:
         """The TD loss, and the mean Q(s, a) of the batch's actions under the online network (CleanRL's q_values)."""
-        q_next_target = self.q_values(target_params, batch.next_obs)
+        q_next_target = self.model.q_values(target_params, batch.next_obs)
         if self.config.double_dqn:
-            best = jnp.argmax(self.q_values(params, batch.next_obs), -1)
-            q_next = jnp.take_along_axis(q_next_target, best[:, None], -1)[:, 0]
+            q_next = q_of(q_next_target, self.model.greedy(params, batch.next_obs))
         else:
             q_next = jnp.max(q_next_target, -1)
         target = batch.reward + self.config.gamma * (1.0 - batch.terminated) * jax.lax.stop_gradient(q_next)
-        q = jnp.take_along_axis(self.q_values(params, batch.obs), batch.action[:, None], -1)[:, 0]
+        q = q_of(self.model.q_values(params, batch.obs), batch.action)
         return jnp.mean((q - target) ** 2), jnp.mean(q)
 
     # THE DETERMINISTIC POLICY: what evaluation episodes and videos act with
@@ -251,4 +217,4 @@ class DQN:
 
     def greedy_action(self, params: Any, obs: jax.Array) -> jax.Array:
         """argmax Q for each of `obs[n, obs_size]`."""
-        return jnp.argmax(self.q_values(params, obs), -1)
+        return self.model.greedy(params, obs)

@@ -1,49 +1,28 @@
 """Periodic evaluation: whole episodes of the deterministic policy on environments of the evaluator's own.
 
-An algorithm's config takes the `EvalConfig` mixin (`--eval-every K --eval-episodes N` on the command
-line), its state class gets a subclass with the evaluator's field, and the algorithm makes an `Evaluator`
-and calls it from `init` and `iteration`:
+An algorithm's config takes the `EvalConfig` mixin (`--eval-every K --eval-episodes N`); the algorithm makes an
+`Evaluator` and calls it from `init` and `iteration`:
 
-    @struct.dataclass
-    class EvalState(State):
-        evaluator: EvaluatorState
-
-    def __init__(self, config):
-        ...
-        self.evaluator = Evaluator(config.env, self.greedy_action, config.eval_every, config.eval_episodes)
+    self.evaluator = Evaluator(config.env, self.greedy_action, config.eval_every, config.eval_episodes)
 
     def init(self, key):
-        ...
-        return self.evaluator.init(key, State(learner, runner), EvalState)
+        return self.evaluator.init(key, State(learner, runner))  # with eval_every: the state and the evaluator's
 
     def iteration(self, state):
-        ...
         state, eval_metrics = self.evaluator.maybe_evaluate(state, self.policy_params(state))
-        return state.replace(learner=learner, runner=runner), {**metrics, **eval_metrics}
+        ...
 
-With `eval_every` 0 both are no-ops (the state stays a `State`, and nothing is added to the graph), so the
-program is exactly the one without evaluation. With `eval_every` K, every iteration i with i % K == 0 (the
-first one included: it evaluates the initial parameters) calls the fragment `evaluate` (role "evaluator")
-under `lax.cond`, an `if` region of the IR: it resets `eval_episodes` environments of its own from keys
-split off the evaluator's key, plays one whole episode in each with `greedy_action` (at most the
-environment's time limit), and returns the mean undiscounted return. A recurrent policy (ppo_rnn's GRU)
-takes `Evaluator.recurrent(env, initial_carry, greedy_step, ...)` instead: its carry starts afresh with each
-evaluation and goes from step to step. The metric `eval_return` is the latest evaluation's, every
-iteration. The evaluator's state (its key, an iteration count, the latest return) is the field
-`evaluator` of the training state: checkpointed with it, and apart from the training runner.
-
-Policies place the role "evaluator": on the actors' devices by default (`single`, `anakin` and `gspmd`
-place every role everywhere; `actor_learner` names it with the actors), on a group of its own with
-`actor_learner(evaluators=E)`. The episodes are split over the evaluator's replicas, so `eval_episodes`
-must divide by them. Under a population the iteration counts are per member, so `lax.cond` becomes a
-select and every iteration evaluates (the metric is the same; only the due ones are kept).
-docs/evaluation.md.
+With `eval_every` 0 both are no-ops, so the program is exactly the one without evaluation. With K, the iterations
+0, K, 2K, ... run the fragment `evaluate` (role "evaluator") under `lax.cond`, an `if` region of the IR: one whole
+greedy episode in each of `eval_episodes` environments of its own, split over the evaluator's replicas; the metric
+`eval_return` is the latest evaluation's mean return. docs/evaluation.md has the semantics and the placements.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from typing import Any, Callable
 
 import jax
@@ -89,6 +68,17 @@ class Episodes:
     index: jax.Array  # int32: the episode's environment in the evaluator's pool (host environments need it)
 
 
+@functools.cache
+def with_evaluator(state: type) -> type:
+    """The training state with evaluation on: a subclass of the pytree dataclass `state` with the evaluator's own
+    field `evaluator` (an `EvaluatorState`), kept in `state`'s module as `state.__name__` + "WithEvaluator"."""
+    name = f"{state.__name__}WithEvaluator"
+    cls = struct.dataclass(type(name, (state,), {"__annotations__": {"evaluator": EvaluatorState},
+                                                 "__module__": state.__module__, "__qualname__": name}))
+    setattr(sys.modules[state.__module__], name, cls)  # found by name, as a class written there would be
+    return cls
+
+
 class Evaluator:
     """Evaluation episodes of `greedy_action(params, obs[n, obs_size]) -> actions` on `episodes` fresh
     environments of `env` every `every` iterations (0: never); `Evaluator.recurrent` for a policy that carries
@@ -124,12 +114,13 @@ class Evaluator:
                              "(max_episode_steps); use eval_every 0, or an environment with a time limit")
         return steps
 
-    def init(self, key: jax.Array, state: Any, eval_state: type) -> Any:
-        """The initial training state: `state` as it is when evaluation is off, else an `eval_state` (a
-        subclass of `state`'s class with a field `evaluator`) with `state`'s fields and the evaluator's, whose
-        key comes from `key` (the algorithm's init key) by a stream of its own."""
+    def init(self, key: jax.Array, state: Any, eval_state: type | None = None) -> Any:
+        """The initial training state: `state` as it is when evaluation is off, else the same fields and the
+        evaluator's (`with_evaluator(type(state))`, or a subclass of `state`'s class with a field `evaluator` given
+        as `eval_state`), whose key comes from `key` (the algorithm's init key) by a stream of its own."""
         if not self.every:
             return state
+        eval_state = with_evaluator(type(state)) if eval_state is None else eval_state
         if not (dataclasses.is_dataclass(eval_state) and issubclass(eval_state, type(state))
                 and "evaluator" in {f.name for f in dataclasses.fields(eval_state)}):
             raise FragcError(f"Evaluator.init: {getattr(eval_state, '__name__', eval_state)!r} must be a subclass "

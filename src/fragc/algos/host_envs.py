@@ -1,31 +1,11 @@
 """Host environments: a vector environment on the host CPU, stepped synchronously from inside the rollout.
 
-`HostVecEnv` gives the interface of `VecEnv` (src/fragc/algos/envs.py) to a `HostPool`,
-a vector environment on the host that takes and returns numpy arrays. Its
-`reset` and `step` are host calls (`fragc.ir.host.host_call`): the device
-sends the actions (and the step's keys) to the host, the pool steps every
-environment, and the observations, rewards and flags come back. The IR
-prints the call and its bytes under the fragment that makes it (`rollout`).
-
-Semantics, the same as the device path's:
-
-- autoreset in the same step (Gymnasium's `AutoresetMode.SAME_STEP`, chosen
-  deliberately): a step that ends an episode returns the first observation
-  of the next one, and the observation it reached as `final_obs`, so
-  truncation bootstraps from the state reached and no step is spent on a
-  reset (with NEXT_STEP, one step in every episode would take no action);
-- environment i of the pool is seeded from environment i's reset key, so a
-  run is deterministic given its seed (for environments that are
-  deterministic given their seed);
-- the pool's state lives in the host process and is not part of the
-  training state: a checkpoint cannot hold it. The runner carries the pool's
-  step count (`HostEnvState.pool_step`); a step whose runner does not
-  continue the pool's last step (a resumed run, in a new process or not)
-  resets the environments (seeded from that step's keys), reports every
-  episode as truncated there with reward 0, and warns.
-
-`register_host_pool` adds a backend by name; the built-in ones are
-`gymnasium` and `envpool`.
+`HostVecEnv` gives `VecEnv`'s interface (vec_env.py) to a `HostPool`, a vector environment on the host that takes and
+returns numpy arrays: its `reset` and `step` are host calls (`fragc.ir.host.host_call`), which the IR prints with
+their bytes under the fragment that makes them. Pools autoreset in the same step (Gymnasium's SAME_STEP), seed
+environment i from its own reset key, and live outside the training state: a runner that does not continue its
+pool's last step (`HostEnvState.pool_step`, a resumed run) resets them and says so. docs/host_envs.md has the
+semantics; `register_host_pool` adds a backend by name (built in: `gymnasium`, `gymnasium_async`, `envpool`).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import optax
 
 import fragc
 from fragc.algos import a2c, losses
-from fragc.algos.actor_critic import Categorical, EvalState, Learner, State, Transition, collect, model_for
+from fragc.algos.actor_critic import Categorical, Learner, State, Transition, collect, model_for
 from fragc.algos.diagnostics import explained_variance, lr_metric
 from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import Evaluator
@@ -87,7 +87,7 @@ class IMPALA:
         params = self.model.init(k_params)
         learner = Learner(params, self.optimizer.init(params), k_learn)
         state = State(learner, self.env.reset(k_env, self.config.num_envs))
-        return self.evaluator.init(key, state, EvalState)
+        return self.evaluator.init(key, state)
 
     def iteration(self, state: State) -> tuple[State, dict]:
         state, eval_metrics = self.evaluator.maybe_evaluate(state, self.policy_params(state))  # when due

@@ -52,9 +52,7 @@ class Config(actor_critic.Config):
     total_steps: int = 10_000_000
     """Environment steps over the whole run (JaxMARL's TOTAL_TIMESTEPS: steps of all agents at once)."""
     lr: float = 5e-4
-    """Adam learning rate (at the start, when annealed)."""
     vf_coef: float = 1.0
-    """Value loss weight."""
     hidden: int = 128
     """Width of the embedding, of the GRU's hidden state and of the actor's and critic's hidden layer (JaxMARL's
     FC_DIM_SIZE and GRU_HIDDEN_DIM)."""

@@ -1,4 +1,4 @@
-"""The actor-critics' losses, and one gradient step (PPO, A2C, IMPALA; IPPO and MAPPO through PPO's update)."""
+"""The actor-critics' losses, and one gradient step (PPO, A2C, IMPALA, PQN; IPPO and MAPPO through PPO's update)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fragc.algos.diagnostics import approx_kl, clip_fraction
+import fragc
+from fragc.algos.diagnostics import approx_kl, clip_fraction, lr_metric
 
 
 def value_loss(value: jax.Array, targets: jax.Array, old_value: jax.Array | None = None,
@@ -35,6 +36,15 @@ def clipped_surrogate(log_prob: jax.Array, old_log_prob: jax.Array, advantages: 
 def policy_gradient(log_prob: jax.Array, advantages: jax.Array) -> jax.Array:
     """The policy-gradient loss -E[log pi(a|s) A], the advantages held constant (A2C's, IMPALA's)."""
     return -jnp.mean(log_prob * jax.lax.stop_gradient(advantages))
+
+
+def gradient_step(learner: Any, loss: Any, batch: tuple, tx: optax.GradientTransformation,
+                  lr: Any = None) -> tuple[Any, dict]:
+    """One step of `tx` on the gradient of `loss(params, *batch) -> (loss, metrics)`, averaged over the learner's
+    replicas -> (`learner` after it, the metrics with the learning rate `lr` of the step, where it is known)."""
+    grads, metrics = jax.grad(loss, has_aux=True)(learner.params, *batch)
+    metrics = {**metrics, **lr_metric(lr, learner.opt_state)}
+    return apply_gradients(learner, fragc.pmean(grads), tx), metrics
 
 
 def apply_gradients(learner: Any, grads: Any, tx: optax.GradientTransformation) -> Any:

@@ -23,13 +23,9 @@ class Config(ippo_rnn.Config):
 
     centralised_critic: ClassVar[bool] = True
     lr: float = 2e-3
-    """Adam learning rate (at the start, when annealed)."""
     vf_coef: float = 0.5
-    """Value loss weight."""
     num_minibatches: int = 4
-    """Minibatches per epoch, each a set of whole environment sequences (num_envs must divide by it)."""
     clip_eps: float = 0.2
-    """PPO ratio clip, and the value's clip."""
 
     def presets(self) -> dict[str, Any]:
         return SMAX if "SMAX_" in self.env else {}

@@ -1,21 +1,11 @@
 """JaxMARL's multi-agent environments as a vector environment: `jaxmarl:MPE_simple_spread_v3`, `jaxmarl:SMAX_3m`.
 
-Stepped on the device inside the rollout as gymnax environments are (src/fragc/algos/envs.py), `num_envs` copies under
-`vmap`, with JaxMARL's dicts of agents stacked over an **agent axis** after the environment axis:
-
-- `runner.obs`: float32 [N, A, D], each agent's row `[observation | world state | available actions]`: the world
-  state only where asked for (`world_state`, MAPPO's critic) and (SMAX's `get_world_state`; for MPE the agents' observations side by
-  side, as JaxMARL's MAPPO wrapper makes it), the action mask only where actions can be unavailable (SMAX);
-  `AgentLayout` says where each part lies, so IPPO's actor reads its own observation and MAPPO's critic the
-  world state;
-- actions int32 [N, A]; `Step.reward`, `terminated`, `truncated`, `episode_done` [N, A];
-- episode statistics per agent ([N, A]: the team's mean return is their mean, as JaxMARL logs it), and for SMAX
-  whether the last episode was won (`AgentsRunner.last_won`, JaxMARL's win rate).
-
-Auto-reset as JaxMARL's `MultiAgentEnv.step` does it (when every agent is done), keeping the observation reached
-as `final_obs`. MPE's episodes end only at the time limit (truncated: bootstrapped from the state reached);
-SMAX's agents are done when they die or the battle ends (terminated), as JaxMARL's baselines treat them.
-`jaxmarl` is an optional extra (`pip install 'fragc[marl]'`), imported when an environment is made.
+Stepped on the device as gymnax environments are, with JaxMARL's dicts of agents stacked over an **agent axis** after
+the environment axis: `runner.obs` is [N, A, D], each agent's row its observation, then the world state where asked
+(MAPPO's critic), then the available actions (SMAX), as `AgentLayout` says; actions, rewards and flags are [N, A],
+episode statistics per agent, with SMAX's win flag. Auto-reset as JaxMARL's `MultiAgentEnv.step` (when every agent
+is done), the observation reached kept as `final_obs`. docs/marl.md has the layout and the episode rules; `jaxmarl`
+is an extra (`pip install 'fragc[marl]'`), imported when an environment is made.
 """
 
 from __future__ import annotations

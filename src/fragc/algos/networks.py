@@ -308,3 +308,64 @@ class GaussianActorCritic(nn.Module):
 
     def value(self, obs: jax.Array) -> jax.Array:
         return jnp.squeeze(self.critic(obs), -1)
+
+
+# ---------------------------------------------------------------- the Q-learners' network (DQN, PQN)
+
+
+class QNetwork(nn.Module):
+    """Dense relu layers of `widths` (each LayerNormed before its relu with `layer_norm`) and a linear head of one
+    Q value per action: DQN's (PureJaxRL's 120, 84) and PQN's (purejaxql's, LayerNorm)."""
+
+    num_actions: int
+    widths: tuple[int, ...]
+    layer_norm: bool = False
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        x = obs
+        for width in self.widths:
+            x = nn.Dense(width)(x)
+            x = nn.relu(nn.LayerNorm()(x) if self.layer_norm else x)
+        return nn.Dense(self.num_actions)(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class QModel:
+    """A Q network on observations as the environment gives them or as frames, and the actions it takes."""
+
+    network: nn.Module
+    chosen: ChosenNetwork
+
+    @classmethod
+    def of(cls, network: str, env: Any, widths: tuple[int, ...], kernel_init: str, layer_norm: bool) -> "QModel":
+        """The network `network` names for `env`: `QNetwork(widths)` on vectors, a CNN torso (`kernel_init`,
+        `layer_norm`: its reference's) with a linear Q head on frames."""
+        chosen = ChosenNetwork.of(network, env)
+        if chosen.name == "mlp":
+            return cls(QNetwork(env.action_space.n, widths, layer_norm), chosen)
+        features = torso(chosen.name, env.obs_shape, kernel_init=kernel_init, layer_norm=layer_norm)
+        return cls(PixelQNetwork(features, env.action_space.n), chosen)
+
+    def init(self, key: jax.Array) -> Any:
+        return self.network.init(key, self.chosen.observations.zeros(1))
+
+    def q_values(self, params: Any, obs: jax.Array) -> jax.Array:
+        """Q(obs, a) for every action [n, actions]."""
+        return self.network.apply(params, self.chosen.observations.frames(obs))
+
+    def greedy(self, params: Any, obs: jax.Array) -> jax.Array:
+        """argmax Q for each of `obs[n, ...]`."""
+        return jnp.argmax(self.q_values(params, obs), -1)
+
+    def epsilon_greedy(self, params: Any, obs: jax.Array, eps: jax.Array, keys: jax.Array) -> jax.Array:
+        """For each observation, with probability `eps` a uniform random action, else the greedy one; `keys`
+        [n, 2]: each environment's keys to explore and to draw its random action."""
+        explore = jax.vmap(lambda k: jax.random.uniform(k) < eps)(keys[:, 0])
+        random_action = jax.vmap(lambda k: jax.random.randint(k, (), 0, self.network.num_actions))(keys[:, 1])
+        return jnp.where(explore, random_action, self.greedy(params, obs))
+
+
+def q_of(q_values: jax.Array, action: jax.Array) -> jax.Array:
+    """Q(s, a) of the actions taken, from every action's [n, actions]."""
+    return jnp.take_along_axis(q_values, action[:, None], -1)[:, 0]

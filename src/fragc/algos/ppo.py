@@ -20,8 +20,8 @@ import optax
 
 import fragc
 from fragc.algos import actor_critic, losses
-from fragc.algos.actor_critic import Categorical, EvalState, Learner, State, Transition, collect, model_for
-from fragc.algos.diagnostics import explained_variance, lr_metric
+from fragc.algos.actor_critic import Categorical, Learner, State, Transition, collect, model_for
+from fragc.algos.diagnostics import explained_variance
 from fragc.algos.envs import Runner, VecEnv, discrete_env, single_agent_env
 from fragc.algos.evaluation import Evaluator
 from fragc.algos.minibatches import flatten_steps, shuffled
@@ -76,10 +76,7 @@ def update(learner: Learner, traj: Transition, config: Config, model: Categorica
 
     def minibatch_step(learner: Learner, mb: Any) -> tuple[Learner, dict]:
         minibatch_loss = functools.partial(loss, config=config, model=model)
-        grads, metrics = jax.grad(minibatch_loss, has_aux=True)(learner.params, *mb)
-        grads = fragc.pmean(grads)
-        metrics = {**metrics, **lr_metric(learning_rate(config), learner.opt_state)}
-        return losses.apply_gradients(learner, grads, tx), metrics
+        return losses.gradient_step(learner, minibatch_loss, mb, tx, learning_rate(config))
 
     def epoch(learner: Learner, _: None) -> tuple[Learner, dict]:
         key, perm_key = jax.random.split(learner.key)
@@ -115,10 +112,6 @@ class PPO:
     """
 
     Config = Config
-    learner_reads_next_obs = False
-    """Whether the trajectory carries s_{t+1} to the learner. PPO's learner uses V(s_{t+1}), which the rollout
-    computes, so it does not (with Atari frames, half the bytes that cross); a subclass whose learner reads
-    `traj.next_obs` sets it True."""
 
     def __init__(self, config: Config | None = None):
         self.config = self.Config() if config is None else config
@@ -151,7 +144,7 @@ class PPO:
         params = self.model.init(k_params)
         learner = Learner(params, self.optimizer.init(params), k_learn)
         state = State(learner, self.env.reset(k_env, self.config.num_envs))
-        return self.evaluator.init(key, state, EvalState)
+        return self.evaluator.init(key, state)
 
     def iteration(self, state: State) -> tuple[State, dict]:
         state, eval_metrics = self.evaluator.maybe_evaluate(state, self.policy_params(state))  # when due
@@ -159,10 +152,11 @@ class PPO:
         learner, loss_metrics = self.learn(state.learner, traj)
         return state.replace(learner=learner, runner=runner), {**episode_metrics, **loss_metrics, **eval_metrics}
 
-    # COLLECT TRAJECTORIES
+    # COLLECT TRAJECTORIES: the learner bootstraps from V(s_{t+1}), which the rollout computes, so s_{t+1} itself does
+    # not cross (with Atari frames, half the bytes)
     @fragc.fragment(role="actor", in_axes=(None, 0), out_axes=(1, 0, None))
     def rollout(self, params: Any, runner: Runner) -> tuple[Transition, Runner, dict]:
-        return collect(self.model, self.env, params, runner, self.config.num_steps, self.learner_reads_next_obs)
+        return collect(self.model, self.env, params, runner, self.config.num_steps, keep_next_obs=False)
 
     # UPDATE NETWORK
     @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None))

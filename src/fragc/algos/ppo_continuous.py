@@ -21,21 +21,15 @@ class Config(ppo.Config):
     env: str = "Pendulum-v1"
     """Environment: a gymnax id, or BACKEND:ID for a host backend (fragc envs); continuous (Box) actions."""
     num_envs: int = 16
-    """Environments stepped in parallel."""
     num_steps: int = 128
-    """Steps per environment in one rollout."""
     total_steps: int = 1_000_000
     """Environment steps over the whole run."""
     lr: float = 1e-3
-    """Adam learning rate (at the start, when annealed)."""
     update_epochs: int = 10
-    """Passes over each rollout."""
     num_minibatches: int = 32
-    """Minibatches per epoch."""
     gamma: float = 0.95
     """Discount factor (Pendulum's reward is dense; a shorter horizon learns faster)."""
     ent_coef: float = 0.0
-    """Entropy bonus weight."""
     clip_value: bool = False
     """Clip each value update to `clip_eps` around the rollout's values; off by default here: Pendulum's returns
     are in the hundreds, and a critic held within 0.2 of its rollout values per update lags its targets

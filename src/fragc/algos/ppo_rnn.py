@@ -36,9 +36,9 @@ from flax import struct
 import fragc
 from fragc.algos import actor_critic, losses, ppo
 from fragc.algos.actor_critic import count_episodes, log_prob_of
-from fragc.algos.diagnostics import episode_metrics, explained_variance, lr_metric
+from fragc.algos.diagnostics import episode_metrics, explained_variance
 from fragc.algos.envs import Runner, Step, VecEnv, discrete_env
-from fragc.algos.evaluation import Evaluator, EvaluatorState
+from fragc.algos.evaluation import Evaluator
 from fragc.algos.networks import dense
 from fragc.algos.returns import gae
 from fragc.algos.sac import TORCH_INIT
@@ -262,13 +262,6 @@ class State:
 
 
 @struct.dataclass
-class EvalState(State):
-    """The state with evaluation on (`eval_every` > 0)."""
-
-    evaluator: EvaluatorState  # the evaluator's own (src/fragc/algos/evaluation.py)
-
-
-@struct.dataclass
 class Transition:
     hidden: jax.Array  # the hidden state before step t (the learner replays from hidden[0], the rollout's start)
     reset: jax.Array  # whether step t starts a new episode (the previous step's done)
@@ -336,17 +329,13 @@ class PPORNN:
         obs_stats = ObsStats.initial(self.env.obs_size) if c.normalize_obs else None
         actor = Actor(self.env.reset(k_env, c.num_envs), jnp.zeros((c.num_envs, self.carry_size)),
                       jnp.zeros((c.num_envs,), bool), obs_stats)
-        return self.evaluator.init(key, State(learner, actor), EvalState)
+        return self.evaluator.init(key, State(learner, actor))
 
     def iteration(self, state: State) -> tuple[State, dict]:
         state, eval_metrics = self.evaluator.maybe_evaluate(state, self.policy_params(state))  # when due
         traj, actor, episode_metrics = self.rollout(state.learner.params, state.actor)
-        learner, loss_metrics = self.update(state.learner, traj)
+        learner, loss_metrics = self.learn(state.learner, traj)
         return state.replace(learner=learner, actor=actor), {**episode_metrics, **loss_metrics, **eval_metrics}
-
-    def update(self, learner: Learner, traj: Transition) -> tuple[Learner, dict]:
-        """One `learn` call: the advantages once from the rollout's values, then `update_epochs` passes over it."""
-        return self.learn(learner, traj)
 
     # COLLECT TRAJECTORIES: one GRU step per environment step
     @fragc.fragment(role="actor", in_axes=(None, ACTOR_AXES), out_axes=(1, ACTOR_AXES, None))
@@ -440,10 +429,7 @@ def update(learner: Learner, traj: Transition, config: Any, network: Any,
 
         def minibatch_step(learner: Learner, mb: Any) -> tuple[Learner, dict]:
             minibatch_loss = functools.partial(loss, clip=clip, config=c, network=network)
-            grads, metrics = jax.grad(minibatch_loss, has_aux=True)(learner.params, *mb)
-            grads = fragc.pmean(grads)
-            metrics = {**metrics, **lr_metric(ppo.learning_rate(c), learner.opt_state)}
-            return losses.apply_gradients(learner, grads, tx), metrics
+            return losses.gradient_step(learner, minibatch_loss, mb, tx, ppo.learning_rate(c))
 
         key, perm_key = jax.random.split(learner.key)
         # the same shuffle of its own environments on every replica, as ppo's shuffle of its own steps is; drawn

@@ -25,7 +25,6 @@ import dataclasses
 import functools
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -33,11 +32,11 @@ from flax import struct
 
 import fragc
 from fragc.algos import losses
-from fragc.algos.diagnostics import episode_metrics, lr_metric
+from fragc.algos.diagnostics import episode_metrics
 from fragc.algos.envs import Runner, VecEnv, discrete_env
-from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
+from fragc.algos.evaluation import EvalConfig, Evaluator
 from fragc.algos.minibatches import flatten_steps, shuffled
-from fragc.algos.networks import ChosenNetwork, PixelQNetwork, torso
+from fragc.algos.networks import QModel, q_of
 from fragc.algos.run_length import RunLength
 from fragc.ir.errors import FragcError
 
@@ -90,24 +89,6 @@ class Config(RunLength, EvalConfig):
                              f"num_minibatches ({self.num_minibatches})")
 
 
-# ---------------------------------------------------------------- network
-
-
-class QNetwork(nn.Module):
-    """`num_layers` of Dense -> LayerNorm -> relu, and a linear head of one Q value per action."""
-
-    num_actions: int
-    hidden: int = 256
-    num_layers: int = 2
-
-    @nn.compact
-    def __call__(self, obs: jax.Array) -> jax.Array:
-        x = obs
-        for _ in range(self.num_layers):
-            x = nn.relu(nn.LayerNorm()(nn.Dense(self.hidden)(x)))
-        return nn.Dense(self.num_actions)(x)
-
-
 # ---------------------------------------------------------------- state
 
 
@@ -123,13 +104,6 @@ class Learner:
 class State:
     learner: Learner
     runner: Runner
-
-
-@struct.dataclass
-class EvalState(State):
-    """The state with evaluation on (`eval_every` > 0)."""
-
-    evaluator: EvaluatorState  # the evaluator's own (src/fragc/algos/evaluation.py)
 
 
 @struct.dataclass
@@ -178,21 +152,11 @@ class PQN:
         return discrete_env(self.config.env, "pqn", " (use ppo_continuous)")
 
     @functools.cached_property
-    def chosen(self) -> ChosenNetwork:
-        """The network `config.network` names for the environment's observations, and how they are kept."""
-        return ChosenNetwork.of(self.config.network, self.env)
-
-    @functools.cached_property
-    def network(self) -> nn.Module:
-        if self.chosen.name == "mlp":
-            return QNetwork(self.env.action_space.n, self.config.hidden, self.config.num_layers)
-        # nature_cnn: purejaxql's Atari network (LayerNorm after every layer, He-normal kernels)
-        features = torso(self.chosen.name, self.env.obs_shape, kernel_init="he_normal", layer_norm=True)
-        return PixelQNetwork(features, self.env.action_space.n)
-
-    def q_values(self, params: Any, obs: jax.Array) -> jax.Array:
-        """Q(obs, a) for every action, on observations as the environment gives them or as frames."""
-        return self.network.apply(params, self.chosen.observations.frames(obs))
+    def model(self) -> QModel:
+        """The Q network `config.network` names: `num_layers` of Dense, LayerNorm, relu, or purejaxql's Atari CNN
+        (LayerNorm after every layer, He-normal kernels), each with a linear Q head."""
+        c = self.config
+        return QModel.of(c.network, self.env, (c.hidden,) * c.num_layers, "he_normal", layer_norm=True)
 
     @property
     def optimizer(self) -> optax.GradientTransformation:
@@ -214,10 +178,10 @@ class PQN:
 
     def init(self, key: jax.Array) -> State:
         k_params, k_env, k_learn = jax.random.split(key, 3)
-        params = self.network.init(k_params, self.chosen.observations.zeros(1))
+        params = self.model.init(k_params)
         learner = Learner(params, self.optimizer.init(params), k_learn, jnp.int32(0))
         state = State(learner, self.env.reset(k_env, self.config.num_envs))
-        return self.evaluator.init(key, state, EvalState)
+        return self.evaluator.init(key, state)
 
     def iteration(self, state: State) -> tuple[State, dict]:
         state, eval_metrics = self.evaluator.maybe_evaluate(state, self.policy_params(state))  # when due
@@ -229,7 +193,7 @@ class PQN:
         """`num_epochs` passes over the rollout, one `learn` call each: a `for` region of the IR, so the
         rollout moves to the learner once and the cost model counts every epoch's gradient all-reduce."""
         learner, metrics = jax.lax.scan(lambda learner, _: self.learn(learner, traj), learner, None,
-                                        self.config.num_epochs, unroll=self.chosen.unroll)
+                                        self.config.num_epochs, unroll=self.model.chosen.unroll)
         return learner.replace(updates=learner.updates + 1), jax.tree.map(jnp.mean, metrics)
 
     # COLLECT TRAJECTORIES: epsilon-greedy with per-environment keys, and the Q(lambda) targets
@@ -240,17 +204,14 @@ class PQN:
 
         def step(runner: Runner, _: None) -> tuple[Runner, tuple]:
             keys = jax.vmap(lambda k: jax.random.split(k, 4))(runner.key)  # explore?, random action, env, carried
-            greedy = self.greedy_action(params, runner.obs)
-            explore = jax.vmap(lambda k: jax.random.uniform(k) < eps)(keys[:, 0])
-            random_action = jax.vmap(lambda k: jax.random.randint(k, (), 0, self.env.action_space.n))(keys[:, 1])
-            action = jnp.where(explore, random_action, greedy)
-            obs = self.chosen.observations.frames(runner.obs)  # a CNN's frames stay frames, uint8 ones uint8
+            action = self.model.epsilon_greedy(params, runner.obs, eps, keys)
+            obs = self.model.chosen.observations.frames(runner.obs)  # a CNN's frames stay frames, uint8 ones uint8
             runner, out = self.env.step(runner.replace(key=keys[:, 3]), action, keys[:, 2])
             return runner, (obs, action, out.reward, out.terminated, out.episode_done, out.final_obs)
 
         runner, (obs, action, reward, terminated, done, next_obs) = jax.lax.scan(step, runner, None, c.num_steps)
         # max_a Q(s_{t+1}, a) for every step at once, with the acting parameters
-        next_q = jnp.max(self.q_values(params, next_obs), -1)
+        next_q = jnp.max(self.model.q_values(params, next_obs), -1)
         target = lambda_returns(c.reward_scale * reward, terminated, done, next_q, c.gamma, c.td_lambda)
         metrics = {**episode_metrics(runner), "epsilon": eps}
         return Transition(obs, action, target), runner, metrics
@@ -262,20 +223,20 @@ class PQN:
         batch = flatten_steps(traj)
 
         def minibatch_step(learner: Learner, mb: Transition) -> tuple[Learner, dict]:
-            (loss, q_value), grads = jax.value_and_grad(self._loss, has_aux=True)(learner.params, mb)
-            grads = fragc.pmean(grads)
-            metrics = {"loss": loss, "q_value": q_value, **lr_metric(self._learning_rate(), learner.opt_state)}
-            return losses.apply_gradients(learner, grads, self.optimizer), metrics
+            return losses.gradient_step(learner, self._loss, (mb,), self.optimizer, self._learning_rate())
 
         key, perm_key = jax.random.split(learner.key)
         minibatches = shuffled(perm_key, batch, c.num_minibatches)
-        learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), minibatches, unroll=self.chosen.unroll)
+        learner, metrics = jax.lax.scan(minibatch_step, learner.replace(key=key), minibatches,
+                                        unroll=self.model.chosen.unroll)
         return learner, fragc.pmean(jax.tree.map(jnp.mean, metrics))
 
-    def _loss(self, params: Any, mb: Transition) -> tuple[jax.Array, jax.Array]:
-        """The squared error of Q(s, a) against the Q(lambda) targets, and the mean Q(s, a) of the taken actions."""
-        q = jnp.take_along_axis(self.q_values(params, mb.obs), mb.action[:, None], -1)[:, 0]
-        return 0.5 * jnp.mean((q - mb.target) ** 2), jnp.mean(q)
+    def _loss(self, params: Any, mb: Transition) -> tuple[jax.Array, dict]:
+        """The squared error of Q(s, a) against the Q(lambda) targets, and it with the mean Q(s, a) of the taken
+        actions as metrics."""
+        q = q_of(self.model.q_values(params, mb.obs), mb.action)
+        loss = 0.5 * jnp.mean((q - mb.target) ** 2)
+        return loss, {"loss": loss, "q_value": jnp.mean(q)}
 
     # THE DETERMINISTIC POLICY: what evaluation episodes and videos act with
     def policy_params(self, state: State) -> Any:
@@ -284,4 +245,4 @@ class PQN:
 
     def greedy_action(self, params: Any, obs: jax.Array) -> jax.Array:
         """argmax Q for each of `obs[n, obs_size]`."""
-        return jnp.argmax(self.q_values(params, obs), -1)
+        return self.model.greedy(params, obs)

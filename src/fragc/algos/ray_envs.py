@@ -1,25 +1,11 @@
 """Remote environment workers: host environments stepped by Ray actors, on this machine or a cluster's others.
 
-A fleet (`ir.host.EnvFleet`, placed by the IR: `Placement.env_fleet`, printed `env_fleet=ray:2x4`) is N Ray
-actors (`EnvWorker`) of E environments each, for one `HostVecEnv`: environment i lives on worker i // E. Each
-worker owns a `HostPool` of its backend (Gymnasium's, EnvPool's, any registered one) and steps it on request
-with a batch of actions; what comes back is numpy (observations, rewards, flags, the observations reached),
-through Ray's object store (a numpy array read from it is a zero-copy view).
-
-A pool of the host loop (one per environment group and replica) is a `RayPool`: a view of the whole workers
-that hold its environments. Its `send` is one `actor.step.remote(...)` per worker, not waited for, and its
-`recv` fetches the results, so the host loop pipelines remote groups as it does local ones: group g's inference
-runs while group g + 1's workers step. Environments are seeded per environment from their keys, as the local
-pools are, so a fleet computes the local host loop's numbers for the same seeds and partition.
-
-Faults. Workers are made with `max_restarts` (Ray restarts a lost actor: its process killed, its node lost);
-a restarted worker has lost its environments. The step that finds it so (the call failed, or the restarted
-worker has not been reset) resets its environments with fresh seeds derived from their reset keys, the pool's
-step count and the worker's restart count (deterministic given the run's seed and where it was lost), and
-reports that step as every one of its environments' episode cut short: truncated, reward 0, the new episode's
-first observation. Each slot of the trajectory is filled once: nothing is duplicated or dropped, and the
-cut-short episodes count in `episodes` and in the fleet's `episodes_cut`. A worker whose restarts are spent,
-or a lost Ray head, is one error.
+A fleet (`ir.host.EnvFleet`, placed by the IR: `env_fleet=ray:2x4`) is N Ray actors (`EnvWorker`) of E environments
+each, for one `HostVecEnv`; each owns a `HostPool` of its backend. A pool of the host loop is a `RayPool` over the
+whole workers that hold its environments: `send` starts every worker's step, `recv` fetches them, so remote groups
+pipeline as local ones do. A worker that Ray restarts has its environments reset from derived seeds, and that step
+reported as their episodes cut short; a worker whose restarts are spent, or a lost Ray head, is one error.
+docs/distributed.md has the semantics.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from flax import struct
 import fragc
 from fragc.algos.diagnostics import episode_metrics
 from fragc.algos.envs import Runner, VecEnv, single_agent_env
-from fragc.algos.evaluation import EvalConfig, Evaluator, EvaluatorState
+from fragc.algos.evaluation import EvalConfig, Evaluator
 from fragc.algos import replay
 from fragc.algos.replay import BUFFER_AXES, Buffer, Transition
 from fragc.algos.run_length import RunLength
@@ -180,13 +180,6 @@ class State:
     buffer: Buffer
 
 
-@struct.dataclass
-class EvalState(State):
-    """The state with evaluation on (`eval_every` > 0)."""
-
-    evaluator: EvaluatorState  # the evaluator's own (src/fragc/algos/evaluation.py)
-
-
 # ---------------------------------------------------------------- algorithm
 
 
@@ -249,7 +242,7 @@ class SAC:
         step = Transition(obs, jax.ShapeDtypeStruct((c.num_envs, self.action_dim), jnp.float32), scalar(jnp.float32),
                           obs, scalar(bool))
         state = State(learner, runner, replay.empty(step, c.buffer_size, c.num_envs))
-        return self.evaluator.init(key, state, EvalState)
+        return self.evaluator.init(key, state)
 
     def iteration(self, state: State) -> tuple[State, dict]:
         state, eval_metrics = self.evaluator.maybe_evaluate(state, self.policy_params(state))  # when due
