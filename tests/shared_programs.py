@@ -35,14 +35,23 @@ if importlib.util.find_spec("jaxmarl") is not None:  # the optional extra fragc[
     ALGOS["mappo_rnn"] = lambda: mappo_rnn.MAPPORNN(mappo_rnn.Config(env="jaxmarl:SMAX_3m", num_envs=16, num_steps=4,
                                                                      num_minibatches=2, update_epochs=1, hidden=8))
 
+if importlib.util.find_spec("pgx") is not None:  # the optional extra fragc[search]
+    from fragc.algos import alphazero
+
+    ALGOS["alphazero"] = lambda: alphazero.AlphaZero(alphazero.Config(
+        env="pgx:tic_tac_toe", num_envs=8, num_steps=4, num_simulations=2, batch_size=16, channels=4, blocks=1,
+        eval_games=8))
+
 MARL = frozenset({"ippo", "mappo", "ippo_rnn", "mappo_rnn"})
-"""The multi-agent algorithms: their cells of the passes-only tables (test_parser.py, test_schedule.py) run in -m slow,
-where tracing them would add seconds to the default suite; test_marl.py checks their IR in the default suite."""
+SLOW_TO_TRACE = MARL | {"alphazero"}
+"""The multi-agent algorithms and AlphaZero (mctx's search): their cells of the passes-only tables (test_parser.py,
+test_schedule.py) run in -m slow, where tracing them would add seconds to the default suite; test_marl.py and
+test_alphazero.py check their IR in the default suite."""
 
 
 def algo_params():
-    """`ALGOS`' names as pytest params, the multi-agent ones marked slow."""
-    return [pytest.param(name, marks=pytest.mark.slow) if name in MARL else name for name in sorted(ALGOS)]
+    """`ALGOS`' names as pytest params, those slow to trace marked slow."""
+    return [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_TO_TRACE else name for name in sorted(ALGOS)]
 
 
 @functools.cache

@@ -28,9 +28,13 @@ SMALL = {
     "mappo": dict(num_envs=4, num_steps=4),
     "ippo_rnn": dict(num_envs=4, num_steps=4),
     "mappo_rnn": dict(num_envs=4, num_steps=4),
+    "alphazero": dict(env="pgx:tic_tac_toe", num_envs=4, num_steps=4, batch_size=16, num_simulations=2, channels=4,
+                      blocks=1, eval_games=4),
 }
 MARL = ("ippo", "mappo", "ippo_rnn", "mappo_rnn")
-NAMES = [n for n in algos.ALGOS if n not in MARL or importlib.util.find_spec("jaxmarl")]
+EXTRA = {**{name: "jaxmarl" for name in MARL}, "alphazero": "pgx"}
+"""The algorithms of an optional extra, by the package it brings."""
+NAMES = [n for n in algos.ALGOS if n not in EXTRA or importlib.util.find_spec(EXTRA[n])]
 
 
 def checkpoint(name, folder):
@@ -44,6 +48,8 @@ def checkpoint(name, folder):
 
 
 def observations(algo, n=3):
+    if hasattr(algo, "game"):  # a board game's: pgx's boards
+        return jax.vmap(algo.game.init)(jax.random.split(jax.random.key(7), n)).observation
     return algo.env.reset(jax.random.key(7), n).obs
 
 

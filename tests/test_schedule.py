@@ -25,6 +25,9 @@ STAGED = {
     # params and env step count to the actors (one move each), transitions to the buffer on the learner;
     # the learner's key split stays on the learner.  Async: params and env steps are delayed together.
     "dqn": ((2, 3), (2, 2)),
+    # params and BatchNorm's averages to the actors, the moves' samples to the learner; async: the evaluation (on the
+    # actors' devices) plays the current network, self-play the delayed one, a stage each
+    "alphazero": ((2, 2), (3, 2)),
 }
 
 
@@ -57,7 +60,7 @@ def test_stages_and_transfers_of_every_algorithm_under_every_builtin_policy(algo
         expected = STAGED[name][policy == "actor_learner_async"]
         assert counts(module) == expected
         assert (module.schedule.executor, module.schedule.iterations_per_dispatch) == ("staged", K)
-        assert [s.group for s in module.stages] == ["actors", "learner"]
+        assert list(dict.fromkeys(s.group for s in module.stages)) == ["actors", "learner"]  # the actors' first
     else:
         assert counts(module) == (1, 0)
         assert (module.schedule.executor, module.schedule.iterations_per_dispatch) == ("fused", K)

@@ -473,7 +473,8 @@ def test_sweep_resumed_after_sigkill_ends_on_the_numbers_of_an_uninterrupted_one
 SWEPT = {"ppo": ("lr", "gamma", "clip_eps"), "a2c": ("lr", "ent_coef"), "ppo_continuous": ("lr", "vf_coef"),
          "dqn": ("lr", "gamma", "eps_end"), "pqn": ("lr", "td_lambda"), "ppo_rnn": ("lr", "gae_lambda"),
          "impala": ("lr", "rho_bar"), "sac": ("q_lr", "tau"), "ippo": ("lr", "clip_eps"),
-         "mappo": ("lr", "ent_coef"), "ippo_rnn": ("lr", "clip_eps"), "mappo_rnn": ("lr", "vf_coef")}
+         "mappo": ("lr", "ent_coef"), "ippo_rnn": ("lr", "clip_eps"), "mappo_rnn": ("lr", "vf_coef"),
+         "alphazero": ("lr",)}
 
 
 @pytest.mark.parametrize("name", sorted(SWEPT))

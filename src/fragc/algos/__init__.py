@@ -41,6 +41,8 @@ ALGOS = {
     "ippo_rnn": ("fragc.algos.ippo_rnn:IPPORNN", "recurrent IPPO (a GRU per agent), JaxMARL's ippo_rnn baselines"),
     "mappo_rnn": ("fragc.algos.mappo_rnn:MAPPORNN", "recurrent MAPPO: a GRU actor and a GRU critic over the world "
                                                   "state, JaxMARL's mappo_rnn baselines"),
+    "alphazero": ("fragc.algos.alphazero:AlphaZero", "Gumbel AlphaZero on pgx's two-player games (pgx:connect_four): "
+                                                     "mctx's search in self-play, pgx's examples/alphazero"),
 }
 
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from fragc.ir.errors import FragcError
 
+from . import board_games  # registers the pgx backend, which single-agent algorithms refuse  # noqa: F401
 from . import host_envs  # its host pools register their backends in IMPLEMENTATIONS  # noqa: F401
 from . import marl_envs  # registers the jaxmarl backend (jaxmarl itself is imported when an environment is made)  # noqa: F401
 from .vec_env import (BACKENDS, IMPLEMENTATIONS, Runner, Step, VecEnv, backend_summary, split_env_name,  # noqa: F401

@@ -56,6 +56,7 @@ RANGES: dict[str, Range] = {
     "c_bar": POSITIVE,
     "learning_starts": NON_NEGATIVE,
     "eval_every": NON_NEGATIVE,
+    "eval_games": NON_NEGATIVE,
     "unroll": NON_NEGATIVE,  # sac: 0 picks by backend
     "num_layers": Range(1, 64),
     "hidden": Range(1, 46340),  # a hidden x hidden matrix within int32 elements (hidden=1e9 made XLA abort)

@@ -26,9 +26,11 @@ BACKENDS = {
     "envpool": "EnvPool's C++ pool stepped on the host CPU (synchronous)",
     "jaxmarl": "JaxMARL's multi-agent environments (MPE_*, SMAX_<map>) stepped on the device, agents stacked over an "
                "axis after the environment axis (ippo, mappo)",
+    "pgx": "pgx's two-player board games (connect_four, tic_tac_toe, othello, go_9x9, ...) stepped on the device, "
+           "for search (alphazero)",
 }
 
-_EXTRAS = {"envpool": ("envpool", "host"), "jaxmarl": ("jaxmarl", "marl")}
+_EXTRAS = {"envpool": ("envpool", "host"), "jaxmarl": ("jaxmarl", "marl"), "pgx": ("pgx", "search")}
 """Backend -> (the module it needs beyond fragc's dependencies, fragc's extra that installs it)."""
 
 IMPLEMENTATIONS: dict[str, type] = {}

@@ -94,6 +94,16 @@ def envpool_ids() -> list[str] | None:
     return list(envpool.list_all_envs())
 
 
+def pgx_ids() -> list[str] | None:
+    """pgx's games for two players with board observations: what alphazero plays."""
+    if importlib.util.find_spec("pgx") is None:
+        return None
+    import pgx
+
+    return [name for name in pgx.available_envs() if (env := pgx.make(name)).num_players == 2
+            and len(env.observation_shape) == 3]
+
+
 def gymnasium_ids() -> list[str]:
     import gymnasium
 
@@ -124,6 +134,7 @@ ID_LISTS: dict[str, tuple[Callable[[], list[str] | None], str]] = {
     "gymnax": (env_names, " (a bare id is gymnax's)"),
     "jaxmarl": (kept_per_version("jaxmarl", jaxmarl_ids), ""),
     "envpool": (kept_per_version("envpool", envpool_ids), ""),
+    "pgx": (kept_per_version("pgx", pgx_ids), " for two players (alphazero)"),
     "gymnasium": (gymnasium_ids, " in Gymnasium's registry (gymnasium_async:ID takes the same ids)"),
 }
 """Backend -> (its ids, None where it is not installed; what its group's heading adds)."""

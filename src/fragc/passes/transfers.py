@@ -153,5 +153,5 @@ def _common_name(uses: tuple[Use, ...], idx: list[int]) -> str:
     text = operand([uses[i] for i in idx])
     if text.startswith("["):
         return uses[idx[0]].value.name
-    parts = text.lstrip("%").split(".")
+    parts = text.lstrip("%").split("#")[0].split(".")  # a run of a flat value's leaves (`%state#0..30`): its value's
     return parts[-1] if not parts[-1].isdigit() else f"{parts[0]}{parts[-1]}"
