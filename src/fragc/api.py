@@ -29,7 +29,7 @@ def compile(
     policy: str | Policy | Population = "single",
     devices: int | Sequence[Any] | None = None,
     mesh: Mesh | None = None,
-    iterations_per_dispatch: int = 16,
+    iterations_per_dispatch: int | None = None,
     print_after_all: bool = False,
     dump_dir: str | None = None,
     printer: Callable[[str], None] = print,
@@ -51,7 +51,8 @@ def compile(
 
     iterations_per_dispatch: how many iterations one dispatch runs (`prog.k`),
       under every schedule: scanned in one program (fused, spmd) or queued
-      stage by stage (staged).
+      stage by stage (staged). Default: the algorithm's `iterations_per_dispatch`
+      where it has one (alphazero's 1 on the CPU), else 16.
     print_after_all, dump_dir: print the IR after every pass, or write it to
       numbered files (`001_trace.fir`, ...) in `dump_dir`.
     transfers: how a staged iteration moves values between device groups:
@@ -78,9 +79,16 @@ def compile(
     """
     search_options = SearchOptions(budget=auto_budget, top=auto_top, candidates=auto_candidates, cache=auto_cache,
                                    memory_limit=memory_limit, run_iterations=run_iterations, log=auto_log)
+    if iterations_per_dispatch is None:
+        iterations_per_dispatch = dispatch_default(algo)
     return compile_with(algo, CompileOptions(policy, devices, mesh, iterations_per_dispatch, transfers, env_groups,
                                              env_workers, print_after_all, dump_dir, printer, search_options,
                                              env_fleet))
+
+
+def dispatch_default(algo: Any) -> int:
+    """Iterations per dispatch where the caller gives none: the algorithm's `iterations_per_dispatch`, else 16."""
+    return int(getattr(algo, "iterations_per_dispatch", 16))
 
 
 def compile_with(algo: Any, options: CompileOptions) -> Program:

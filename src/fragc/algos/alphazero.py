@@ -150,6 +150,13 @@ class AlphaZero:
         self.config = self.Config() if config is None else config
         self.steps_per_iteration = self.config.steps_per_iteration
 
+    @property
+    def iterations_per_dispatch(self) -> int:
+        """What `fragc.compile` and `fragc run` dispatch where not told: one iteration on the CPU, where the learner's
+        convolution gradients inside the dispatch's loop of iterations ran 6x slower (jax-ml/jax#12868); an
+        iteration takes seconds, so one dispatch each costs nothing."""
+        return 1 if jax.default_backend() == "cpu" else 16
+
     @functools.cached_property
     def game(self) -> Any:
         """pgx's environment (made on first use: pgx imports JAX)."""

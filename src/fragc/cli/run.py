@@ -14,6 +14,7 @@ import jax
 import numpy as np
 
 from fragc.algos import ray_envs
+from fragc.api import dispatch_default
 from fragc.ir.errors import FragcError
 from fragc.options import search_seeds
 from fragc.runtime.actions import steps_per_iteration
@@ -38,8 +39,9 @@ def add_options(parser: argparse.ArgumentParser, algo: str | None) -> None:
     placement.add_argument("--ray-address", default=None, metavar="HOST:PORT",
                            help="with --env-fleet: the Ray cluster to join (default RAY_ADDRESS, else a local Ray is "
                            "started)")
-    placement.add_argument("--iterations-per-dispatch", type=count, default=16,
-                           help="iterations scanned per dispatch (default 16; searched under --policy auto)")
+    placement.add_argument("--iterations-per-dispatch", type=count, default=None,
+                           help="iterations scanned per dispatch (default 16, or the algorithm's own: alphazero's 1 "
+                                "on the CPU; searched under --policy auto)")
     search_options(placement)
     length = parser.add_argument_group("run length and seed")
     length.add_argument("--seed", type=seed, default=0, help="PRNG seed, 0 to 2**32 - 1 (default 0)")
@@ -154,7 +156,7 @@ def main(args: argparse.Namespace) -> int:
         out = sys.stderr if args.json else sys.stdout
         if lead and not args.quiet:
             print(_compiling_line(args, algo), file=out, flush=True)
-        prog = compile_algo(args, algo, devices, args.iterations_per_dispatch, iterations)
+        prog = compile_algo(args, algo, devices, args.iterations_per_dispatch or dispatch_default(algo), iterations)
         report = getattr(prog, "auto", None)
         if report is not None and lead:
             print(report.table() if args.explain else report.summary(), file=sys.stderr if args.json else sys.stdout)

@@ -110,6 +110,8 @@ class FusedProgram:
                 return leaves, [r.at[i].set(m) for r, m in zip(rows, metrics)]
 
             rows = [jnp.zeros((k,) + s.shape, s.dtype) for s in metrics_shape]
+            if k == 1:  # the iteration's program itself, in no loop (on the CPU, a convolution's gradient in a loop
+                return body(0, (leaves, rows))  # body runs many times slower: jax-ml/jax#12868)
             return jax.lax.fori_loop(0, k if static else n, body, (leaves, rows))
 
         if self.module.population and self.module.member_loop:
