@@ -62,6 +62,7 @@ def test_anakin_equals_the_interpreter_on_8_replicas():
     """One game, one evaluation game per replica; BatchNorm's statistics over every replica's minibatch."""
     algo = small_algo("alphazero")
     prog = fragc.compile(algo, "anakin", devices=8)
+    assert prog.k == 1  # the algorithm's own iterations per dispatch on the CPU: no loop around its learner
     state = prog.init(0)
     out, history = prog.run(state, 2)
     ref = state
