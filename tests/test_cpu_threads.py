@@ -100,7 +100,9 @@ def test_the_kept_choice_reaches_xla(tmp_path):
     code = textwrap.dedent("""
         import fragc, jax, jax.numpy as jnp
         jax.block_until_ready(jax.jit(lambda x: x @ x)(jnp.ones((64, 64))))
-        from tests.test_cpu_threads import xla_pool_threads
+        import sys
+        sys.path.insert(0, "tests")  # by file: pgx installs a package named `tests` of its own
+        from test_cpu_threads import xla_pool_threads
         print(xla_pool_threads())
     """)
     env = {k: v for k, v in os.environ.items() if k not in CLEAN}

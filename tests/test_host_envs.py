@@ -361,7 +361,7 @@ def test_fragc_envs_lists_the_backends_and_a_bad_backend_is_one_line(capsys):
     assert main(["ir", "ppo", "--env", "gym:CartPole-v1"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "fragc: error: unknown environment backend 'gym' in 'gym:CartPole-v1'; backends: gymnax, gymnasium, "
-        "gymnasium_async, envpool, jaxmarl, gymnax_host, gymnax_two_args"]
+        "gymnasium_async, envpool, jaxmarl, pgx, gymnax_host, gymnax_two_args"]
 
 
 class ByteFrames(gymnasium.Env):

@@ -213,6 +213,7 @@ def test_episodes_count_the_environments_episodes_not_the_agents():
     assert int(metrics["episodes"]) == 8 and int(jnp.sum(traj.done)) == 24
 
 
+@pytest.mark.slow  # a fresh process importing jaxmarl: 12 s
 def test_importing_jaxmarl_keeps_the_callers_stdout():
     """Importing jaxmarl sets sys.stdout back to sys.__stdout__; through fragc a caller's stream (pytest's capture,
     a notebook's) stays. In a fresh process, where jaxmarl is not imported yet."""
