@@ -30,7 +30,7 @@ PINNED = {
     "mappo": "89a1c2a12dfa0a6c",
     "ippo_rnn": "8caa36b9ad44bdea",
     "mappo_rnn": "73ee8a2a641de152",
-    "alphazero": "f30b1b13f7a926d8",
+    "alphazero": "22deb9dbb7b343e2",
 }
 PINNED_JAX = "0.10.2"
 
