@@ -223,6 +223,8 @@ def search_player(env, network, num_simulations: int, rollout: bool = False):
     import jax.numpy as jnp
     import mctx
 
+    from fragc.algos import alphazero
+
     def playout(key, games):
         """The outcome for the player to move at each of `games` of uniformly random moves to the end."""
         to_move = games.current_player
@@ -232,7 +234,7 @@ def search_player(env, network, num_simulations: int, rollout: bool = False):
             key, draw = jax.random.split(key)
             legal = jnp.where(games.legal_action_mask, 0.0, -jnp.inf)
             games = jax.vmap(env.step)(games, jax.random.categorical(draw, legal))
-            return games, key, total + jnp.take_along_axis(games.rewards, to_move[:, None], -1)[:, 0]
+            return games, key, total + alphazero.mover_reward(games, to_move)
 
         return jax.lax.while_loop(lambda c: ~jnp.all(c[0].terminated), body,
                                   (games, key, jnp.zeros(to_move.shape[0])))[2]
@@ -242,15 +244,7 @@ def search_player(env, network, num_simulations: int, rollout: bool = False):
             return jnp.zeros(games.legal_action_mask.shape), playout(key, games)
         return network(games.observation)
 
-    def recurrent_fn(params, key, action, games):
-        mover = games.current_player
-        games = jax.vmap(env.step)(games, action)
-        logits, value = evaluate(key, games)
-        logits = jnp.where(games.legal_action_mask, logits - jnp.max(logits, -1, keepdims=True),
-                           jnp.finfo(jnp.float32).min)
-        reward = jnp.take_along_axis(games.rewards, mover[:, None], -1)[:, 0]
-        return mctx.RecurrentFnOutput(reward=reward, discount=jnp.where(games.terminated, 0.0, -1.0),
-                                      prior_logits=logits, value=jnp.where(games.terminated, 0.0, value)), games
+    recurrent_fn = alphazero.game_model(env, lambda params, key, games: evaluate(key, games))  # fragc's, pgx's
 
     def act(key, games):
         k1, k2 = jax.random.split(key)

@@ -79,16 +79,9 @@ def compile(
     """
     search_options = SearchOptions(budget=auto_budget, top=auto_top, candidates=auto_candidates, cache=auto_cache,
                                    memory_limit=memory_limit, run_iterations=run_iterations, log=auto_log)
-    if iterations_per_dispatch is None:
-        iterations_per_dispatch = dispatch_default(algo)
     return compile_with(algo, CompileOptions(policy, devices, mesh, iterations_per_dispatch, transfers, env_groups,
                                              env_workers, print_after_all, dump_dir, printer, search_options,
                                              env_fleet))
-
-
-def dispatch_default(algo: Any) -> int:
-    """Iterations per dispatch where the caller gives none: the algorithm's `iterations_per_dispatch`, else 16."""
-    return int(getattr(algo, "iterations_per_dispatch", 16))
 
 
 def compile_with(algo: Any, options: CompileOptions) -> Program:

@@ -57,6 +57,8 @@ def warn_per_replica(module: Any, problems: list[str] | None = None) -> None:
 def run_passes(algo: Any, options: CompileOptions) -> tuple[PipelineResult, list[Any], Policy]:
     """`build` without the XLA programs: trace `algo` and run the passes of `options.policy` -> (the module after
     every pass, the devices, the resolved policy). `fragc ir` prints this."""
+    if options.iterations_per_dispatch is None:
+        options = dataclasses.replace(options, iterations_per_dispatch=dispatch_default(algo))
     _check_arguments(options.devices, options.mesh, options.iterations_per_dispatch)
     devs = _chosen_devices(options)
     policy = resolved_policy(options, len(devs))
@@ -66,6 +68,11 @@ def run_passes(algo: Any, options: CompileOptions) -> tuple[PipelineResult, list
     if is_hosted(traced) and spans_processes(devs[: policy.num_devices]) and options.mesh is None:
         devs = halves_by_process(devs)  # Sebulba: every process's actors feed its own learner devices
     return passes_of(traced, policy, options, devs), devs, policy
+
+
+def dispatch_default(algo: Any) -> int:
+    """Iterations per dispatch where the caller gives none: the algorithm's `iterations_per_dispatch`, else 16."""
+    return int(getattr(algo, "iterations_per_dispatch", 16))
 
 
 def check_pbt_metric(traced: Any, policy: Policy) -> None:

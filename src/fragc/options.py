@@ -55,7 +55,9 @@ class CompileOptions:
     """A count, or the devices themselves (default: one for `single` and its populations, else all)."""
     mesh: Any = None
     """A `jax.sharding.Mesh` whose devices to use, instead of `devices`."""
-    iterations_per_dispatch: int = 16
+    iterations_per_dispatch: int | None = None
+    """Iterations one dispatch runs; None: the algorithm's `iterations_per_dispatch` where it has one (alphazero's 1
+    on the CPU), else 16 (`compiler.dispatch_default`)."""
     transfers: str = "auto"
     env_groups: int | None = None
     env_workers: int | None = None

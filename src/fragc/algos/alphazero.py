@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -207,8 +207,8 @@ class AlphaZero:
             weights, action = jax.vmap(functools.partial(self.search, model))(search_keys, games)
             obs, mover = games.observation, games.current_player
             games = jax.vmap(auto_reset(env))(games, action, reset_keys)
-            reward = jnp.take_along_axis(games.rewards, mover[:, None], -1)[:, 0]
-            return games, (obs, weights, reward, jnp.where(games.terminated, 0.0, -1.0), games.terminated)
+            return games, (obs, weights, mover_reward(games, mover), jnp.where(games.terminated, 0.0, -1.0),
+                           games.terminated)
 
         _, (obs, weights, reward, discount, ended) = jax.lax.scan(move, jax.vmap(env.init)(init_keys), move_keys)
         z, mask = value_targets(reward, discount, ended)
@@ -221,27 +221,16 @@ class AlphaZero:
         one = jax.tree.map(lambda x: x[None], game)
         logits, value = self.evaluate(model, one.observation)
         root = mctx.RootFnOutput(prior_logits=logits, value=value, embedding=one)
-        out = mctx.gumbel_muzero_policy(model, key, root, self.recurrent_fn, self.config.num_simulations,
+        out = mctx.gumbel_muzero_policy(model, key, root, self.game_model, self.config.num_simulations,
                                         invalid_actions=~one.legal_action_mask,
                                         qtransform=mctx.qtransform_completed_by_mix_value, gumbel_scale=1.0,
                                         max_num_considered_actions=self.config.max_considered_actions)
         return out.action_weights[0], out.action[0]
 
-    def recurrent_fn(self, model: tuple[Any, Any], key: jax.Array, action: jax.Array, games: Any) -> tuple[Any, Any]:
-        """The search's model: the game's own step; the reward the mover's, the discount -1 (0 once it ended), the
-        prior the network's logits over the legal moves, the value the network's (0 once it ended)."""
-        import mctx
-
-        del key
-        mover = games.current_player
-        games = jax.vmap(self.game.step)(games, action)
-        logits, value = self.evaluate(model, games.observation)
-        logits = logits - jnp.max(logits, -1, keepdims=True)
-        logits = jnp.where(games.legal_action_mask, logits, jnp.finfo(logits.dtype).min)
-        reward = jnp.take_along_axis(games.rewards, mover[:, None], -1)[:, 0]
-        out = mctx.RecurrentFnOutput(reward=reward, discount=jnp.where(games.terminated, 0.0, -1.0),
-                                     prior_logits=logits, value=jnp.where(games.terminated, 0.0, value))
-        return out, games
+    @functools.cached_property
+    def game_model(self) -> Callable[..., tuple[Any, Any]]:
+        """The search's model: the true game, the network's prior and value (`game_model`)."""
+        return game_model(self.game, lambda model, key, games: self.evaluate(model, games.observation))
 
     # UPDATE NETWORK: one pass over the window's moves in shuffled minibatches
     @fragc.fragment(role="learner", in_axes=(None, 1), out_axes=(None, None))
@@ -290,9 +279,9 @@ class AlphaZero:
 
         _, _, total = jax.lax.while_loop(lambda carry: ~jnp.all(carry[0].terminated), play,
                                          (games, play_keys, jnp.zeros(keys.shape[0])))
-        games = fragc.psum(jnp.float32(keys.shape[0]))
-        rate = lambda outcome: fragc.psum(jnp.sum(total == outcome)) / games  # noqa: E731
-        return {"episode_return": fragc.psum(jnp.sum(total)) / games, "win_rate": rate(1.0), "draw_rate": rate(0.0),
+        played = fragc.psum(jnp.float32(keys.shape[0]))
+        rate = lambda outcome: fragc.psum(jnp.sum(total == outcome)) / played  # noqa: E731
+        return {"episode_return": fragc.psum(jnp.sum(total)) / played, "win_rate": rate(1.0), "draw_rate": rate(0.0),
                 "loss_rate": rate(-1.0)}, keys
 
     # THE DETERMINISTIC POLICY: the network's most probable move, without search
@@ -303,6 +292,31 @@ class AlphaZero:
     def greedy_action(self, model: tuple[Any, Any], obs: jax.Array) -> jax.Array:
         """The network's most probable move for each board of `obs[n, H, W, C]` (no search; legal or not)."""
         return jnp.argmax(self.evaluate(model, obs)[0], -1)
+
+
+def mover_reward(games: Any, mover: jax.Array) -> jax.Array:
+    """Each game's reward to the player who made the move just played (`mover` [B])."""
+    return jnp.take_along_axis(games.rewards, mover[:, None], -1)[:, 0]
+
+
+def game_model(env: Any, evaluate: Callable[[Any, jax.Array, Any], tuple[jax.Array, jax.Array]]
+               ) -> Callable[..., tuple[Any, Any]]:
+    """mctx's `recurrent_fn` with the true game as the model (pgx's): a move is the game's own step, its reward the
+    mover's, its discount -1 (the next node is the other player's; 0 once the game ended); `evaluate(params, key,
+    games) -> (logits, value)` gives the prior (masked to the legal moves) and the value (0 once the game ended)."""
+    import mctx
+
+    def recurrent_fn(params: Any, key: jax.Array, action: jax.Array, games: Any) -> tuple[Any, Any]:
+        mover = games.current_player
+        games = jax.vmap(env.step)(games, action)
+        logits, value = evaluate(params, key, games)
+        logits = logits - jnp.max(logits, -1, keepdims=True)
+        logits = jnp.where(games.legal_action_mask, logits, jnp.finfo(logits.dtype).min)
+        out = mctx.RecurrentFnOutput(reward=mover_reward(games, mover), discount=jnp.where(games.terminated, 0.0, -1.0),
+                                     prior_logits=logits, value=jnp.where(games.terminated, 0.0, value))
+        return out, games
+
+    return recurrent_fn
 
 
 def auto_reset(env: Any) -> Any:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
 from typing import Any, Callable
 
 import jax
@@ -71,12 +70,10 @@ class Episodes:
 @functools.cache
 def with_evaluator(state: type) -> type:
     """The training state with evaluation on: a subclass of the pytree dataclass `state` with the evaluator's own
-    field `evaluator` (an `EvaluatorState`), kept in `state`'s module as `state.__name__` + "WithEvaluator"."""
+    field `evaluator` (an `EvaluatorState`), named `state.__name__` + "WithEvaluator"; made once per class."""
     name = f"{state.__name__}WithEvaluator"
-    cls = struct.dataclass(type(name, (state,), {"__annotations__": {"evaluator": EvaluatorState},
-                                                 "__module__": state.__module__, "__qualname__": name}))
-    setattr(sys.modules[state.__module__], name, cls)  # found by name, as a class written there would be
-    return cls
+    return struct.dataclass(type(name, (state,), {"__annotations__": {"evaluator": EvaluatorState},
+                                                  "__module__": state.__module__, "__qualname__": name}))
 
 
 class Evaluator:

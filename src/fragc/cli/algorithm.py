@@ -112,7 +112,7 @@ def search_options(args: argparse.Namespace, run_iterations: int | None = None) 
                          log=lambda line: print(line, file=sys.stderr))
 
 
-def compile_algo(args: argparse.Namespace, algo: Any, devices: Any, iterations_per_dispatch: int = 16,
+def compile_algo(args: argparse.Namespace, algo: Any, devices: Any, iterations_per_dispatch: int | None = None,
                  run_iterations: int | None = None) -> Program:
     """`fragc.compile` of `algo` with the command line's placement (and search) options."""
     return compile_with(algo, CompileOptions(args.policy, devices, iterations_per_dispatch=iterations_per_dispatch,

@@ -14,7 +14,6 @@ import jax
 import numpy as np
 
 from fragc.algos import ray_envs
-from fragc.api import dispatch_default
 from fragc.ir.errors import FragcError
 from fragc.options import search_seeds
 from fragc.runtime.actions import steps_per_iteration
@@ -156,7 +155,7 @@ def main(args: argparse.Namespace) -> int:
         out = sys.stderr if args.json else sys.stdout
         if lead and not args.quiet:
             print(_compiling_line(args, algo), file=out, flush=True)
-        prog = compile_algo(args, algo, devices, args.iterations_per_dispatch or dispatch_default(algo), iterations)
+        prog = compile_algo(args, algo, devices, args.iterations_per_dispatch, iterations)
         report = getattr(prog, "auto", None)
         if report is not None and lead:
             print(report.table() if args.explain else report.summary(), file=sys.stderr if args.json else sys.stdout)
