@@ -2,6 +2,8 @@
 search's targets, the refusals, and the program under 8 replicas against the reference interpreter. Learning
 against pgx's own examples/alphazero is bench/alphazero_reference.py's."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -53,9 +55,9 @@ def test_the_search_improves_a_distribution_over_legal_moves():
     games = jax.vmap(algo.game.step)(games, jnp.arange(6))  # the first player took square i of game i
     weights, action = jax.jit(jax.vmap(lambda k, g: algo.search(algo.policy_params(state), k, g)))(
         jax.random.split(jax.random.key(2), 6), games)
-    chex_legal = np.asarray(games.legal_action_mask)
+    legal = np.asarray(games.legal_action_mask)
     np.testing.assert_allclose(np.sum(weights, -1), 1.0, rtol=1e-5)
-    assert np.all(np.asarray(weights)[~chex_legal] == 0) and np.all(chex_legal[np.arange(6), np.asarray(action)])
+    assert np.all(np.asarray(weights)[~legal] == 0) and np.all(legal[np.arange(6), np.asarray(action)])
 
 
 def test_anakin_equals_the_interpreter_on_8_replicas():
@@ -84,7 +86,7 @@ def test_bad_input_is_one_line_before_compiling(capsys, args, says):
     assert main(["run", "alphazero", *args, "--iterations", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "compiling" not in err
-    assert pytest.importorskip("re").search(says, err), err
+    assert re.search(says, err), err
 
 
 def test_a_single_agent_algorithm_refuses_a_board_game():
