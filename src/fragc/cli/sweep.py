@@ -49,8 +49,7 @@ def add_options(parser: argparse.ArgumentParser, algo: str | None) -> None:
                              "(default: vectorised, faster, equal to the last bits)")
     parser.add_argument("--iterations", type=count, default=None, metavar="N",
                         help="train N iterations (default: the config's total_steps)")
-    parser.add_argument("--iterations-per-dispatch", type=count, default=None,
-                        help="iterations scanned per dispatch (default 16, or the algorithm's own)")
+    parser.add_argument("--iterations-per-dispatch", type=count, default=16, help="iterations scanned per dispatch")
     parser.add_argument("--pbt-every", type=count, default=None, metavar="K",
                         help="population-based training: every K iterations the worst quarter copies the best "
                              "quarter and perturbs its hyperparameters (src/fragc/runtime/pbt.py)")
