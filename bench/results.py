@@ -140,7 +140,9 @@ RUNS += [(f"ppo_{game.lower()}_minatar", "ppo", "single", 1, None, {"env": f"{ga
          for game in GAMES]
 RUNS += [(f"pqn_{game.lower()}_minatar", "pqn", "single", 1, None, {"env": f"{game}-MinAtar", **PQN_MINATAR})
          for game in GAMES]
-"""MinAtar rows have no threshold (a bench, not a check): run them with `--only ppo_breakout_minatar,...`."""
+RUNS += [("muzero_breakout_minatar", "muzero", "single", 1, None, {"env": "Breakout-MinAtar"})]  # muzero's defaults
+"""MinAtar rows have no threshold (a bench, not a check): run them with `--only ppo_breakout_minatar,...`; muzero's
+(1e6 steps) against pqn's with `--steps 1000000`."""
 CLEANRL_PPO_ATARI = {  # CleanRL's ppo_atari_envpool.py: 8 envs x 128 steps, 4 epochs x 4 minibatches, lr 2.5e-4
     "num_envs": 8, "num_steps": 128, "total_steps": 10_000_000, "lr": 2.5e-4, "anneal_lr": True,  # annealed over
     "update_epochs": 4, "num_minibatches": 4, "gamma": 0.99, "gae_lambda": 0.95, "clip_eps": 0.1,  # 1e7 steps,

@@ -27,13 +27,15 @@ ROWS = {  # name: (algorithm, policy, config overrides, population size or 0)
     "ppo-cartpole-population-256": ("ppo", "single", {}, 256),
     **{f"ppo-minatar-{game.lower()}": ("ppo", "single", {"env": f"{game}-MinAtar", **MINATAR}, 0)
        for game in ("Breakout", "SpaceInvaders", "Asterix", "Freeway")},
+    "muzero-minatar-breakout": ("muzero", "single", {}, 0),
 }
 """PPO CartPole at PureJaxRL's scale (2048 and 8192 environments, 8,192-sample minibatches), larger rows for a GPU
 (16384 and 32768 environments, 32,768-sample minibatches: 64 and 128 of them an epoch, where 8192 takes 128 of a
 quarter the size), a population of 256 seeds of PureJaxRL's CartPole configuration (its "2048 agents" experiment
 at 256; bench/population.py times 2048 beside PureJaxRL's own), and PPO on MinAtar with PureJaxRL's MinAtar
 configuration (examples/brax_minatar.ipynb: 64 envs x 128 steps, lr 5e-3, 4 epochs x 8 minibatches, relu MLP),
-the same as bench/results.py's MinAtar learning runs. The CartPole rows use PureJaxRL's CartPole network (tanh)."""
+the same as bench/results.py's MinAtar learning runs. The CartPole rows use PureJaxRL's CartPole network (tanh).
+MuZero on Breakout-MinAtar at its defaults (64 environments x 32 steps, 8 simulations a step)."""
 
 
 def measure(name: str, iterations: int, repeats: int) -> dict:

@@ -42,9 +42,15 @@ if importlib.util.find_spec("pgx") is not None:  # the optional extra fragc[sear
         env="pgx:tic_tac_toe", num_envs=8, num_steps=4, num_simulations=2, batch_size=16, channels=4, blocks=1,
         eval_games=8))
 
+if importlib.util.find_spec("mctx") is not None:  # the optional extra fragc[search]
+    from fragc.algos import muzero
+
+    ALGOS["muzero"] = lambda: muzero.MuZero(muzero.Config(num_envs=8, num_steps=4, num_simulations=2, unroll_steps=2,
+                                                          num_minibatches=2, hidden=16, embedding=8, support=3))
+
 MARL = frozenset({"ippo", "mappo", "ippo_rnn", "mappo_rnn"})
-SLOW_TO_TRACE = MARL | {"alphazero"}
-"""The multi-agent algorithms and AlphaZero (mctx's search): their cells of the passes-only tables (test_parser.py,
+SLOW_TO_TRACE = MARL | {"alphazero", "muzero"}
+"""The multi-agent algorithms, AlphaZero and MuZero (mctx's search): their cells of the passes-only tables (test_parser.py,
 test_schedule.py) run in -m slow, where tracing them would add seconds to the default suite; test_marl.py and
 test_alphazero.py check their IR in the default suite."""
 

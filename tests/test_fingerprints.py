@@ -31,6 +31,7 @@ PINNED = {
     "ippo_rnn": "8caa36b9ad44bdea",
     "mappo_rnn": "73ee8a2a641de152",
     "alphazero": "22deb9dbb7b343e2",
+    "muzero": "5a76050a32eab931",
 }
 PINNED_JAX = "0.10.2"
 

@@ -30,9 +30,11 @@ SMALL = {
     "mappo_rnn": dict(num_envs=4, num_steps=4),
     "alphazero": dict(env="pgx:tic_tac_toe", num_envs=4, num_steps=4, batch_size=16, num_simulations=2, channels=4,
                       blocks=1, eval_games=4),
+    "muzero": dict(num_envs=4, num_steps=4, num_simulations=2, unroll_steps=2, num_minibatches=2, hidden=16,
+                   embedding=8),
 }
 MARL = ("ippo", "mappo", "ippo_rnn", "mappo_rnn")
-EXTRA = {**{name: "jaxmarl" for name in MARL}, "alphazero": "pgx"}
+EXTRA = {**{name: "jaxmarl" for name in MARL}, "alphazero": "pgx", "muzero": "mctx"}
 """The algorithms of an optional extra, by the package it brings."""
 NAMES = [n for n in algos.ALGOS if n not in EXTRA or importlib.util.find_spec(EXTRA[n])]
 

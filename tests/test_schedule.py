@@ -28,6 +28,8 @@ STAGED = {
     # params and BatchNorm's averages to the actors, the moves' samples to the learner; async: the evaluation (on the
     # actors' devices) plays the current network, self-play the delayed one, a stage each
     "alphazero": ((2, 2), (3, 2)),
+    # params to the actors, the trajectory with its targets to the learner
+    "muzero": ((2, 2), (2, 2)),
 }
 
 

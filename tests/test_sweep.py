@@ -474,7 +474,7 @@ SWEPT = {"ppo": ("lr", "gamma", "clip_eps"), "a2c": ("lr", "ent_coef"), "ppo_con
          "dqn": ("lr", "gamma", "eps_end"), "pqn": ("lr", "td_lambda"), "ppo_rnn": ("lr", "gae_lambda"),
          "impala": ("lr", "rho_bar"), "sac": ("q_lr", "tau"), "ippo": ("lr", "clip_eps"),
          "mappo": ("lr", "ent_coef"), "ippo_rnn": ("lr", "clip_eps"), "mappo_rnn": ("lr", "vf_coef"),
-         "alphazero": ("lr",)}
+         "alphazero": ("lr",), "muzero": ("lr", "td_lambda")}
 
 
 @pytest.mark.parametrize("name", sorted(SWEPT))

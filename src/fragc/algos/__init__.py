@@ -43,6 +43,8 @@ ALGOS = {
                                                   "state, JaxMARL's mappo_rnn baselines"),
     "alphazero": ("fragc.algos.alphazero:AlphaZero", "Gumbel AlphaZero on pgx's two-player games (pgx:connect_four): "
                                                      "mctx's search in self-play, pgx's examples/alphazero"),
+    "muzero": ("fragc.algos.muzero:MuZero", "Gumbel MuZero on discrete-action environments (Breakout-MinAtar): a "
+                                            "learned model, mctx's search in every actor step"),
 }
 
 
