@@ -119,7 +119,7 @@ def test_q_values_are_scaled_by_the_whole_trees_range_so_two_actions_are_not_for
     the other 0, and the improved policy is one action whatever the values (the policy collapsed on CartPole)."""
     import mctx
 
-    algo = make("muzero", env="CartPole-v1", num_envs=16, num_simulations=8)
+    algo = make("muzero", env="CartPole-v1", num_envs=16, num_simulations=8, hidden=32, embedding=16)
     params = algo.policy_params(algo.init(jax.random.key(0)))
     obs = algo.env.reset(jax.random.key(1), 16).obs
     out = jax.jit(lambda key: algo.search(params, key, obs))(jax.random.key(2))

@@ -1,12 +1,9 @@
-"""fragc.algos: RL algorithms written against fragc's public API, one file each,
-and how the CLI finds an algorithm: a built-in name, or a user's class given as
-`path/to/file.py:Class` or `package.module:Class`.
+"""fragc.algos: RL algorithms written against fragc's public API, one file each, and how the CLI finds an algorithm:
+a built-in name, or a user's class given as `path/to/file.py:Class` or `package.module:Class`.
 
-An algorithm class takes its config, a dataclass, as the one argument of its
-constructor. The config class is the algorithm's `Config` attribute if it has
-one, else the annotation of the first parameter of `__init__`
-(`def __init__(self, config: MyConfig)`); a class whose constructor takes no
-argument has no config.
+An algorithm class takes its config, a dataclass, as the one argument of its constructor. The config class is the
+algorithm's `Config` attribute if it has one, else the annotation of the first parameter of `__init__`
+(`def __init__(self, config: MyConfig)`); a class whose constructor takes no argument has no config.
 """
 
 from __future__ import annotations
@@ -141,11 +138,9 @@ def _is_algorithm(cls: type) -> bool:
 def _import_module(name: str) -> Any:
     try:
         return importlib.import_module(name)
-    except ModuleNotFoundError as err:
-        if err.name and name.startswith(err.name):  # the module itself, not one it imports
-            raise FragcError(f"no module named '{name}' (for a file, give its path ending in .py)") from err
-        raise FragcError(f"cannot import '{name}': {_import_failure(err, None)}") from err
     except Exception as err:  # noqa: BLE001 - the user's module failed to import: say where, in one line
+        if isinstance(err, ModuleNotFoundError) and err.name and name.startswith(err.name):  # the module itself
+            raise FragcError(f"no module named '{name}' (for a file, give its path ending in .py)") from err
         raise FragcError(f"cannot import '{name}': {_import_failure(err, None)}") from err
 
 

@@ -35,7 +35,6 @@ class Config(actor_critic.NetworkConfig):
     rollout, so small rollouts mean many steps: 8 x 8 gives 15,625 steps in 1e6 env steps (16 x 32 gave
     1,953, and 6 of 10 seeds stalled near a return of 200)."""
     total_steps: int = 1_000_000
-    """Environment steps over the whole run."""
     lr: float = 7e-4
     gae_lambda: float = 0.95
     """GAE lambda; 1.0 gives plain n-step returns."""
@@ -69,10 +68,9 @@ class A2C:
     Config = Config
 
     def __init__(self, config: Config | None = None):
-        self.config = self.Config() if config is None else config
-        self.steps_per_iteration = self.config.steps_per_iteration
-        self.evaluator = Evaluator(self.config.env, self.greedy_action, self.config.eval_every,
-                                   self.config.eval_episodes)
+        self.config = c = self.Config() if config is None else config
+        self.steps_per_iteration = c.steps_per_iteration
+        self.evaluator = Evaluator(c.env, self.greedy_action, c.eval_every, c.eval_episodes)
 
     @functools.cached_property
     def env(self) -> VecEnv:
@@ -125,5 +123,4 @@ class A2C:
         return state.learner.params
 
     def greedy_action(self, params: Any, obs: jax.Array) -> jax.Array:
-        """The most probable action for each of `obs[n, obs_size]`."""
         return self.model.greedy(params, obs)

@@ -20,7 +20,7 @@ from flax import struct
 import fragc
 from fragc.algos.diagnostics import episode_metrics
 from fragc.algos.evaluation import EvalConfig
-from fragc.algos.networks import ACTIVATIONS, ActorCritic, ChosenNetwork, GaussianActorCritic, PixelActorCritic, torso
+from fragc.algos.networks import ActorCritic, ChosenNetwork, GaussianActorCritic, PixelActorCritic, torso
 from fragc.algos.run_length import RunLength
 from fragc.algos.validation import algo_name
 from fragc.algos.vec_env import Runner
@@ -70,12 +70,6 @@ class NetworkConfig(Config):
     """mlp (the two MLPs above, on the flattened observation), nature_cnn or impala_cnn (CleanRL's Atari
     actor-critic: one CNN torso, a policy and a value head), or auto: a CNN for frames (nature_cnn from 36x36,
     impala_cnn below), the MLP for vectors (docs/pixels.md)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.activation not in ACTIVATIONS:
-            raise FragcError(f"{algo_name(self)}: activation must be one of {', '.join(ACTIVATIONS)}, got "
-                             f"{self.activation!r}")
 
 
 @struct.dataclass

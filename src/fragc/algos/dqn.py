@@ -216,5 +216,4 @@ class DQN:
         return state.learner.params
 
     def greedy_action(self, params: Any, obs: jax.Array) -> jax.Array:
-        """argmax Q for each of `obs[n, obs_size]`."""
         return self.model.greedy(params, obs)

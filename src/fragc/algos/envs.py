@@ -109,11 +109,6 @@ class GymnaxVecEnv(VecEnv):
         return self.env.action_space(self.params)
 
     @property
-    def obs_size(self) -> int:
-        shape = self.env.observation_space(self.params).shape
-        return int(np.prod(shape)) if shape else 1
-
-    @property
     def obs_shape(self) -> tuple[int, ...]:
         return tuple(self.env.observation_space(self.params).shape) or (1,)
 
@@ -125,9 +120,6 @@ class GymnaxVecEnv(VecEnv):
     @property
     def max_episode_steps(self) -> int:
         return int(self.params.max_steps_in_episode)
-
-    def reset(self, key: jax.Array, num_envs: int) -> Runner:
-        return self.reset_each(jax.random.split(key, num_envs))
 
     def reset_each(self, keys: jax.Array, index: jax.Array | None = None) -> Runner:
         reset_keys, carry_keys = jax.vmap(jax.random.split, out_axes=1)(keys)

@@ -202,15 +202,14 @@ class EnvPoolPool(HostPool):
 
     def reset(self, keys: np.ndarray) -> np.ndarray:
         envpool = _import_envpool()
-        if self.envs is not None:
-            self.envs.close()
+        self.close()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             threads = {"num_threads": self.num_workers} if self.num_workers else {}
             self.envs = envpool.make_gymnasium(self.env_id, num_envs=self.num_envs, seed=seeds_of(keys)[0] % 2**31,
                                                **threads, **self.options(self.env_id))
         obs, info = self.envs.reset()
-        return _by_env_id(obs, info)
+        return obs[np.argsort(info["env_id"])]
 
     def step(self, actions: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, ...]:
         self.send(actions, keys)
@@ -255,19 +254,13 @@ ATARI_OPTIONS = {
     "stack_num": 4, "img_height": 84, "img_width": 84, "gray_scale": True, "frame_skip": 4, "noop_max": 30,
     "full_action_space": False, "repeat_action_probability": 0.0,  # EnvPool's defaults, stated
 }
-"""CleanRL's `ppo_atari_envpool.py` preprocessing, as EnvPool's options (Machado et al.'s sticky actions off, as
-CleanRL has them): a lost life ends the algorithm's episode, rewards clipped to their sign, 84x84 grey frames,
-4 stacked, 4 frames a step, up to 30 no-ops at a game's start, the game's minimal action set."""
+"""CleanRL's `ppo_atari_envpool.py` preprocessing, as EnvPool's options (sticky actions off, as CleanRL has them)."""
 
 
 @functools.cache
 def is_envpool_atari(env_id: str) -> bool:
     """An Atari game of EnvPool's (`Pong-v5`): its config has `episodic_life`."""
     return "episodic_life" in _import_envpool().make_spec(env_id).config._fields
-
-
-def _by_env_id(obs: np.ndarray, info: dict) -> np.ndarray:
-    return obs[np.argsort(info["env_id"])]
 
 
 def _import_envpool() -> Any:
@@ -324,11 +317,11 @@ class HostVecEnv(VecEnv):
         backend, self.env_id = split_env_name(name)
         self.pool_type = HOST_POOLS[backend]
         obs_space, action_space = self.pool_type.spaces(self.env_id)
-        self._obs_size = int(np.prod(obs_space.shape)) if obs_space.shape else 1
+        self._obs_shape = tuple(obs_space.shape or ()) or (1,)
         # What crosses from the host: 8-bit observations (Atari frames) as they are, a quarter of float32's
         # bytes, made float32 on the device; any other dtype as float32 (float64 needs JAX's x64 mode).
         self._wire_dtype = np.dtype(np.uint8) if np.dtype(obs_space.dtype) == np.uint8 else np.dtype(np.float32)
-        self._action_space = to_gymnax_space(action_space, name)
+        self.action_space = to_gymnax_space(action_space, name)
         self.game_stats = self.pool_type.game_stats(self.env_id)  # the step returns each game's score and end
         self.pools: dict[tuple[int, ...], _PoolSlot] = {}  # environment indices -> their pool
         self._lock = threading.Lock()  # the devices' host calls come from several threads
@@ -337,16 +330,8 @@ class HostVecEnv(VecEnv):
         self.fleet: Any = None  # remote environment workers (`set_fleet`, src/fragc/algos/ray_envs.py); None: pools here
 
     @property
-    def action_space(self) -> Any:
-        return self._action_space
-
-    @property
-    def obs_size(self) -> int:
-        return self._obs_size
-
-    @property
     def obs_shape(self) -> tuple[int, ...]:
-        return tuple(self.pool_type.spaces(self.env_id)[0].shape) or (1,)
+        return self._obs_shape
 
     @property
     def obs_dtype(self) -> np.dtype:
@@ -355,9 +340,6 @@ class HostVecEnv(VecEnv):
     @property
     def max_episode_steps(self) -> int | None:
         return self.pool_type.max_episode_steps(self.env_id)
-
-    def reset(self, key: jax.Array, num_envs: int) -> Runner:
-        return self.reset_each(jax.random.split(key, num_envs), jnp.arange(num_envs, dtype=jnp.int32))
 
     def reset_each(self, keys: jax.Array, index: jax.Array) -> Runner:
         reset_keys, carry_keys = jax.vmap(jax.random.split, out_axes=1)(keys)
@@ -452,7 +434,7 @@ class HostVecEnv(VecEnv):
             return self.pools.get(ids)
 
     def _host_reset(self, ids: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return _per_env(ids, lambda ids, keys: self._reset_pool(ids, keys)[1:], keys)
+        return _per_env(ids, lambda ids, keys: lambda: self._reset_pool(ids, keys)[1:], keys)()
 
     def _reset_pool(self, ids: tuple[int, ...], keys: np.ndarray) -> tuple["_PoolSlot", np.ndarray, np.ndarray]:
         """-> (the pool of `ids`, made if needed, reset from `keys`; observations; pool step counts)."""
@@ -500,7 +482,7 @@ class HostVecEnv(VecEnv):
 
             return finish
 
-        return _per_env_begin(ids, begin, pool_step, actions, keys)
+        return _per_env(ids, begin, pool_step, actions, keys)
 
     def _reset_on_resume(self, ids: tuple[int, ...], keys: np.ndarray) -> tuple[np.ndarray, ...]:
         warnings.warn(f"{self.name}: the training state does not continue the host environments' last step (a "
@@ -526,25 +508,17 @@ def _key_data(keys: jax.Array) -> jax.Array:
     return jax.random.key_data(keys) if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key) else keys
 
 
-def _per_env(ids: np.ndarray, fn: Callable[..., tuple[np.ndarray, ...]], *arrays: np.ndarray) -> Any:
-    """Call `fn(pool_ids, *arrays)` with the call's environments' rows in index order (`pool_ids`: the
-    sorted indices, which name their pool), and return its results in the caller's order and shape.
+def _per_env(ids: np.ndarray, begin: Callable[..., Callable[[], tuple[np.ndarray, ...]]],
+             *arrays: np.ndarray) -> Callable[[], tuple[np.ndarray, ...]]:
+    """Call `begin(pool_ids, *arrays)` with the call's environments' rows in index order (`pool_ids`: the sorted
+    indices, which name their pool): it starts the call and returns a function that waits for its results, in index
+    order; the function returned here puts them in the caller's order and shape (a host loop starts one group's
+    step before it dispatches another group's device program).
 
     `ids` is each row's environment index. A vmapped call (the reference interpreter's replicas:
     `vmap_method="expand_dims"`) adds leading axes; they are flattened here, so one call steps every
     environment it holds. Each environment must appear once.
     """
-    def run_now(*args: np.ndarray) -> Callable[[], tuple[np.ndarray, ...]]:
-        results = fn(*args)
-        return lambda: results
-
-    return _per_env_begin(ids, run_now, *arrays)()
-
-
-def _per_env_begin(ids: np.ndarray, begin: Callable[..., Callable[[], tuple[np.ndarray, ...]]],
-                   *arrays: np.ndarray) -> Callable[[], tuple[np.ndarray, ...]]:
-    """`_per_env` for a call that starts now and is waited for later: `begin(pool_ids, *arrays)` returns a
-    function that returns the results in index order; the function returned here puts them in the caller's."""
     ids = np.asarray(ids)
     flat = ids.reshape(-1)
     n = flat.size
@@ -558,17 +532,8 @@ def _per_env_begin(ids: np.ndarray, begin: Callable[..., Callable[[], tuple[np.n
         return lambda: tuple(np.asarray(r) for r in finish())
     ordered = [np.asarray(a).reshape((n,) + np.shape(a)[ids.ndim:])[order] for a in arrays]
     finish = begin(tuple(int(i) for i in pool_ids), *ordered)
-
-    def in_caller_order() -> tuple[np.ndarray, ...]:
-        out = []
-        for r in finish():
-            r = np.asarray(r)
-            caller_order = np.empty_like(r)
-            caller_order[order] = r
-            out.append(caller_order.reshape(ids.shape + r.shape[1:]))
-        return tuple(out)
-
-    return in_caller_order
+    inverse = np.argsort(order)  # the caller's row j is row inverse[j] in index order
+    return lambda: tuple(np.asarray(r)[inverse].reshape(ids.shape + np.shape(r)[1:]) for r in finish())
 
 
 IMPLEMENTATIONS.update({backend: HostVecEnv for backend in HOST_POOLS})

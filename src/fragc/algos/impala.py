@@ -36,7 +36,6 @@ class Config(a2c.Config):
     """Lambda of V-trace's traces (1.0: the paper's V-trace)."""
 
 
-
 def loss(params: Any, traj: Transition, config: Config, model: Categorical
          ) -> tuple[jax.Array, tuple[dict, jax.Array, jax.Array]]:
     """The loss, and beside it its metrics, the V-trace targets v_s and the values V(x_s) they are compared with (for
@@ -63,10 +62,9 @@ class IMPALA:
     Config = Config
 
     def __init__(self, config: Config | None = None):
-        self.config = self.Config() if config is None else config
-        self.steps_per_iteration = self.config.steps_per_iteration
-        self.evaluator = Evaluator(self.config.env, self.greedy_action, self.config.eval_every,
-                                   self.config.eval_episodes)
+        self.config = c = self.Config() if config is None else config
+        self.steps_per_iteration = c.steps_per_iteration
+        self.evaluator = Evaluator(c.env, self.greedy_action, c.eval_every, c.eval_episodes)
 
     @functools.cached_property
     def env(self) -> VecEnv:
@@ -116,5 +114,4 @@ class IMPALA:
         return state.learner.params
 
     def greedy_action(self, params: Any, obs: jax.Array) -> jax.Array:
-        """The most probable action for each of `obs[n, obs_size]`."""
         return self.model.greedy(params, obs)

@@ -52,6 +52,8 @@ class Config(ppo.Config):
     """Environment steps over the whole run (JaxMARL's TOTAL_TIMESTEPS: steps of all agents at once)."""
     shared_params: bool = True
     """One network for every agent (JaxMARL's baselines); False: each agent its own, stacked over an agent axis."""
+    smax: ClassVar[dict[str, Any]] = SMAX
+    """JaxMARL's values for SMAX, which preset=auto applies."""
     preset: str = "auto"
     """auto: JaxMARL's values for the environment's family (SMAX) on the fields left at their defaults; none: the
     fields as given."""
@@ -59,9 +61,6 @@ class Config(ppo.Config):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_agents_config(self)
-
-    def presets(self) -> dict[str, Any]:
-        return SMAX if "SMAX_" in self.env else {}
 
 
 def check_agents_config(config: Any) -> None:
@@ -76,10 +75,10 @@ def check_agents_config(config: Any) -> None:
 
 def with_preset(config: Config) -> Config:
     """`config` with its family's preset on the fields that still hold their class defaults."""
-    if config.preset != "auto":
+    if config.preset != "auto" or "SMAX_" not in config.env:
         return config
     defaults = {f.name: f.default for f in dataclasses.fields(config)}
-    return dataclasses.replace(config, **{k: v for k, v in config.presets().items() if getattr(config, k) == defaults[k]})
+    return dataclasses.replace(config, **{k: v for k, v in config.smax.items() if getattr(config, k) == defaults[k]})
 
 
 class AgentsActorCritic(nn.Module):

@@ -45,6 +45,7 @@ class Config(actor_critic.Config):
     centralised_critic: ClassVar[bool] = False
     """Whether the critic reads the world state with a GRU of its own (MAPPO's config) or shares the actor's."""
     anneal_clip: ClassVar[bool] = False  # ppo_rnn.update's ratio clip: constant, as JaxMARL's
+    smax: ClassVar[dict[str, Any]] = SMAX  # JaxMARL's values for SMAX, which preset=auto applies
     env: str = "jaxmarl:MPE_simple_spread_v3"
     """A JaxMARL environment: jaxmarl:MPE_simple_spread_v3, jaxmarl:SMAX_3m (fragc envs)."""
     num_envs: int = 16
@@ -77,9 +78,6 @@ class Config(actor_critic.Config):
         if self.num_envs % self.num_minibatches:
             raise FragcError(f"{algo_name(self)}: num_envs ({self.num_envs}) must divide by num_minibatches "
                              f"({self.num_minibatches}): minibatches are whole environment sequences")
-
-    def presets(self) -> dict[str, Any]:
-        return SMAX if "SMAX_" in self.env else {}
 
 
 class Memory(nn.Module):

@@ -26,9 +26,7 @@ class Config(ippo_rnn.Config):
     vf_coef: float = 0.5
     num_minibatches: int = 4
     clip_eps: float = 0.2
-
-    def presets(self) -> dict[str, Any]:
-        return SMAX if "SMAX_" in self.env else {}
+    smax: ClassVar[dict[str, Any]] = SMAX
 
 
 class MAPPORNN(ippo_rnn.IPPORNN):

@@ -143,10 +143,6 @@ class JaxMARLVecEnv(VecEnv):
         return spaces.Discrete(self.layout.num_actions)
 
     @property
-    def obs_size(self) -> int:
-        return self.layout.size
-
-    @property
     def obs_shape(self) -> tuple[int, ...]:
         return (self.layout.size,)
 
@@ -170,19 +166,14 @@ class JaxMARLVecEnv(VecEnv):
         obs, state = self.env.reset(key)
         return self._rows(obs, state), state
 
-    def reset(self, key: jax.Array, num_envs: int) -> Runner:
-        return self.reset_each(jax.random.split(key, num_envs))
-
     def reset_each(self, keys: jax.Array, index: jax.Array | None = None) -> Runner:
         reset_keys, carry_keys = jax.vmap(jax.random.split, out_axes=1)(keys)
         obs, env_state = jax.vmap(self._reset_one)(reset_keys)
         base = self._new_runner(env_state, obs, carry_keys)
-        per_agent = lambda x: jnp.zeros(x.shape + (self.num_agents,), x.dtype)  # noqa: E731
-        return AgentsRunner(**{f.name: getattr(base, f.name) for f in dataclasses.fields(Runner)},
-                            last_won=jnp.zeros(obs.shape[:1], jnp.float32)).replace(
-            episode_return=per_agent(base.episode_return), last_return=per_agent(base.last_return),
-            has_return=per_agent(base.has_return), episode_length=per_agent(base.episode_length),
-            last_length=per_agent(base.last_length))
+        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(Runner)}
+        for name in ("episode_return", "last_return", "has_return", "episode_length", "last_length"):  # per agent
+            fields[name] = jnp.zeros(fields[name].shape + (self.num_agents,), fields[name].dtype)
+        return AgentsRunner(**fields, last_won=jnp.zeros(obs.shape[:1], jnp.float32))
 
     def _step_one(self, key: jax.Array, state: Any, action: jax.Array) -> tuple:
         """One environment's step with JaxMARL's auto-reset (`MultiAgentEnv.step`), keeping the rows reached."""

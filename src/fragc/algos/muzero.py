@@ -198,6 +198,17 @@ class Trajectory:
 
 
 @struct.dataclass
+class _Steps:
+    """What `returns.gae` reads of a rollout: the search's root values as the values."""
+
+    reward: jax.Array
+    value: jax.Array
+    next_value: jax.Array
+    terminated: jax.Array
+    done: jax.Array
+
+
+@struct.dataclass
 class Unroll:
     """One start step's unroll: its observation, the K actions taken from it, and K + 1 targets with their masks."""
 
@@ -237,10 +248,8 @@ def qtransform_tree_min_max(tree: Any, node_index: jax.Array, value_scale: float
     visit_scale = 50.0 + jnp.max(visits)  # mctx's maxvisit_init + max(visit_counts)
     completed = mctx.qtransform_completed_by_mix_value(tree, node_index, value_scale=1.0, maxvisit_init=1.0,
                                                        rescale_values=False) / (1.0 + jnp.max(visits))
-    visited = tree.node_visits > 0
-    values = jnp.concatenate([jnp.where(visited, tree.node_values, jnp.inf), completed])
-    low = jnp.min(values)
-    high = jnp.max(jnp.concatenate([jnp.where(visited, tree.node_values, -jnp.inf), completed]))
+    known = jnp.concatenate([jnp.where(tree.node_visits > 0, tree.node_values, jnp.nan), completed])
+    low, high = jnp.nanmin(known), jnp.nanmax(known)
     return visit_scale * value_scale * (completed - low) / jnp.maximum(high - low, 1e-8)
 
 
@@ -262,10 +271,9 @@ class MuZero:
     Config = Config
 
     def __init__(self, config: Config | None = None):
-        self.config = self.Config() if config is None else config
-        self.steps_per_iteration = self.config.steps_per_iteration
-        self.evaluator = Evaluator(self.config.env, self.greedy_action, self.config.eval_every,
-                                   self.config.eval_episodes)
+        self.config = c = self.Config() if config is None else config
+        self.steps_per_iteration = c.steps_per_iteration
+        self.evaluator = Evaluator(c.env, self.greedy_action, c.eval_every, c.eval_episodes)
         import_mctx()
 
     @functools.cached_property
@@ -394,13 +402,3 @@ class MuZero:
         """The search's action for each of `obs[n, obs_size]`, its Gumbel noise off."""
         return self.search(params, jax.random.key(0), obs, gumbel_scale=0.0).action
 
-
-@struct.dataclass
-class _Steps:
-    """What `returns.gae` reads of a rollout: the search's root values as the values."""
-
-    reward: jax.Array
-    value: jax.Array
-    next_value: jax.Array
-    terminated: jax.Array
-    done: jax.Array

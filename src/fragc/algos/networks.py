@@ -1,12 +1,8 @@
 """Networks for pixel observations: the Nature-DQN CNN and the IMPALA ResNet, as the references build them.
 
-- `NatureCNN` is Mnih et al. (2015)'s torso as CleanRL's `ppo_atari_envpool.py` has it: three convolutions
-  (32 8x8 stride 4, 64 4x4 stride 2, 64 3x3 stride 1, VALID padding), then a dense 512, ReLU throughout,
-  orthogonal initialisation with gain sqrt(2) and zero biases.
-- `ImpalaCNN` is Espeholt et al. (2018)'s 15-layer ResNet as CleanRL's `*_impalanet_*.py` has it: three
-  stacks (16, 32, 32 channels) of a 3x3 convolution, a 3x3 max pool with stride 2 (SAME), and two residual
-  blocks of two 3x3 convolutions each (15 convolutions in all), then ReLU and a dense 256 (orthogonal,
-  gain sqrt(2)); the convolutions keep Flax's default initialisation, as CleanRL's do.
+- `NatureCNN` is Mnih et al. (2015)'s torso as CleanRL's `ppo_atari_envpool.py` has it (orthogonal initialisation,
+  gain sqrt(2), zero biases); `ImpalaCNN` is Espeholt et al. (2018)'s 15-layer ResNet as CleanRL's
+  `*_impalanet_*.py` has it (its convolutions keep Flax's default initialisation, as CleanRL's do).
 
 Frames arrive as the environment gives them: EnvPool's Atari frames are uint8 with the stacked frames first
 (`(4, 84, 84)`), gymnax's MinAtar frames are 0/1 floats with channels last (`(10, 10, C)`). `layout` says
@@ -26,9 +22,6 @@ import numpy as np
 
 from fragc.algos.validation import NETWORK_CHOICES
 from fragc.ir.errors import FragcError
-
-NETWORKS = NETWORK_CHOICES[1:]
-"""The networks `--network` names (besides `auto`)."""
 
 NATURE_MIN_SIZE = 36
 """The Nature CNN's smallest frame side: 8x8 stride 4, 4x4 stride 2 and 3x3, all VALID, leave 1x1 of 36x36."""
@@ -118,10 +111,6 @@ KERNEL_INITS = {
 """The Nature CNN's kernel initialisations, as each reference has them (biases start at zero in all three)."""
 
 
-def _orthogonal_dense(n: int) -> nn.Dense:
-    return nn.Dense(n, kernel_init=nn.initializers.orthogonal(np.sqrt(2)), bias_init=nn.initializers.zeros)
-
-
 class NatureCNN(nn.Module):
     """The Nature-DQN torso: frames -> 512 features.
 
@@ -175,10 +164,7 @@ class ImpalaCNN(nn.Module):
         for channels in self.channels:
             x = ConvSequence(channels)(x)
         x = nn.relu(x).reshape(x.shape[:-3] + (-1,))
-        return nn.relu(_orthogonal_dense(256)(x))
-
-
-TORSOS = {"nature_cnn": NatureCNN, "impala_cnn": ImpalaCNN}
+        return nn.relu(dense(256, np.sqrt(2))(x))
 
 
 def torso(name: str, obs_shape: Sequence[int], kernel_init: str = "orthogonal", layer_norm: bool = False) -> nn.Module:
@@ -198,9 +184,8 @@ class PixelActorCritic(nn.Module):
     num_actions: int
 
     def setup(self) -> None:
-        self.actor = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01),
-                              bias_init=nn.initializers.zeros)
-        self.critic = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), bias_init=nn.initializers.zeros)
+        self.actor = dense(self.num_actions, 0.01)
+        self.critic = dense(1, 1.0)
 
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
         hidden = self.torso(obs)

@@ -114,10 +114,9 @@ class PPO:
     Config = Config
 
     def __init__(self, config: Config | None = None):
-        self.config = self.Config() if config is None else config
-        self.steps_per_iteration = self.config.steps_per_iteration
-        self.evaluator = Evaluator(self.config.env, self.greedy_action, self.config.eval_every,
-                                   self.config.eval_episodes)
+        self.config = c = self.Config() if config is None else config
+        self.steps_per_iteration = c.steps_per_iteration
+        self.evaluator = Evaluator(c.env, self.greedy_action, c.eval_every, c.eval_episodes)
 
     @functools.cached_property
     def env(self) -> VecEnv:
@@ -165,7 +164,6 @@ class PPO:
 
     # THE DETERMINISTIC POLICY: what evaluation episodes and videos act with
     def policy_params(self, state: State) -> Any:
-        """The parameters the actors act with."""
         return state.learner.params
 
     def greedy_action(self, params: Any, obs: jax.Array) -> jax.Array:

@@ -23,7 +23,6 @@ class Config(ppo.Config):
     num_envs: int = 16
     num_steps: int = 128
     total_steps: int = 1_000_000
-    """Environment steps over the whole run."""
     lr: float = 1e-3
     update_epochs: int = 10
     num_minibatches: int = 32

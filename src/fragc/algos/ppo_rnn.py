@@ -1,23 +1,13 @@
 """Recurrent PPO (PureJaxRL's ppo_rnn.py design), as two fragments: `rollout` (actor) and `learn` (learner).
 
-A GRU (flax `nn.GRUCell` scanned over time) sits between an embedding layer and
-the actor and critic heads. Its hidden state lives per environment beside the
-runner, and is reset to zeros where the previous step ended an episode. Each
-rollout stores the hidden state it started from, and the learner replays whole
-environment sequences from it: minibatches split the environment axis, not time.
-With `critic_gru` the critic has an embedding and GRU of its own (SB3's
-RecurrentPPO with enable_critic_lstm), and the hidden state is both GRUs'.
-Three options give SB3's MlpLstmPolicy instead (sb3-contrib's RecurrentPPO): `lstm`
-(an LSTM cell; its carry is the cell and hidden states side by side), `embed=False`
-(the observation goes to the cell directly) and `ortho_init=False` (PyTorch's default
-init of the dense layers).
-
-`mask_velocity` removes CartPole's velocities (observation indices 1 and 3), the
-memory task: a feed-forward policy sees only positions and cannot solve it.
-`normalize_obs` feeds the network observations normalized by their running mean
-and variance (SB3's VecNormalize), kept beside the runner and updated every step.
-With `eval_every` the greedy policy is evaluated carrying the hidden state through each episode
-(`Evaluator.recurrent`), on observations normalized by the statistics of the moment, frozen.
+A GRU (flax `nn.GRUCell` scanned over time) sits between an embedding layer and the actor and critic heads. Its hidden
+state lives per environment beside the runner, and is reset to zeros where the previous step ended an episode. Each
+rollout stores the hidden state it started from, and the learner replays whole environment sequences from it:
+minibatches split the environment axis, not time. Config fields give sb3-contrib's RecurrentPPO instead (`critic_gru`,
+`lstm`, `embed=False`, `ortho_init=False`, `normalize_obs`: VecNormalize) and the memory task (`mask_velocity`: a
+feed-forward policy sees only CartPole's positions and cannot solve it). With `eval_every` the greedy policy is
+evaluated carrying the hidden state through each episode (`Evaluator.recurrent`), on observations normalized by the
+statistics of the moment, frozen.
 """
 
 from __future__ import annotations
@@ -362,16 +352,10 @@ class PPORNN:
     def greedy_step(self, params: tuple[Any, ObsStats | None], hidden: jax.Array, obs: jax.Array,
                     reset: jax.Array) -> tuple[jax.Array, jax.Array]:
         """One step of the deterministic policy on the environment's observations `obs[n, ...]` (masked and
-        normalized here as the rollout's are) -> (next hidden, actions)."""
+        normalized here as the rollout's are) -> (next hidden, the most probable action each)."""
         network_params, obs_stats = params
         obs = self.env.mask(obs) if self.config.mask_velocity else obs
-        return self.recurrent_greedy_action(network_params, hidden, observe(obs_stats, obs), reset)
-
-    def recurrent_greedy_action(self, params: Any, hidden: jax.Array, obs: jax.Array,
-                                reset: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """(hidden [n, H or 2H], obs [n, obs_size] as the network sees it, reset [n]) -> (next hidden, the
-        most probable action each)."""
-        hidden, logits, _ = self.network.apply(params, hidden, obs[None], reset[None])
+        hidden, logits, _ = self.network.apply(network_params, hidden, observe(obs_stats, obs)[None], reset[None])
         return hidden, jnp.argmax(logits[0], -1)
 
 

@@ -1,22 +1,16 @@
 """PQN: Q-learning without a replay buffer or a target network, as two fragments: `rollout` (actor) and `learn` (learner).
 
-Gallici et al. 2024, "Simplifying Deep Temporal Difference Learning". Many
-vectorised environments act epsilon-greedily with the current Q network; the
-rollout's Q(lambda) returns are the targets of a few epochs of minibatch
-regression, as PPO does with its advantages. LayerNorm in the Q network is what
-keeps the bootstrapped targets stable without a target network. Defaults are
-purejaxql's CartPole-v1 configuration (purejaxql/config/alg/pqn_cartpole.yaml:
-32 environments, 64 steps, 4 epochs of 16 minibatches, RAdam at 1e-4 decayed
-linearly, rewards scaled by 0.1, lambda 0.95, epsilon from 1 to 0.2 over the
-first fifth of the run, two hidden layers of 256). MinAtar games run the same
-network on the flattened observation, as purejaxql's pqn_gymnax.py does.
+Gallici et al. 2024, "Simplifying Deep Temporal Difference Learning". Many vectorised environments act
+epsilon-greedily with the current Q network; the rollout's Q(lambda) returns are the targets of a few epochs of
+minibatch regression, as PPO does with its advantages. LayerNorm in the Q network is what keeps the bootstrapped
+targets stable without a target network. Defaults are purejaxql's CartPole-v1 configuration
+(purejaxql/config/alg/pqn_cartpole.yaml); MinAtar games run the same network on the flattened observation, as
+purejaxql's pqn_gymnax.py does.
 
-It runs under every built-in policy. Under `actor_learner_async` the rollout
-acts, and computes its Q(lambda) targets, with parameters one iteration old:
-Q-learning's target does not depend on the behaviour policy, so acting
-stale only changes exploration, and bootstrapping from the previous
-iteration's Q is a target network one iteration behind (a milder lag than
-DQN's). The `-m slow` tests check that program against its pipelined module.
+Under `actor_learner_async` the rollout acts, and computes its Q(lambda) targets, with parameters one iteration old:
+Q-learning's target does not depend on the behaviour policy, so acting stale only changes exploration, and
+bootstrapping from the previous iteration's Q is a target network one iteration behind (a milder lag than DQN's).
+The `-m slow` tests check that program against its pipelined module.
 """
 
 from __future__ import annotations
@@ -244,5 +238,4 @@ class PQN:
         return state.learner.params
 
     def greedy_action(self, params: Any, obs: jax.Array) -> jax.Array:
-        """argmax Q for each of `obs[n, obs_size]`."""
         return self.model.greedy(params, obs)

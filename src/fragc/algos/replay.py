@@ -1,12 +1,10 @@
 """An on-device replay buffer: `insert` a rollout, `sample` batches from it.
 
 DQN and SAC call these from two fragments of role `buffer`, each with `BUFFER_AXES`. The buffer is a ring of time slots
-batched over environments (axis 1: `[capacity per env, num_envs, ...]`), so a
-policy can keep it beside the actors or beside the learner and split it over
-replicas like any other batched state: each replica holds its environments'
-columns, inserts their transitions, and samples its share of every batch from
-them. A transition is any pytree whose leaves have the environment axis first
-(`[num_envs, ...]` for one vector step); `Transition` is the usual one.
+batched over environments (axis 1: `[capacity per env, num_envs, ...]`), so a policy can keep it beside the actors or
+beside the learner and split it over replicas like any other batched state: each replica holds its environments'
+columns, inserts their transitions, and samples its share of every batch from them. A transition is any pytree whose
+leaves have the environment axis first (`[num_envs, ...]` for one vector step); `Transition` is the usual one.
 """
 
 from __future__ import annotations

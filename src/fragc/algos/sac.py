@@ -11,13 +11,10 @@ or the learner). The learner samples `utd_ratio` gradient steps per environment 
   - the temperature: log alpha descends -alpha (log pi(a|s) + target_entropy), target_entropy = -|A|,
     so alpha grows while the policy's entropy is below the target and shrinks above it;
   - the target critics by Polyak averaging, Q' <- tau Q + (1 - tau) Q'.
-Actor, critics and temperature have optimizers of their own. Defaults are CleanRL's sac_continuous_action.py
-(256x256 networks, batch 256, policy lr 3e-4, Q and temperature lr 1e-3, tau 0.005, 5000 random steps, a
-1e6 buffer, log std squashed into [-5, 2], log alpha from 0), with 8 environments instead of 1 (divisible by
-every built-in policy's replicas; one gradient step per environment step, as CleanRL, is 8 per vector step)
-and the actor updated at every critic step (the paper's schedule; CleanRL's policy_frequency 2 makes two
-actor steps every second critic step). The default budget is RL Baselines3 Zoo's Pendulum-v1 budget (2e4
-steps); CleanRL's MuJoCo runs take 1e6 (`--total-steps 1000000`).
+Actor, critics and temperature have optimizers of their own. Defaults are CleanRL's sac_continuous_action.py (its
+256x256 networks, learning rates, tau, 5000 random steps and 1e6 buffer; the Config's fields say where they differ),
+with the actor updated at every critic step (the paper's schedule; CleanRL's policy_frequency 2 makes two actor
+steps every second critic step).
 
 It runs under every built-in policy. SAC is off-policy: under `actor_learner_async` the actors act with
 parameters one iteration old, which only changes which transitions reach the buffer. With R learner replicas
@@ -109,7 +106,6 @@ class Config(RunLength, EvalConfig):
 
     @property
     def gradient_steps(self) -> int:
-        """Gradient steps per iteration."""
         return int(self.utd_ratio * self.steps_per_iteration)
 
 
@@ -400,7 +396,6 @@ class SAC:
 
     # THE DETERMINISTIC POLICY: what evaluation episodes and videos act with
     def policy_params(self, state: State) -> Any:
-        """The actor's parameters."""
         return state.learner.actor
 
     def greedy_action(self, params: Any, obs: jax.Array) -> jax.Array:

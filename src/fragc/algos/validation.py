@@ -66,9 +66,7 @@ RANGES: dict[str, Range] = {
 NETWORK_CHOICES = ("auto", "mlp", "nature_cnn", "impala_cnn")
 """What `network` names: `auto` picks from the observation's rank (src/fragc/algos/networks.py, `network_for`)."""
 
-CHOICES: dict[str, tuple[str, ...]] = {
-    "network": NETWORK_CHOICES,
-}
+CHOICES: dict[str, tuple[str, ...]] = {"network": NETWORK_CHOICES, "activation": ("tanh", "relu")}
 """String fields that take one of a few names."""
 
 

@@ -106,16 +106,13 @@ class VecEnv:
         return super().__new__(cls)
 
     name: str
+    action_space: Any  # a gymnax space, whatever the backend
     on_host: bool = False
     """Whether `step` runs on the host (a host call in the rollout) rather than on the device."""
 
     @property
-    def action_space(self) -> Any:
-        raise NotImplementedError
-
-    @property
     def obs_size(self) -> int:
-        raise NotImplementedError
+        return int(np.prod(self.obs_shape))
 
     @property
     def obs_shape(self) -> tuple[int, ...]:
@@ -139,7 +136,7 @@ class VecEnv:
         raise NotImplementedError
 
     def reset(self, key: jax.Array, num_envs: int) -> Runner:
-        raise NotImplementedError
+        return self.reset_each(jax.random.split(key, num_envs), jnp.arange(num_envs, dtype=jnp.int32))
 
     def reset_each(self, keys: jax.Array, index: jax.Array) -> Runner:
         """Reset one environment per key: `keys[n]`, and `index[n]` (int32) the environments' places in
