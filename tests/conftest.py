@@ -65,7 +65,8 @@ LONGEST_FIRST = ["test_checkpoint.py", "test_algorithms_x_policies.py", "test_be
                  "test_inference.py",
                  "test_policies.py", "test_sweep.py", "test_ppo_rnn.py", "test_host_loop.py", "test_dqn.py",
                  "test_host_envs.py", "test_semantics.py", "test_ppo_continuous.py", "test_reporting.py", "test_user_algo.py",
-                 "test_impala.py", "test_policy_api.py", "test_program.py", "test_video.py"]
+                 "test_impala.py", "test_policy_api.py", "test_program.py", "test_video.py", "test_muzero.py",
+                 "test_device_suites.py"]
 """The test files that take longest (15 to 80 s each, run alone), about longest first; every other file after them.
 pytest-xdist (addopts: `--dist loadfile --no-loadscope-reorder`) hands whole files to its 2 workers in this
 order, so the long ones start first and the short ones fill the gaps at the end. The two files of subprocesses

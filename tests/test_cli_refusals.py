@@ -171,13 +171,16 @@ def test_an_env_fleet_for_host_environments_still_sizes_num_envs(capsys):
 
 @pytest.fixture
 def backends(monkeypatch):
-    """jaxmarl's, envpool's and pgx's ids stand-ins (importing them takes 13 s, making pgx's games 5 s); envpool as
-    not installed on request."""
+    """The ids of jaxmarl, envpool, pgx and the device suites as stand-ins (importing them takes 13 s, making pgx's
+    games 5 s, importing Playground 10 s); envpool as not installed on request."""
     from fragc.cli import lists
 
     def with_envpool(installed):
         monkeypatch.setitem(lists.ID_LISTS, "jaxmarl", (lambda: ["MPE_simple_spread_v3", "SMAX_3m"], ""))
         monkeypatch.setitem(lists.ID_LISTS, "pgx", (lambda: ["connect_four", "tic_tac_toe"], " for two players"))
+        for suite, ids in {"craftax": ["Craftax-Symbolic-v1"], "jumanji": ["Snake-v1"], "brax": ["ant"],
+                           "playground": ["CartpoleBalance"]}.items():
+            monkeypatch.setitem(lists.ID_LISTS, suite, (lambda ids=ids: ids, ""))
         monkeypatch.setitem(lists.ID_LISTS, "envpool", ((lambda: ["Pong-v5", "CartPole-v1"]) if installed
                                                         else (lambda: None), ""))
         if not installed:
@@ -191,8 +194,10 @@ def test_fragc_envs_lists_every_backends_ids_grouped_by_backend(capsys, backends
     assert run_cli(["envs"]) == 0
     out = capsys.readouterr().out
     groups = {block.splitlines()[0].split(":")[0]: block.splitlines()[1:] for block in out.split("\n\n")[1:]}
-    assert list(groups) == ["gymnax", "jaxmarl", "envpool", "pgx", "gymnasium"]
+    assert list(groups) == ["gymnax", "jaxmarl", "envpool", "pgx", "craftax", "jumanji", "brax", "playground",
+                            "gymnasium"]
     assert groups["pgx"] == ["pgx:connect_four", "pgx:tic_tac_toe"]
+    assert groups["playground"] == ["playground:CartpoleBalance"] and groups["brax"] == ["brax:ant"]
     assert groups["gymnax"][0].split() == ["CartPole-v1", "actions:", "Discrete"]
     assert groups["jaxmarl"] == ["jaxmarl:MPE_simple_spread_v3", "jaxmarl:SMAX_3m"]
     assert groups["envpool"] == ["envpool:Pong-v5", "envpool:CartPole-v1"]

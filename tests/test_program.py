@@ -206,3 +206,17 @@ def test_two_programs_at_once_get_what_each_gets_alone():
     both = run_both([(first, 3), (second, 4)])
     for (out, _), want in zip(both, alone):
         assert_trees_close(out, want, rtol=0, atol=0)
+
+
+def test_the_runs_copies_keep_an_empty_arrays_sharding():
+    """XLA gives a copied empty array a replicated sharding; a state with one ([N, 0]: MJX's contacts of a model
+    without any) would then not match the program's input shardings at the next dispatch."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from fragc.runtime.program import copies
+
+    split = NamedSharding(Mesh(jax.devices()[:8], ("replica",)), PartitionSpec("replica"))
+    empty, full = jax.device_put(np.zeros((8, 0), np.float32), split), jax.device_put(np.ones((8, 2)), split)
+    copied = copies({"empty": empty, "full": full})
+    assert copied["empty"].sharding == split and copied["full"].sharding == split
+    np.testing.assert_array_equal(copied["full"], full)

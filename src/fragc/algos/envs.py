@@ -28,6 +28,7 @@ import numpy as np
 
 from fragc.ir.errors import FragcError
 
+from . import device_suites  # registers craftax, jumanji, brax and playground (each imported when an env is made)  # noqa: F401
 from . import board_games  # registers the pgx backend, which single-agent algorithms refuse  # noqa: F401
 from . import host_envs  # its host pools register their backends in IMPLEMENTATIONS  # noqa: F401
 from . import marl_envs  # registers the jaxmarl backend (jaxmarl itself is imported when an environment is made)  # noqa: F401

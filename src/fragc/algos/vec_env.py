@@ -26,11 +26,17 @@ BACKENDS = {
     "envpool": "EnvPool's C++ pool stepped on the host CPU (synchronous)",
     "jaxmarl": "JaxMARL's multi-agent environments (MPE_*, SMAX_<map>) stepped on the device, agents stacked over an "
                "axis after the environment axis (ippo, mappo)",
+    "craftax": "Craftax (Craftax-Symbolic-v1, Craftax-Classic-Symbolic-v1, ...) stepped on the device",
+    "jumanji": "Jumanji's environments with one discrete action (Snake-v1, Game2048-v1, ...) stepped on the device",
+    "brax": "Brax's environments (ant, halfcheetah, hopper, ...; its default backend) stepped on the device",
+    "playground": "MuJoCo Playground's MJX environments (CartpoleBalance, CheetahRun, ...) stepped on the device",
     "pgx": "pgx's two-player board games (connect_four, tic_tac_toe, othello, go_9x9, ...) stepped on the device, "
            "for search (alphazero)",
 }
 
-_EXTRAS = {"envpool": ("envpool", "host"), "jaxmarl": ("jaxmarl", "marl"), "pgx": ("pgx", "search")}
+_EXTRAS = {"envpool": ("envpool", "host"), "jaxmarl": ("jaxmarl", "marl"), "pgx": ("pgx", "search"),
+           "craftax": ("craftax", "craftax"), "jumanji": ("jumanji", "jumanji"), "brax": ("brax", "brax"),
+           "playground": ("mujoco_playground", "playground")}
 """Backend -> (the module it needs beyond fragc's dependencies, fragc's extra that installs it)."""
 
 IMPLEMENTATIONS: dict[str, type] = {}

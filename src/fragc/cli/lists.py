@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.metadata
 import importlib.util
 import os
-from typing import Callable
+from typing import Any, Callable
 
 from fragc.algos import ALGOS
+from fragc.algos.device_suites import CRAFTAX_IDS
 from fragc.algos.envs import BACKENDS, backend_summary, env_names, make
 from fragc.ir.errors import FragcError
 from fragc.passes.policy import BUILTIN
@@ -104,6 +106,16 @@ def pgx_ids() -> list[str] | None:
             and len(env.observation_shape) == 3]
 
 
+def suite_ids(module: str, ids: Callable[[Any], Any]) -> Callable[[], list[str] | None]:
+    """A device suite's ids (src/fragc/algos/device_suites.py): `ids(its module)`, None where it is not installed."""
+    def listed() -> list[str] | None:
+        if importlib.util.find_spec(module.split(".")[0]) is None:
+            return None
+        return sorted(ids(importlib.import_module(module)))
+
+    return listed
+
+
 def gymnasium_ids() -> list[str]:
     import gymnasium
 
@@ -135,6 +147,12 @@ ID_LISTS: dict[str, tuple[Callable[[], list[str] | None], str]] = {
     "jaxmarl": (kept_per_version("jaxmarl", jaxmarl_ids), ""),
     "envpool": (kept_per_version("envpool", envpool_ids), ""),
     "pgx": (kept_per_version("pgx", pgx_ids), " for two players (alphazero)"),
+    "craftax": (suite_ids("craftax", lambda _: CRAFTAX_IDS), ""),
+    "jumanji": (kept_per_version("jumanji", suite_ids("jumanji", lambda m: m.registered_environments())),
+                " (those with one discrete action run)"),
+    "brax": (kept_per_version("brax", suite_ids("brax.envs", lambda m: m._envs)), ""),
+    "playground": (kept_per_version("playground", suite_ids("mujoco_playground", lambda m: m.registry.ALL_ENVS)),
+                   " (its locomotion robots fetch their assets from the internet when first made)"),
     "gymnasium": (gymnasium_ids, " in Gymnasium's registry (gymnasium_async:ID takes the same ids)"),
 }
 """Backend -> (its ids, None where it is not installed; what its group's heading adds)."""

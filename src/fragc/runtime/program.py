@@ -387,8 +387,10 @@ def _copy_all(xs: list[Any]) -> list[Any]:
 
 
 def copies(tree: Any) -> Any:
-    """Fresh buffers for every array of `tree`: one program per device set, not one per leaf (a compile of
-    `jnp.copy` for each shape and dtype cost 0.3-0.7 s at a run's start)."""
+    """Fresh buffers for every array of `tree`, each with its sharding: one program per device set, not one per leaf
+    (a compile of `jnp.copy` for each shape and dtype cost 0.3-0.7 s at a run's start). XLA gives an empty array's
+    copy a replicated sharding (MJX's contacts of a model without any: [N, 0]), which the program was not
+    compiled for: those are put back."""
     leaves, treedef = jax.tree.flatten(tree)
     groups: dict[Any, list[int]] = {}
     for i, x in enumerate(leaves):
@@ -396,7 +398,7 @@ def copies(tree: Any) -> Any:
     out = list(leaves)
     for indices in groups.values():
         for i, y in zip(indices, _copy_all([leaves[i] for i in indices])):
-            out[i] = y
+            out[i] = y if y.size or y.sharding == leaves[i].sharding else jax.device_put(y, leaves[i].sharding)
     return jax.tree.unflatten(treedef, out)
 
 
