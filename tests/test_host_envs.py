@@ -351,9 +351,11 @@ def test_ppo_on_gymnasium_cartpole_reaches_475():
     assert returns[-1] >= 475, returns[-10:]
 
 
-def test_fragc_envs_lists_the_backends_and_a_bad_backend_is_one_line(capsys):
-    from fragc.cli import main
+def test_fragc_envs_lists_the_backends_and_a_bad_backend_is_one_line(capsys, monkeypatch):
+    from fragc.cli import lists, main
 
+    for suite in ("jumanji", "brax", "playground"):  # importing them to list their ids takes 15 s (test_cli_refusals.py)
+        monkeypatch.setitem(lists.ID_LISTS, suite, (lambda: [], ""))
     assert main(["envs"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in out[:4]] == ["gymnax:ID", "gymnasium:ID", "gymnasium_async:ID", "envpool:ID"]
@@ -361,7 +363,7 @@ def test_fragc_envs_lists_the_backends_and_a_bad_backend_is_one_line(capsys):
     assert main(["ir", "ppo", "--env", "gym:CartPole-v1"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "fragc: error: unknown environment backend 'gym' in 'gym:CartPole-v1'; backends: gymnax, gymnasium, "
-        "gymnasium_async, envpool, jaxmarl, pgx, gymnax_host, gymnax_two_args"]
+        "gymnasium_async, envpool, jaxmarl, craftax, jumanji, brax, playground, pgx, gymnax_host, gymnax_two_args"]
 
 
 class ByteFrames(gymnasium.Env):

@@ -75,17 +75,6 @@ def test_unrolls_take_the_next_steps_and_mask_past_episode_and_rollout_ends():
     np.testing.assert_array_equal(u.obs, traj.obs)
 
 
-def test_the_search_gives_a_distribution_and_a_deterministic_action_without_noise():
-    algo = small_algo("muzero")
-    params = algo.policy_params(algo.init(jax.random.key(0)))
-    obs = jax.random.uniform(jax.random.key(1), (6, algo.env.obs_size))
-    out = jax.jit(lambda key: algo.search(params, key, obs))(jax.random.key(2))
-    np.testing.assert_allclose(np.sum(out.action_weights, -1), 1.0, rtol=1e-5)
-    greedy = jax.jit(algo.greedy_action)
-    np.testing.assert_array_equal(greedy(params, obs), greedy(params, obs))
-    assert greedy(params, obs).shape == (6,)
-
-
 def test_anakin_equals_the_interpreter_on_8_replicas():
     """One environment per replica, each searching with its own key."""
     algo = small_algo("muzero")
@@ -114,7 +103,7 @@ def test_bad_input_is_one_line_before_compiling(capsys, args, says):
     assert re.search(says, err), err
 
 
-def test_q_values_are_scaled_by_the_whole_trees_range_so_two_actions_are_not_forced_apart():
+def test_q_values_are_scaled_by_the_whole_trees_range_so_two_actions_are_not_forced_apart():  # and the search's output
     """With two actions, mctx's default scales the children's Q-values by their own range: the better one gets 1,
     the other 0, and the improved policy is one action whatever the values (the policy collapsed on CartPole)."""
     import mctx
@@ -131,3 +120,7 @@ def test_q_values_are_scaled_by_the_whole_trees_range_so_two_actions_are_not_for
     assert np.all(np.ptp(scaled, -1) < visit_scale)  # a part of it
     # and the same order of the two actions
     np.testing.assert_array_equal(np.argmax(scaled, -1), np.argmax(children, -1))
+    # the search's improved policy is a distribution; without Gumbel noise its action is the same each time
+    np.testing.assert_allclose(np.sum(out.action_weights, -1), 1.0, rtol=1e-5)
+    greedy = jax.jit(algo.greedy_action)
+    np.testing.assert_array_equal(greedy(params, obs), greedy(params, obs))
