@@ -75,6 +75,7 @@ def test_unrolls_take_the_next_steps_and_mask_past_episode_and_rollout_ends():
     np.testing.assert_array_equal(u.obs, traj.obs)
 
 
+@pytest.mark.slow  # 21 s of compiling; .ci/run runs this file's -m slow tests after the default suite
 def test_anakin_equals_the_interpreter_on_8_replicas():
     """One environment per replica, each searching with its own key."""
     algo = small_algo("muzero")
