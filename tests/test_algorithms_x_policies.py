@@ -28,7 +28,7 @@ from shared_programs import ALGOS, small_algo, traced
 
 ITERATIONS = 2
 
-REPLICAS = {"anakin": 8, "actor_learner": {"actor": 4, "buffer": 4, "learner": 4}}
+REPLICAS = {"anakin": 8, "actor_learner": {"actor": 4, "buffer": 4, "learner": 4, "evaluator": 4}}  # the evaluator: on the actors
 DEFAULT = {"anakin": {"dqn"}, "actor_learner_async": {"a2c"}, "population": {"ppo_continuous"}}
 """The cells of the matrix in the default suite: with PPO under every policy in test_policies.py, every
 algorithm runs under at least one policy, the buffer role (DQN) under replicas (under roles: test_dqn.py's
@@ -47,7 +47,8 @@ def cells(policy, names, xla_defaults=()):
 
 
 SYNC = [pytest.param(name, "anakin", marks=() if name in DEFAULT["anakin"] else pytest.mark.slow)
-        for name in sorted(ALGOS)] + [pytest.param("dqn", "actor_learner", marks=pytest.mark.slow)]
+        for name in sorted(ALGOS)] + [pytest.param(name, "actor_learner", marks=pytest.mark.slow)
+                                      for name in ("dqn", "alphazero") if name in ALGOS]
 """DQN's buffer under roles in the default suite is test_dqn.py's `test_buffer_beside_the_actors` (a policy of the
 user's, the buffer with the actors, against the interpreter); its actor_learner cell here runs with -m slow."""
 

@@ -90,6 +90,20 @@ def test_anakin_equals_the_interpreter_on_8_replicas():
     assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
 
 
+@pytest.mark.slow  # .ci/run runs it
+def test_actor_learner_equals_the_interpreter():
+    """The search on 4 actor devices, the model learned on 4 learner devices, against the interpreter with those
+    replicas."""
+    algo = small_algo("muzero")
+    prog = fragc.compile(algo, "actor_learner", devices=8)
+    state = prog.init(0)
+    out, _ = prog.run(state, 2)
+    ref = state
+    for _ in range(2):
+        ref, _ = fragc.interpret(traced("muzero"), ref, replicas={"actor": 4, "learner": 4})
+    assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
+
+
 @pytest.mark.parametrize("args,says", [
     (["--env", "Pendulum-v1"], r"muzero supports discrete action spaces; Pendulum-v1 has Box"),
     (["--env", "pgx:connect_four"], r"pgx:connect_four is a two-player board game \(pgx\): use alphazero"),
