@@ -47,8 +47,8 @@ def test_jumanji_steps_as_its_auto_reset_wrapper_and_keeps_the_reached_observati
     assert env.obs_size == runner.obs.shape[1] and env.max_episode_steps == 4000
 
 
-def test_ppo_on_jumanji_under_anakin_equals_the_interpreter():
-    algo = make("ppo", env="jumanji:Game2048-v1", num_envs=8, num_steps=4, num_minibatches=2, update_epochs=1)
+def assert_anakin_equals_the_interpreter(algo):
+    """Two iterations on 8 replicas, compiled and interpreted."""
     prog = fragc.compile(algo, "anakin", devices=8)
     state = prog.init(0)
     out, _ = prog.run(state, 2)
@@ -57,6 +57,11 @@ def test_ppo_on_jumanji_under_anakin_equals_the_interpreter():
     for _ in range(2):
         ref, _ = fragc.interpret(module, ref, replicas=8)
     assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
+
+
+def test_ppo_on_jumanji_under_anakin_equals_the_interpreter():
+    assert_anakin_equals_the_interpreter(make("ppo", env="jumanji:Game2048-v1", num_envs=8, num_steps=4,
+                                              num_minibatches=2, update_epochs=1))
 
 
 @pytest.mark.parametrize("args,says", [
@@ -98,15 +103,8 @@ def test_a_playground_robot_without_its_assets_is_refused_before_any_clone():
                                       ("ppo_continuous", "brax:inverted_pendulum"),
                                       ("ppo_continuous", "playground:CartpoleBalance")])
 def test_an_algorithm_on_each_suite_under_anakin_equals_the_interpreter(algo, env):
-    algo = make(algo, env=env, num_envs=8, num_steps=4, num_minibatches=2, update_epochs=1)
-    prog = fragc.compile(algo, "anakin", devices=8)
-    state = prog.init(0)
-    out, _ = prog.run(state, 2)
-    ref = state
-    module = fragc.trace(algo)
-    for _ in range(2):
-        ref, _ = fragc.interpret(module, ref, replicas=8)
-    assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
+    assert_anakin_equals_the_interpreter(make(algo, env=env, num_envs=8, num_steps=4, num_minibatches=2,
+                                              update_epochs=1))
 
 
 @pytest.mark.slow

@@ -75,32 +75,19 @@ def test_unrolls_take_the_next_steps_and_mask_past_episode_and_rollout_ends():
     np.testing.assert_array_equal(u.obs, traj.obs)
 
 
-@pytest.mark.slow  # 21 s of compiling; .ci/run runs this file's -m slow tests after the default suite
-def test_anakin_equals_the_interpreter_on_8_replicas():
-    """One environment per replica, each searching with its own key."""
-    algo = small_algo("muzero")
-    prog = fragc.compile(algo, "anakin", devices=8)
+@pytest.mark.slow  # 20 s of compiling each; .ci/run runs this file's -m slow tests after the default suite
+@pytest.mark.parametrize("policy,replicas", [("anakin", 8), ("actor_learner", {"actor": 4, "learner": 4})])
+def test_a_policy_equals_the_interpreter_with_its_replicas(policy, replicas):
+    """anakin: one environment per replica, each searching with its own key; actor_learner: the search on 4 actor
+    devices, the model learned on 4 learner devices."""
+    prog = fragc.compile(small_algo("muzero"), policy, devices=8)
     state = prog.init(0)
     out, history = prog.run(state, 2)
     ref = state
     for i in range(2):
-        ref, metrics = fragc.interpret(traced("muzero"), ref, replicas=8)
+        ref, metrics = fragc.interpret(traced("muzero"), ref, replicas=replicas)
         for name in ("episode_return", "root_value", "loss"):
             np.testing.assert_allclose(history[name][i], metrics[name], rtol=1e-4, atol=1e-5)
-    assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
-
-
-@pytest.mark.slow  # .ci/run runs it
-def test_actor_learner_equals_the_interpreter():
-    """The search on 4 actor devices, the model learned on 4 learner devices, against the interpreter with those
-    replicas."""
-    algo = small_algo("muzero")
-    prog = fragc.compile(algo, "actor_learner", devices=8)
-    state = prog.init(0)
-    out, _ = prog.run(state, 2)
-    ref = state
-    for _ in range(2):
-        ref, _ = fragc.interpret(traced("muzero"), ref, replicas={"actor": 4, "learner": 4})
     assert_trees_close(out, ref, rtol=2e-4, atol=2e-5)
 
 

@@ -35,6 +35,7 @@ from flax import struct
 
 import fragc
 from fragc.algos import losses, returns
+from fragc.algos.actor_critic import Learner, State  # the model's parameters, Adam's state and a key; the runner
 from fragc.algos.diagnostics import episode_metrics
 from fragc.algos.envs import Runner, VecEnv, discrete_env
 from fragc.algos.evaluation import EvalConfig, Evaluator
@@ -172,19 +173,6 @@ class MuZeroNet(nn.Module):
 
 
 # ---------------------------------------------------------------- state
-
-
-@struct.dataclass
-class Learner:
-    params: Any
-    opt_state: Any
-    key: jax.Array  # replicated: minibatch shuffling
-
-
-@struct.dataclass
-class State:
-    learner: Learner
-    runner: Runner
 
 
 @struct.dataclass
